@@ -1,0 +1,64 @@
+"""Test environment: set before anything imports triton or transformers.
+
+- TRITON_INTERPRET=1 on machines without a CUDA GPU, so Triton kernels run on the CPU.
+- HF_HUB_OFFLINE=1: tests never download.
+- Inductor's cache inside the build tree, not in /tmp of a shared machine.
+- Tests marked `gpu` are skipped without CUDA; on a GPU run them with `pytest -m gpu`.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+
+_ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def _has_cuda_gpu() -> bool:
+    # Decide before importing torch: nvidia-smi present and listing a GPU, or CUDA_VISIBLE_DEVICES set.
+    if os.environ.get("WMOE_FORCE_CPU") == "1":
+        return False
+    return shutil.which("nvidia-smi") is not None and os.path.exists("/dev/nvidia0")
+
+
+HAS_GPU = _has_cuda_gpu()
+if not HAS_GPU:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(_ROOT / "build" / "inductor_cache"))
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (run `pytest -m gpu` on a GPU machine)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_seed(request):
+    # Fresh random inputs every run (never zeros); the seed is printed so a failure can be replayed.
+    seed = int.from_bytes(os.urandom(4), "little") if os.environ.get("WMOE_TEST_SEED") is None \
+        else int(os.environ["WMOE_TEST_SEED"])
+    torch.manual_seed(seed)
+    request.node.user_properties.append(("seed", seed))
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    if rep.when == "call":
+        item.rep_call = rep
+        if rep.failed:
+            for name, value in item.user_properties:
+                if name == "seed":
+                    rep.sections.append(("seed", f"replay with WMOE_TEST_SEED={value}"))

@@ -1,0 +1,74 @@
+"""The `wmoe-compile` command line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+
+# Subcommands register here: name -> (help, add_arguments(parser), run(args) -> exit code).
+# A subcommand whose capability has not landed yet stays listed and exits 2 with a clear message.
+_Subcommand = tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]
+
+
+def _not_implemented(name: str, issue: str) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        print(f"wmoe-compile {name}: not implemented yet ({issue}); see the README's status table.",
+              file=sys.stderr)
+        return 2
+
+    return run
+
+
+def _no_args(parser: argparse.ArgumentParser) -> None:
+    pass
+
+
+def _demo_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="tiny", help="reference model config (default: tiny)")
+    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--batch", type=int, default=2)
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    return run_demo(args)
+
+
+SUBCOMMANDS: dict[str, _Subcommand] = {
+    "demo": ("run the reference model end to end and report what was rewritten", _demo_args, _demo),
+    "dump": ("dump the graph after every pass", _no_args, _not_implemented("dump", "issue 5")),
+    "export": ("export a rewritten model (pt2, onnx, onnx-plugin, tensorrt)", _no_args,
+               _not_implemented("export", "issue 6")),
+    "eval": ("measure KV codec quality on a real model", _no_args, _not_implemented("eval", "issue 8")),
+    "bench": ("run the GPU benchmarks and write their tables", _no_args,
+              _not_implemented("bench", "issue 7")),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="wmoe-compile",
+        description="Compile Mixture-of-Experts models for fast GPU serving.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (help_text, add_arguments, run) in SUBCOMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        add_arguments(p)
+        p.set_defaults(run=run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
