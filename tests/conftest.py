@@ -45,8 +45,11 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(autouse=True)
 def _fresh_seed(request):
     # Fresh random inputs every run (never zeros); the seed is printed so a failure can be replayed.
-    seed = int.from_bytes(os.urandom(4), "little") if os.environ.get("WMOE_TEST_SEED") is None \
+    seed = (
+        int.from_bytes(os.urandom(4), "little")
+        if os.environ.get("WMOE_TEST_SEED") is None
         else int(os.environ["WMOE_TEST_SEED"])
+    )
     torch.manual_seed(seed)
     request.node.user_properties.append(("seed", seed))
     yield

@@ -9,8 +9,9 @@ from wmoe_compile.cli import SUBCOMMANDS, main
 
 
 def test_help_lists_subcommands():
-    out = subprocess.run([sys.executable, "-m", "wmoe_compile.cli", "--help"], capture_output=True,
-                         text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "wmoe_compile.cli", "--help"], capture_output=True, text=True, check=True
+    ).stdout
     for name in ("demo", "dump", "export", "eval", "bench"):
         assert name in out
 

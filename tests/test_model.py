@@ -46,7 +46,7 @@ def test_moe_matches_per_token_loop():
     for n in range(flat.shape[0]):
         w, ids = probs[n].topk(model.cfg.experts_per_token)
         w = w / w.sum()
-        for weight, e in zip(w, ids):
+        for weight, e in zip(w, ids, strict=True):
             ref[n] += weight * moe.experts[int(e)](flat[n])
     torch.testing.assert_close(out.reshape(-1, x.shape[-1]), ref, rtol=1e-5, atol=1e-5)
 

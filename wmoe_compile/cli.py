@@ -13,8 +13,10 @@ _Subcommand = tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[ar
 
 def _not_implemented(name: str, issue: str) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
-        print(f"wmoe-compile {name}: not implemented yet ({issue}); see the README's status table.",
-              file=sys.stderr)
+        print(
+            f"wmoe-compile {name}: not implemented yet ({issue}); see the README's status table.",
+            file=sys.stderr,
+        )
         return 2
 
     return run
@@ -40,11 +42,17 @@ def _demo(args: argparse.Namespace) -> int:
 SUBCOMMANDS: dict[str, _Subcommand] = {
     "demo": ("run the reference model end to end and report what was rewritten", _demo_args, _demo),
     "dump": ("dump the graph after every pass", _no_args, _not_implemented("dump", "issue 5")),
-    "export": ("export a rewritten model (pt2, onnx, onnx-plugin, tensorrt)", _no_args,
-               _not_implemented("export", "issue 6")),
+    "export": (
+        "export a rewritten model (pt2, onnx, onnx-plugin, tensorrt)",
+        _no_args,
+        _not_implemented("export", "issue 6"),
+    ),
     "eval": ("measure KV codec quality on a real model", _no_args, _not_implemented("eval", "issue 8")),
-    "bench": ("run the GPU benchmarks and write their tables", _no_args,
-              _not_implemented("bench", "issue 7")),
+    "bench": (
+        "run the GPU benchmarks and write their tables",
+        _no_args,
+        _not_implemented("bench", "issue 7"),
+    ),
 }
 
 

@@ -45,15 +45,25 @@ class ModelConfig:
             raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
         if not 1 <= self.experts_per_token <= self.num_experts:
             raise ValueError(
-                f"experts_per_token must be in [1, num_experts={self.num_experts}], got {self.experts_per_token}"
+                f"experts_per_token must be in [1, num_experts={self.num_experts}], "
+                f"got {self.experts_per_token}"
             )
 
 
 CONFIGS: dict[str, ModelConfig] = {
     # CPU tests: runs in well under a second per forward.
     "tiny": ModelConfig(
-        vocab_size=256, hidden_size=64, ffn_size=128, num_layers=2, num_q_heads=4, num_kv_heads=2,
-        head_dim=16, num_experts=4, experts_per_token=2, max_seq_len=128, rope_theta=1e4,
+        vocab_size=256,
+        hidden_size=64,
+        ffn_size=128,
+        num_layers=2,
+        num_q_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        num_experts=4,
+        experts_per_token=2,
+        max_seq_len=128,
+        rope_theta=1e4,
     ),
     # Mixtral-8x7B layer shapes (random init); override num_layers to fit a GPU.
     "mixtral-8x7b": ModelConfig(),
@@ -241,9 +251,7 @@ class MixtralModel(nn.Module):
         return self.lm_head(self.norm(x))  # [B, T, vocab]
 
     @torch.no_grad()
-    def generate(
-        self, prompt: torch.Tensor, max_new_tokens: int, step_fn=None
-    ) -> torch.Tensor:
+    def generate(self, prompt: torch.Tensor, max_new_tokens: int, step_fn=None) -> torch.Tensor:
         """Greedy decoding: prefill the prompt [B, T0], then one token per step.
 
         `step_fn(tokens, positions) -> logits` replaces `self.forward` (e.g. a compiled model).
@@ -252,8 +260,10 @@ class MixtralModel(nn.Module):
         B, T0 = prompt.shape
         total = T0 + max_new_tokens
         if total > self.cfg.max_seq_len:
-            raise ValueError(f"prompt ({T0}) + max_new_tokens ({max_new_tokens}) exceeds max_seq_len "
-                             f"{self.cfg.max_seq_len}")
+            raise ValueError(
+                f"prompt ({T0}) + max_new_tokens ({max_new_tokens}) exceeds max_seq_len "
+                f"{self.cfg.max_seq_len}"
+            )
         if self.cache_capacity < total or self.layers[0].attn.k_cache.shape[0] != B:
             self.setup_cache(B, total)
         step = step_fn or self.forward
