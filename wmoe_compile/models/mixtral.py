@@ -113,8 +113,10 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=False)
         self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=False)
         self.o_proj = nn.Linear(cfg.num_q_heads * cfg.head_dim, cfg.hidden_size, bias=False)
-        self.k_cache: torch.Tensor | None = None  # [B, Hkv, S, D]
-        self.v_cache: torch.Tensor | None = None
+        # Static KV cache [B, Hkv, S, D], allocated by MixtralModel.setup_cache. Non-persistent
+        # buffers, so torch.export sees them as mutable state rather than constants.
+        self.register_buffer("k_cache", None, persistent=False)
+        self.register_buffer("v_cache", None, persistent=False)
 
     def forward(
         self,
@@ -229,8 +231,12 @@ class MixtralModel(nn.Module):
         dtype, device = self.lm_head.weight.dtype, self.lm_head.weight.device
         shape = (batch_size, cfg.num_kv_heads, max_seq_len, cfg.head_dim)
         for layer in self.layers:
-            layer.attn.k_cache = torch.zeros(shape, dtype=dtype, device=device)
-            layer.attn.v_cache = torch.zeros(shape, dtype=dtype, device=device)
+            layer.attn.register_buffer(
+                "k_cache", torch.zeros(shape, dtype=dtype, device=device), persistent=False
+            )
+            layer.attn.register_buffer(
+                "v_cache", torch.zeros(shape, dtype=dtype, device=device), persistent=False
+            )
 
     @property
     def cache_capacity(self) -> int:
