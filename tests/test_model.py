@@ -35,9 +35,11 @@ def test_incremental_decode_matches_full_forward():
     assert torch.equal(logits[:, prompt.shape[1] - 1 :].argmax(-1), generated)
 
 
-def test_moe_matches_per_token_loop():
+@pytest.mark.parametrize("dispatch", ["dense", "routed"])
+def test_moe_matches_per_token_loop(dispatch):
     model = build_model("tiny")
     moe = model.layers[0].moe
+    moe.dispatch = dispatch
     x = torch.randn(3, 5, model.cfg.hidden_size)
     out = moe(x)
     flat = x.reshape(-1, x.shape[-1])

@@ -161,6 +161,8 @@ class MoE(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.gate = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=False)  # router
+        # "dense": static-shape masked loop (capturable); "routed": sparse loop (eager baseline).
+        self.dispatch = "dense"
         self.experts = nn.ModuleList(Expert(cfg) for _ in range(cfg.num_experts))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -171,13 +173,28 @@ class MoE(nn.Module):
         probs = F.softmax(logits, dim=-1, dtype=torch.float32)
         topk_weights, topk_ids = torch.topk(probs, self.cfg.experts_per_token, dim=-1)  # [N, K]
         topk_weights = (topk_weights / topk_weights.sum(-1, keepdim=True)).to(x.dtype)
+        if self.dispatch == "routed":
+            return self._routed(flat, topk_ids, topk_weights).view(B, T, H)
         out = torch.zeros_like(flat)
         for e, expert in enumerate(self.experts):
             # Dense masking keeps shapes static: every expert sees every token, weighted by 0
-            # when unrouted. This is the slow reference the MoE pass replaces.
+            # when unrouted. This is the capturable reference the MoE pass replaces.
             weight_e = (topk_weights * (topk_ids == e)).sum(-1, keepdim=True)  # [N, 1]
             out = out + weight_e * expert(flat)
         return out.view(B, T, H)
+
+    def _routed(self, flat: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
+        # HF-style sparse loop: each expert runs only on its routed tokens. Data-dependent shapes
+        # (nonzero) make it uncapturable by torch.export, but it reads only the experts that are hit,
+        # so it is the fair eager baseline for decode benchmarks.
+        out = torch.zeros_like(flat)
+        for e, expert in enumerate(self.experts):
+            token_idx, slot = torch.nonzero(topk_ids == e, as_tuple=True)
+            if token_idx.numel() == 0:
+                continue
+            weighted = expert(flat[token_idx]) * topk_weights[token_idx, slot, None]
+            out.index_add_(0, token_idx, weighted)
+        return out
 
 
 class DecoderLayer(nn.Module):
