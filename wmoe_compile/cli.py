@@ -39,6 +39,56 @@ def _demo(args: argparse.Namespace) -> int:
     return run_demo(args)
 
 
+BENCHMARKS = ("attention", "moe", "decode")
+
+
+def _bench_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "which",
+        nargs="*",
+        default=None,
+        choices=BENCHMARKS,
+        help="benchmarks to run (default: all)",
+    )
+    parser.add_argument("--out", default="benchmarks/out", help="folder for JSON and markdown tables")
+
+
+def _bench(args: argparse.Namespace) -> int:
+    import os
+    import pathlib
+    import subprocess
+
+    import torch
+
+    if not torch.cuda.is_available():
+        print(
+            "wmoe-compile bench: needs a CUDA GPU (timings on the CPU mean nothing for these kernels)",
+            file=sys.stderr,
+        )
+        return 2
+    bench_dir = pathlib.Path(__file__).resolve().parent.parent / "benchmarks"
+    if not bench_dir.is_dir():
+        print(
+            f"wmoe-compile bench: benchmark scripts not found at {bench_dir}; run from a source checkout "
+            "installed with `pip install -e .`",
+            file=sys.stderr,
+        )
+        return 2
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    failed = []
+    for name in args.which or BENCHMARKS:
+        script = bench_dir / f"bench_{name}.py"
+        print(f"== {script.name} -> {out}", flush=True)
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        if subprocess.run([sys.executable, str(script), "--out", str(out)], env=env).returncode != 0:
+            failed.append(name)
+    if failed:
+        print(f"wmoe-compile bench: failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
 SUBCOMMANDS: dict[str, _Subcommand] = {
     "demo": ("run the reference model end to end and report what was rewritten", _demo_args, _demo),
     "dump": ("dump the graph after every pass", _no_args, _not_implemented("dump", "issue 5")),
@@ -48,11 +98,7 @@ SUBCOMMANDS: dict[str, _Subcommand] = {
         _not_implemented("export", "issue 6"),
     ),
     "eval": ("measure KV codec quality on a real model", _no_args, _not_implemented("eval", "issue 8")),
-    "bench": (
-        "run the GPU benchmarks and write their tables",
-        _no_args,
-        _not_implemented("bench", "issue 7"),
-    ),
+    "bench": ("run the GPU benchmarks and write their tables", _bench_args, _bench),
 }
 
 
