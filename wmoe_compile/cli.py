@@ -46,9 +46,8 @@ def _bench_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "which",
         nargs="*",
-        default=None,
-        choices=BENCHMARKS,
-        help="benchmarks to run (default: all)",
+        metavar="NAME",
+        help=f"benchmarks to run, any of {', '.join(BENCHMARKS)} (default: all)",
     )
     parser.add_argument("--out", default="benchmarks/out", help="folder for JSON and markdown tables")
 
@@ -60,6 +59,13 @@ def _bench(args: argparse.Namespace) -> int:
 
     import torch
 
+    unknown = sorted(set(args.which) - set(BENCHMARKS))
+    if unknown:
+        print(
+            f"wmoe-compile bench: unknown benchmark(s) {unknown}; valid: {', '.join(BENCHMARKS)}",
+            file=sys.stderr,
+        )
+        return 2
     if not torch.cuda.is_available():
         print(
             "wmoe-compile bench: needs a CUDA GPU (timings on the CPU mean nothing for these kernels)",
