@@ -1,0 +1,561 @@
+"""Tiled streaming MoE: SwiGLU experts as two Triton grouped GEMMs over packed expert weights.
+
+    out[t] = sum_j topk_weights[t, j] * W2[e] (silu(W1[e] x_t) * W3[e] x_t),  e = topk_ids[t, j]
+
+Side by side in this file: the packed weight layout (pack / unpack), a plain per-expert loop in
+fp32 (the reference), the two Triton kernels and their launcher with a table of tuned launch
+configs. Token grouping lives in moe_align.py.
+
+Packed layout (H_PAD, F_PAD: hidden and ffn sizes rounded up to 64 with zero weights, which is
+exact: a zero gate row gives silu(0) * 0 = 0, and zero columns of W2 read those zeros):
+
+- "tiles64" (default): the weights as contiguous 64x64 sub-tiles, K (the reduction dim) fastest.
+      w_gate_up [E, F_PAD/64, H_PAD/64, 2, 64, 64]   [..., 0, :, :] gate rows, [..., 1, :, :] up rows
+      w_down    [E, H_PAD/64, F_PAD/64, 64, 64]
+  The gate and up sub-tiles of one (ffn block, k block) are adjacent, so a program computing
+  ffn columns [n, n + 64) streams one contiguous 16 KB chunk per k step that feeds both GEMMs,
+  and a whole program's weights are one contiguous range of memory (DRAM pages read front to
+  back, no strided row segments).
+- "rows": nn.Linear orientation with gate and up interleaved in 64-row blocks,
+      w_gate_up [E, 2 * F_PAD, H_PAD]   rows [128 j, 128 j + 64) gate, [128 j + 64, 128 j + 128) up
+      w_down    [E, H_PAD, F_PAD]
+  Kept because it is what a TMA 2-D descriptor wants; benchmarks/bench_moe.py measures both and
+  the default is the faster one on the H200 (see benchmarks/RESULTS.md).
+
+Kernels (grouping from moe_align.py: pairs sorted by expert, tiles of <= BLOCK_M pairs):
+1. gate_up: one program per (M tile, BLOCK_N ffn columns). Loads x rows (gathered by token) and
+   the gate and up weight tiles, two tensor-core dots into fp32 accumulators, then
+   h = silu(gate) * up in registers, stored in the input dtype to h [P, F_PAD] (sorted rows).
+2. down: one program per (M tile, BLOCK_N hidden columns, K split). h @ W2^T, scaled by the
+   routing weight, and the k-way combine done with fp32 atomic adds into an fp32 [T, H] buffer,
+   then one cast to the output dtype. Atomics make the sum order (and so the last bit of the
+   fp32 sum) vary between runs; with k = 1 and no split each element gets one add (exact).
+   A deterministic combine would need a [T, k, H] intermediate and a reduce pass (vLLM's
+   moe_sum): more bytes at every T, and split-K, which the decode path needs to spread the
+   W2 read over all SMs, would need one more buffer on top.
+
+Weight tiles are fetched with plain pointer loads in a loop that Triton software-pipelines
+(num_stages deep cp.async ring in shared memory). Tensor-memory (TMA) descriptors were not used:
+the "tiles64" layout is not a strided 2-D box, and at decode the loads are already bandwidth-
+bound with several stages in flight per SM.
+
+Decode path: with few tokens every tile holds < BLOCK_M = 16 pairs of one expert, the grid bound
+is exactly the number of experts hit (moe_align.max_tiles), and the down projection splits K so
+that the weight read at T = 1 is spread over more programs than the GPU has SMs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import torch
+import triton
+import triton.language as tl
+
+from .moe_align import ExpertGrouping, group_by_expert, interpreting
+
+SUBTILE = 64
+LAYOUTS = ("tiles64", "rows")
+DEFAULT_LAYOUT = "tiles64"
+SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def round_up(n: int, multiple: int = SUBTILE) -> int:
+    return -(-n // multiple) * multiple
+
+
+# ----------------------------------------------------------------------------------------------
+# Packed layout
+# ----------------------------------------------------------------------------------------------
+
+
+def _pad_to(w: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    if w.shape[-2:] == (rows, cols):
+        return w.contiguous()
+    out = w.new_zeros(*w.shape[:-2], rows, cols)
+    out[..., : w.shape[-2], : w.shape[-1]] = w
+    return out
+
+
+def pack_gate_up(w_gate: torch.Tensor, w_up: torch.Tensor, layout: str = DEFAULT_LAYOUT) -> torch.Tensor:
+    """[E, F, H] gate and up (nn.Linear orientation) -> the packed w_gate_up of `layout`."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown layout {layout!r}; valid: {LAYOUTS}")
+    num_experts, ffn, hidden = w_gate.shape
+    f_pad, h_pad = round_up(ffn), round_up(hidden)
+    gate = _pad_to(w_gate, f_pad, h_pad).view(num_experts, f_pad // SUBTILE, SUBTILE, h_pad)
+    up = _pad_to(w_up, f_pad, h_pad).view(num_experts, f_pad // SUBTILE, SUBTILE, h_pad)
+    blocks = torch.stack([gate, up], dim=2)  # [E, F/64, 2, 64, H]
+    if layout == "rows":
+        return blocks.reshape(num_experts, 2 * f_pad, h_pad).contiguous()
+    tiles = blocks.view(num_experts, f_pad // SUBTILE, 2, SUBTILE, h_pad // SUBTILE, SUBTILE)
+    return tiles.permute(0, 1, 4, 2, 3, 5).contiguous()  # [E, F/64, H/64, 2, 64, 64]
+
+
+def pack_down(w_down: torch.Tensor, layout: str = DEFAULT_LAYOUT) -> torch.Tensor:
+    """[E, H, F] down (nn.Linear orientation) -> the packed w_down of `layout`."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown layout {layout!r}; valid: {LAYOUTS}")
+    num_experts, hidden, ffn = w_down.shape
+    f_pad, h_pad = round_up(ffn), round_up(hidden)
+    padded = _pad_to(w_down, h_pad, f_pad)
+    if layout == "rows":
+        return padded
+    tiles = padded.view(num_experts, h_pad // SUBTILE, SUBTILE, f_pad // SUBTILE, SUBTILE)
+    return tiles.permute(0, 1, 3, 2, 4).contiguous()  # [E, H/64, F/64, 64, 64]
+
+
+@dataclass(frozen=True)
+class PackedDims:
+    num_experts: int
+    ffn_pad: int
+    hidden_pad: int
+    layout: str
+
+
+def packed_dims(w_gate_up: torch.Tensor, w_down: torch.Tensor) -> PackedDims:
+    """Read (E, F_PAD, H_PAD, layout) off packed weights; raise if they do not form a packed pair."""
+    expected = (
+        "packed weights from wmoe_compile.pack_expert_weights: 'tiles64' w_gate_up "
+        "[E, F_PAD/64, H_PAD/64, 2, 64, 64] with w_down [E, H_PAD/64, F_PAD/64, 64, 64], or 'rows' "
+        "w_gate_up [E, 2*F_PAD, H_PAD] with w_down [E, H_PAD, F_PAD] (F_PAD, H_PAD multiples of 64)"
+    )
+    gu, dn = tuple(w_gate_up.shape), tuple(w_down.shape)
+    if w_gate_up.dim() == 6 and w_down.dim() == 5:
+        e, fb, hb, two, s1, s2 = gu
+        ok = (two, s1, s2) == (2, SUBTILE, SUBTILE) and dn == (e, hb, fb, SUBTILE, SUBTILE)
+        dims = PackedDims(e, fb * SUBTILE, hb * SUBTILE, "tiles64")
+    elif w_gate_up.dim() == 3 and w_down.dim() == 3:
+        e, f2, hp = gu
+        ok = f2 % (2 * SUBTILE) == 0 and hp % SUBTILE == 0 and dn == (e, hp, f2 // 2)
+        dims = PackedDims(e, f2 // 2, hp, "rows")
+    else:
+        ok = False
+    if not ok:
+        raise ValueError(f"expected {expected}; got w_gate_up {list(gu)} and w_down {list(dn)}")
+    if w_gate_up.dtype != w_down.dtype:
+        raise ValueError(f"w_gate_up is {w_gate_up.dtype} but w_down is {w_down.dtype}; pack both alike")
+    return dims
+
+
+def unpack_gate_up(w_gate_up: torch.Tensor, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inverse of pack_gate_up: (gate, up), each [E, F_PAD, H_PAD]."""
+    if layout == "rows":
+        e, f2, hp = w_gate_up.shape
+        blocks = w_gate_up.view(e, f2 // (2 * SUBTILE), 2, SUBTILE, hp)
+    else:
+        e, fb, hb = w_gate_up.shape[:3]
+        blocks = w_gate_up.permute(0, 1, 3, 4, 2, 5).reshape(e, fb, 2, SUBTILE, hb * SUBTILE)
+    gate = blocks[:, :, 0].reshape(blocks.shape[0], -1, blocks.shape[-1])
+    up = blocks[:, :, 1].reshape(blocks.shape[0], -1, blocks.shape[-1])
+    return gate, up
+
+
+def unpack_down(w_down: torch.Tensor, layout: str) -> torch.Tensor:
+    """Inverse of pack_down: [E, H_PAD, F_PAD]."""
+    if layout == "rows":
+        return w_down
+    e, hb, fb = w_down.shape[:3]
+    return w_down.permute(0, 1, 3, 2, 4).reshape(e, hb * SUBTILE, fb * SUBTILE)
+
+
+# ----------------------------------------------------------------------------------------------
+# Reference: a plain per-expert loop
+# ----------------------------------------------------------------------------------------------
+
+
+def moe_reference(
+    hidden: torch.Tensor,  # [T, H]
+    topk_ids: torch.Tensor,  # [T, k]
+    topk_weights: torch.Tensor,  # [T, k]
+    w_gate: torch.Tensor,  # [E, F, H]
+    w_up: torch.Tensor,  # [E, F, H]
+    w_down: torch.Tensor,  # [E, H, F]
+    compute_dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """SwiGLU experts, one expert at a time, in `compute_dtype`; returns hidden's dtype.
+
+    Pairs routed to an id outside [0, E) contribute nothing, as in the Triton path.
+    """
+    x = hidden.to(compute_dtype)
+    out = torch.zeros_like(x)
+    for expert in range(w_gate.shape[0]):
+        token, slot = (topk_ids == expert).nonzero(as_tuple=True)
+        if token.numel() == 0:
+            continue
+        xe = x[token]
+        gate = xe @ w_gate[expert].to(compute_dtype).T
+        up = xe @ w_up[expert].to(compute_dtype).T
+        y = (torch.nn.functional.silu(gate) * up) @ w_down[expert].to(compute_dtype).T
+        out.index_add_(0, token, y * topk_weights[token, slot].to(compute_dtype)[:, None])
+    return out.to(hidden.dtype)
+
+
+def tiled_moe_reference(
+    hidden: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    w_gate_up: torch.Tensor,
+    w_down: torch.Tensor,
+) -> torch.Tensor:
+    """The op on packed weights, computed by unpacking and running moe_reference in fp32."""
+    dims = packed_dims(w_gate_up, w_down)
+    gate, up = unpack_gate_up(w_gate_up, dims.layout)
+    down = unpack_down(w_down, dims.layout)
+    hidden_size = hidden.shape[1]
+    x = torch.nn.functional.pad(hidden, (0, dims.hidden_pad - hidden_size))
+    out = moe_reference(x, topk_ids, topk_weights, gate, up, down)
+    return out[:, :hidden_size].contiguous()
+
+
+# ----------------------------------------------------------------------------------------------
+# Launch configs: tuned per shape class and tokens-per-expert bucket, looked up on every call
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    block_m: int  # pairs per M tile (shared by both kernels: one grouping)
+    up_n: int  # gate_up: ffn columns per program (gate and up each)
+    up_k: int
+    up_warps: int
+    up_stages: int
+    down_n: int  # down: hidden columns per program
+    down_k: int
+    down_split: int  # K split of the down projection (atomics combine the splits)
+    down_warps: int
+    down_stages: int
+    group_m: int = 8  # M tiles per program-order group (L2 reuse of weight tiles across M tiles)
+
+    def fitted(self, ffn_pad: int, hidden_pad: int) -> MoEConfig:
+        """Shrink block sizes that do not divide the padded dims (weight loads are unmasked)."""
+
+        def fit(block: int, dim: int, floor: int) -> int:
+            while block > floor and dim % block:
+                block //= 2
+            return block
+
+        return replace(
+            self,
+            up_n=fit(self.up_n, ffn_pad, 16),
+            up_k=fit(self.up_k, hidden_pad, SUBTILE),
+            down_n=fit(self.down_n, hidden_pad, 16),
+            down_k=fit(self.down_k, ffn_pad, SUBTILE),
+            down_split=max(1, min(self.down_split, ffn_pad // fit(self.down_k, ffn_pad, SUBTILE))),
+        )
+
+
+def _cfg(bm, un, uk, uw, us, dn, dk, ds, dw, dst, gm=8) -> MoEConfig:
+    return MoEConfig(bm, un, uk, uw, us, dn, dk, ds, dw, dst, gm)
+
+
+# Shape class: "large" experts (H * F >= 2^24, e.g. Mixtral 4096 x 14336) or "small" (fine-grained,
+# e.g. 2048 x 1408). Bucket: upper bound on m = pairs per expert hit = ceil(T k / min(E, T k)).
+# Filled from the sweep in benchmarks/bench_moe.py on the H200 (benchmarks/RESULTS.md).
+CONFIG_TABLE: dict[tuple[str, int], MoEConfig] = {
+    ("large", 2): _cfg(16, 64, 128, 4, 4, 64, 128, 4, 4, 4),
+    ("large", 8): _cfg(16, 64, 128, 4, 4, 64, 128, 4, 4, 4),
+    ("large", 32): _cfg(32, 64, 128, 4, 4, 64, 128, 2, 4, 4),
+    ("large", 128): _cfg(64, 128, 64, 4, 4, 128, 64, 1, 4, 4),
+    ("large", 512): _cfg(128, 128, 64, 8, 3, 128, 64, 1, 8, 4),
+    ("large", 1 << 62): _cfg(128, 128, 64, 8, 3, 128, 64, 1, 8, 4),
+    ("small", 2): _cfg(16, 32, 128, 4, 4, 64, 128, 2, 4, 4),
+    ("small", 8): _cfg(16, 64, 128, 4, 4, 64, 128, 2, 4, 4),
+    ("small", 32): _cfg(32, 64, 128, 4, 4, 64, 128, 1, 4, 4),
+    ("small", 128): _cfg(64, 128, 64, 4, 4, 128, 64, 1, 4, 4),
+    ("small", 512): _cfg(128, 128, 64, 8, 3, 128, 64, 1, 8, 4),
+    ("small", 1 << 62): _cfg(128, 128, 64, 8, 3, 128, 64, 1, 8, 4),
+}
+BUCKETS = sorted({bucket for _, bucket in CONFIG_TABLE})
+
+
+def shape_class(hidden_pad: int, ffn_pad: int) -> str:
+    return "large" if hidden_pad * ffn_pad >= (1 << 24) else "small"
+
+
+def pairs_per_expert(num_tokens: int, top_k: int, num_experts: int) -> int:
+    pairs = num_tokens * top_k
+    return max(1, math.ceil(pairs / max(1, min(num_experts, pairs))))
+
+
+def lookup_config(num_tokens: int, top_k: int, num_experts: int, hidden_pad: int, ffn_pad: int) -> MoEConfig:
+    m = pairs_per_expert(num_tokens, top_k, num_experts)
+    bucket = next(b for b in BUCKETS if m <= b)
+    return CONFIG_TABLE[(shape_class(hidden_pad, ffn_pad), bucket)].fitted(ffn_pad, hidden_pad)
+
+
+# ----------------------------------------------------------------------------------------------
+# Triton kernels
+# ----------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _tile_coords(pid, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+    # Grouped program order: GROUP_M consecutive M tiles share each weight tile while it is in L2.
+    num_pid_in_group = GROUP_M * num_pid_n
+    group_id = pid // num_pid_in_group
+    first_pid_m = group_id * GROUP_M
+    group_size_m = tl.minimum(num_pid_m - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + (pid % num_pid_in_group) % group_size_m
+    pid_n = (pid % num_pid_in_group) // group_size_m
+    return pid_m, pid_n
+
+
+@triton.jit
+def _gate_up_kernel(
+    x_ptr,  # [T, H] hidden
+    w_ptr,  # packed w_gate_up
+    h_ptr,  # [P, F_PAD] out: silu(gate) * up, rows in sorted-pair order
+    sorted_pairs_ptr,
+    tiles_ptr,  # [3, n_slots]
+    n_slots,
+    hidden_size,
+    stride_x,
+    ffn_pad,
+    hidden_pad,
+    TOP_K: tl.constexpr,
+    TILED: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    EVEN_H: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    pid_m, pid_n = _tile_coords(pid, n_slots, ffn_pad // BLOCK_N, GROUP_M)
+    expert = tl.load(tiles_ptr + pid_m)
+    if expert < 0:  # slot past the real tile count (the grid is a bound, see moe_align)
+        return
+    row_start = tl.load(tiles_ptr + n_slots + pid_m)
+    row_end = tl.load(tiles_ptr + 2 * n_slots + pid_m)
+    rows = row_start + tl.arange(0, BLOCK_M)
+    row_in = rows < row_end
+    pairs = tl.load(sorted_pairs_ptr + rows, mask=row_in, other=0)
+    tokens = pairs // TOP_K
+    ks = tl.arange(0, BLOCK_K)
+    x_ptrs = x_ptr + tokens.to(tl.int64)[:, None] * stride_x + ks[None, :]
+
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # ffn columns of this program
+    w_base = w_ptr + expert.to(tl.int64) * (2 * ffn_pad) * hidden_pad
+    # [BLOCK_K, BLOCK_N] offsets of the gate tile; the up tile sits one 64-block further.
+    if TILED:
+        tile_index = (cols[None, :] // 64) * (hidden_pad // 64) + ks[:, None] // 64
+        gate_ptrs = w_base + tile_index * (2 * 64 * 64) + (cols[None, :] % 64) * 64 + ks[:, None] % 64
+        up_delta = 64 * 64
+        k_step = (BLOCK_K // 64) * (2 * 64 * 64)
+    else:
+        gate_rows = (cols[None, :] // 64) * 128 + cols[None, :] % 64
+        gate_ptrs = w_base + gate_rows * hidden_pad + ks[:, None]
+        up_delta = 64 * hidden_pad
+        k_step = BLOCK_K
+    up_ptrs = gate_ptrs + up_delta
+
+    acc_gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, hidden_pad, BLOCK_K):
+        if EVEN_H:
+            x = tl.load(x_ptrs, mask=row_in[:, None], other=0.0)
+        else:
+            x = tl.load(x_ptrs, mask=row_in[:, None] & (k0 + ks < hidden_size)[None, :], other=0.0)
+        w_gate = tl.load(gate_ptrs)
+        w_up = tl.load(up_ptrs)
+        if DOT_FP32:  # the interpreter's bf16 dot is wrong; exact fp32 there
+            x = x.to(tl.float32)
+            w_gate = w_gate.to(tl.float32)
+            w_up = w_up.to(tl.float32)
+        acc_gate = tl.dot(x, w_gate, acc_gate, input_precision=PRECISION)
+        acc_up = tl.dot(x, w_up, acc_up, input_precision=PRECISION)
+        x_ptrs += BLOCK_K
+        gate_ptrs += k_step
+        up_ptrs += k_step
+
+    h = acc_gate * tl.sigmoid(acc_gate) * acc_up
+    h_ptrs = h_ptr + rows.to(tl.int64)[:, None] * ffn_pad + cols[None, :]
+    tl.store(h_ptrs, h.to(h_ptr.dtype.element_ty), mask=row_in[:, None])
+
+
+@triton.jit
+def _down_kernel(
+    h_ptr,  # [P, F_PAD]
+    w_ptr,  # packed w_down
+    out_ptr,  # [T, H] fp32, zero-initialised; atomically accumulated
+    sorted_pairs_ptr,
+    tiles_ptr,
+    topk_weights_ptr,  # [P]
+    n_slots,
+    hidden_size,
+    stride_out,
+    ffn_pad,
+    hidden_pad,
+    TOP_K: tl.constexpr,
+    TILED: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    split = tl.program_id(1)
+    pid_m, pid_n = _tile_coords(pid, n_slots, hidden_pad // BLOCK_N, GROUP_M)
+    expert = tl.load(tiles_ptr + pid_m)
+    if expert < 0:
+        return
+    row_start = tl.load(tiles_ptr + n_slots + pid_m)
+    row_end = tl.load(tiles_ptr + 2 * n_slots + pid_m)
+    rows = row_start + tl.arange(0, BLOCK_M)
+    row_in = rows < row_end
+    pairs = tl.load(sorted_pairs_ptr + rows, mask=row_in, other=0)
+
+    # This split's K blocks (uneven splits allowed: the last ones may get one block fewer).
+    k_blocks = ffn_pad // BLOCK_K
+    blocks_per_split = tl.cdiv(k_blocks, SPLIT_K)
+    kb_begin = split * blocks_per_split
+    kb_end = tl.minimum(kb_begin + blocks_per_split, k_blocks)
+    ks = kb_begin * BLOCK_K + tl.arange(0, BLOCK_K)
+    a_ptrs = h_ptr + rows.to(tl.int64)[:, None] * ffn_pad + ks[None, :]
+
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # hidden columns of this program
+    w_base = w_ptr + expert.to(tl.int64) * hidden_pad * ffn_pad
+    if TILED:
+        tile_index = (cols[None, :] // 64) * (ffn_pad // 64) + ks[:, None] // 64
+        w_ptrs = w_base + tile_index * (64 * 64) + (cols[None, :] % 64) * 64 + ks[:, None] % 64
+        k_step = (BLOCK_K // 64) * (64 * 64)
+    else:
+        w_ptrs = w_base + cols[None, :] * ffn_pad + ks[:, None]
+        k_step = BLOCK_K
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for _ in range(kb_begin, kb_end):
+        a = tl.load(a_ptrs, mask=row_in[:, None], other=0.0)
+        w = tl.load(w_ptrs)
+        if DOT_FP32:
+            a = a.to(tl.float32)
+            w = w.to(tl.float32)
+        acc = tl.dot(a, w, acc, input_precision=PRECISION)
+        a_ptrs += BLOCK_K
+        w_ptrs += k_step
+
+    route_weight = tl.load(topk_weights_ptr + pairs, mask=row_in, other=0.0).to(tl.float32)
+    acc = acc * route_weight[:, None]
+    tokens = pairs // TOP_K
+    out_ptrs = out_ptr + tokens.to(tl.int64)[:, None] * stride_out + cols[None, :]
+    out_mask = row_in[:, None] & (cols < hidden_size)[None, :]
+    tl.atomic_add(out_ptrs, acc, mask=out_mask, sem="relaxed")
+
+
+# ----------------------------------------------------------------------------------------------
+# Launcher
+# ----------------------------------------------------------------------------------------------
+
+
+def _precision(dtype: torch.dtype) -> str:
+    return "ieee" if (dtype == torch.float32 or interpreting()) else "tf32"
+
+
+def launch_gate_up(
+    hidden: torch.Tensor,
+    w_gate_up: torch.Tensor,
+    grouping: ExpertGrouping,
+    dims: PackedDims,
+    top_k: int,
+    cfg: MoEConfig,
+) -> torch.Tensor:
+    num_pairs = grouping.sorted_pairs.numel()
+    h = torch.empty(num_pairs, dims.ffn_pad, dtype=hidden.dtype, device=hidden.device)
+    grid = (grouping.max_tiles * (dims.ffn_pad // cfg.up_n),)
+    _gate_up_kernel[grid](
+        hidden,
+        w_gate_up,
+        h,
+        grouping.sorted_pairs,
+        grouping.tiles,
+        grouping.max_tiles,
+        hidden.shape[1],
+        hidden.stride(0),
+        dims.ffn_pad,
+        dims.hidden_pad,
+        TOP_K=top_k,
+        TILED=dims.layout == "tiles64",
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.up_n,
+        BLOCK_K=cfg.up_k,
+        GROUP_M=cfg.group_m,
+        EVEN_H=hidden.shape[1] % cfg.up_k == 0,
+        DOT_FP32=interpreting(),
+        PRECISION=_precision(hidden.dtype),
+        num_warps=cfg.up_warps,
+        num_stages=cfg.up_stages,
+    )
+    return h
+
+
+def launch_down(
+    h: torch.Tensor,
+    w_down: torch.Tensor,
+    out32: torch.Tensor,
+    topk_weights: torch.Tensor,
+    grouping: ExpertGrouping,
+    dims: PackedDims,
+    top_k: int,
+    cfg: MoEConfig,
+) -> None:
+    grid = (grouping.max_tiles * (dims.hidden_pad // cfg.down_n), cfg.down_split)
+    _down_kernel[grid](
+        h,
+        w_down,
+        out32,
+        grouping.sorted_pairs,
+        grouping.tiles,
+        topk_weights,
+        grouping.max_tiles,
+        out32.shape[1],
+        out32.stride(0),
+        dims.ffn_pad,
+        dims.hidden_pad,
+        TOP_K=top_k,
+        TILED=dims.layout == "tiles64",
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.down_n,
+        BLOCK_K=cfg.down_k,
+        SPLIT_K=cfg.down_split,
+        GROUP_M=cfg.group_m,
+        DOT_FP32=interpreting(),
+        PRECISION=_precision(h.dtype),
+        num_warps=cfg.down_warps,
+        num_stages=cfg.down_stages,
+    )
+
+
+def tiled_moe_triton(
+    hidden: torch.Tensor,  # [T, H]
+    topk_ids: torch.Tensor,  # [T, k] integer
+    topk_weights: torch.Tensor,  # [T, k] float
+    w_gate_up: torch.Tensor,
+    w_down: torch.Tensor,
+    config: MoEConfig | None = None,
+) -> torch.Tensor:
+    """The op on CUDA (or on CPU tensors under TRITON_INTERPRET=1). Inputs already validated.
+
+    No host synchronisation: grouping, both GEMMs and the combine are queued back to back.
+    Pairs routed to an expert id outside [0, E) contribute nothing (never read out of bounds).
+    """
+    dims = packed_dims(w_gate_up, w_down)
+    num_tokens, hidden_size = hidden.shape
+    top_k = topk_ids.shape[1]
+    if num_tokens == 0:
+        return hidden.new_zeros(0, hidden_size)
+    cfg = (
+        config or lookup_config(num_tokens, top_k, dims.num_experts, dims.hidden_pad, dims.ffn_pad)
+    ).fitted(dims.ffn_pad, dims.hidden_pad)
+    hidden = hidden if hidden.stride(1) == 1 else hidden.contiguous()
+    grouping = group_by_expert(topk_ids, dims.num_experts, cfg.block_m)
+    h = launch_gate_up(hidden, w_gate_up, grouping, dims, top_k, cfg)
+    out32 = torch.zeros(num_tokens, hidden_size, dtype=torch.float32, device=hidden.device)
+    launch_down(h, w_down, out32, topk_weights.reshape(-1).contiguous(), grouping, dims, top_k, cfg)
+    return out32.to(hidden.dtype)

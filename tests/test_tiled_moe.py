@@ -1,0 +1,371 @@
+"""wmoe::tiled_moe: packing, token grouping, Triton kernels (interpreter on CPU, real shapes on GPU).
+
+Every numeric check compares against a plain per-expert loop in fp32 on unpacked weights.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from torch import nn
+from wmoe_compile.kernels import moe_align
+from wmoe_compile.kernels import tiled_moe as tm
+
+import wmoe_compile
+import wmoe_compile.ops.moe  # noqa: F401  (registers wmoe::tiled_moe)
+from wmoe_compile.moe_packing import pack_expert_weights
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# bf16 rounds the SwiGLU intermediate h to 8 bits of mantissa; fp16 to 11.
+REL_TOL = {torch.float32: 1e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2}
+
+
+def random_experts(num_experts, hidden, ffn, device="cpu"):
+    """fp32 gate, up [E, F, H] and down [E, H, F], scaled so outputs stay O(1)."""
+    gate = torch.randn(num_experts, ffn, hidden, device=device) / hidden**0.5
+    up = torch.randn(num_experts, ffn, hidden, device=device) / hidden**0.5
+    down = torch.randn(num_experts, hidden, ffn, device=device) / ffn**0.5
+    return gate, up, down
+
+
+def random_routing(num_tokens, top_k, num_experts, device="cpu", allowed=None):
+    """Distinct experts per token (as top-k gives), drawn from `allowed` (default all)."""
+    pool = torch.arange(num_experts) if allowed is None else torch.as_tensor(allowed)
+    ids = torch.stack([pool[torch.randperm(len(pool))[:top_k]] for _ in range(num_tokens)])
+    weights = torch.rand(num_tokens, top_k) + 0.05
+    weights = weights / weights.sum(-1, keepdim=True)
+    return ids.to(device), weights.to(device)
+
+
+def rel_err(got, ref):
+    assert torch.isfinite(got).all(), "NaN/inf in the output"
+    return ((got.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30)).item()
+
+
+def run_case(num_tokens, top_k, num_experts, hidden, ffn, dtype, layout, allowed=None, config=None):
+    gate, up, down = random_experts(num_experts, hidden, ffn)
+    x = torch.randn(num_tokens, hidden)
+    ids, weights = random_routing(num_tokens, top_k, num_experts, allowed=allowed)
+    packed = pack_expert_weights(w1=gate, w3=up, w2=down, layout=layout, dtype=dtype)
+    got = tm.tiled_moe_triton(x.to(dtype), ids, weights, packed.w_gate_up, packed.w_down, config=config)
+    # Reference on the same rounded weights and inputs, computed in fp32.
+    ref = tm.moe_reference(
+        x.to(dtype).float(), ids, weights, *(w.to(dtype).float() for w in (gate, up, down))
+    )
+    assert got.dtype == dtype and got.shape == (num_tokens, hidden)
+    err = rel_err(got, ref)
+    assert err < REL_TOL[dtype], f"relative error {err:.2e} >= {REL_TOL[dtype]:.0e}"
+    return got, ref
+
+
+# ---------------------------------------------------------------- packing
+
+
+@pytest.mark.parametrize("layout", tm.LAYOUTS)
+def test_pack_unpack_roundtrip_pads_with_zeros(layout):
+    gate, up, down = random_experts(3, 72, 100)
+    w_gate_up, w_down = tm.pack_gate_up(gate, up, layout), tm.pack_down(down, layout)
+    dims = tm.packed_dims(w_gate_up, w_down)
+    assert (dims.num_experts, dims.ffn_pad, dims.hidden_pad, dims.layout) == (3, 128, 128, layout)
+    g, u = tm.unpack_gate_up(w_gate_up, layout)
+    d = tm.unpack_down(w_down, layout)
+    assert torch.equal(g[:, :100, :72], gate) and torch.equal(u[:, :100, :72], up)
+    assert torch.equal(d[:, :72, :100], down)
+    assert g[:, 100:].abs().sum() == 0 and g[:, :, 72:].abs().sum() == 0 and d[:, 72:].abs().sum() == 0
+
+
+def test_tiles64_gate_and_up_subtiles_are_adjacent():
+    gate, up, _ = random_experts(2, 128, 128)
+    packed = tm.pack_gate_up(gate, up, "tiles64")  # [E, F/64, H/64, 2, 64, 64]
+    flat = packed.reshape(-1)
+    # expert 1, ffn block 1, k block 0: gate tile then up tile, one contiguous 16 KB chunk.
+    start = ((1 * 2 + 1) * 2 + 0) * 2 * 64 * 64
+    assert torch.equal(flat[start : start + 4096].view(64, 64), gate[1, 64:128, :64])
+    assert torch.equal(flat[start + 4096 : start + 8192].view(64, 64), up[1, 64:128, :64])
+
+
+def test_pack_accepts_hf_fused_tensors_and_flags():
+    gate, up, down = random_experts(4, 64, 96)
+    ref = pack_expert_weights(w1=gate, w3=up, w2=down)
+    concat = pack_expert_weights(gate_up_proj=torch.cat([gate, up], 1), down_proj=down)
+    transposed = pack_expert_weights(
+        gate_up_proj=torch.cat([gate, up], 1).transpose(1, 2),
+        down_proj=down.transpose(1, 2),
+        is_transposed=True,
+    )
+    interleaved = pack_expert_weights(
+        gate_up_proj=torch.stack([gate, up], 2).reshape(4, 192, 64), down_proj=down, is_concatenated=False
+    )
+    per_expert = pack_expert_weights(w1=list(gate), w3=list(up), w2=list(down))
+    for packed in (concat, transposed, interleaved, per_expert):
+        assert torch.equal(packed.w_gate_up, ref.w_gate_up) and torch.equal(packed.w_down, ref.w_down)
+    assert (ref.num_experts, ref.hidden_size, ref.ffn_size, ref.layout) == (4, 64, 96, tm.DEFAULT_LAYOUT)
+
+
+def test_pack_accepts_hf_transformers_experts_modules():
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.mixtral.modeling_mixtral import MixtralExperts
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
+
+    for cls, config in (
+        (
+            MixtralExperts,
+            transformers.MixtralConfig(hidden_size=64, intermediate_size=96, num_local_experts=4),
+        ),
+        (
+            Qwen3MoeExperts,
+            transformers.Qwen3MoeConfig(hidden_size=64, moe_intermediate_size=96, num_experts=4),
+        ),
+    ):
+        experts = cls(config)
+        with torch.no_grad():
+            experts.gate_up_proj.normal_(0, 64**-0.5)
+            experts.down_proj.normal_(0, 96**-0.5)
+        packed = pack_expert_weights(experts)
+        x = torch.randn(5, 64)
+        ids, weights = random_routing(5, 2, 4)
+        with torch.no_grad():
+            hf = experts(x, ids, weights)
+        got = packed(x, ids, weights)
+        assert rel_err(got, hf) < 1e-5, cls.__name__
+
+
+def test_pack_accepts_reference_model_moe():
+    model = wmoe_compile.models.mixtral.MixtralModel(wmoe_compile.models.mixtral.get_config("tiny"))
+    moe = model.layers[0].moe
+    packed = pack_expert_weights(moe)  # finds .experts, a ModuleList of w1/w3/w2 experts
+    x = torch.randn(6, moe.cfg.hidden_size)
+    ids, weights = random_routing(6, 2, moe.cfg.num_experts)
+    with torch.no_grad():
+        expected = torch.zeros_like(x)
+        for t in range(6):
+            for j in range(2):
+                expected[t] += weights[t, j] * moe.experts[int(ids[t, j])](x[t])
+    assert rel_err(packed(x, ids, weights), expected) < 1e-5
+
+
+def test_pack_rejects_bad_weights_with_the_expected_layout():
+    gate, up, down = random_experts(4, 64, 96)
+    with pytest.raises(ValueError, match=r"gate_up_proj \[num_experts, 2 \* ffn, hidden\]"):
+        pack_expert_weights(gate_up_proj=torch.cat([gate, up], 1), down_proj=down.transpose(1, 2))
+    with pytest.raises(ValueError, match=r"gate_up_proj \[num_experts, 2 \* ffn, hidden\]"):
+        pack_expert_weights(gate_up_proj=gate[0], down_proj=down)
+    with pytest.raises(ValueError, match=r"w2 \(down\) \[hidden, ffn\]"):
+        pack_expert_weights(w1=gate, w3=up, w2=down.transpose(1, 2))
+    with pytest.raises(ValueError, match="bfloat16 or float16"):
+        pack_expert_weights(w1=gate.to(torch.int8), w3=up, w2=down)
+    with pytest.raises(ValueError, match="exactly one weight source"):
+        pack_expert_weights(w1=gate, w3=up, w2=down, gate_up_proj=gate)
+    with pytest.raises(ValueError, match="layout"):
+        pack_expert_weights(w1=gate, w3=up, w2=down, layout="tiles32")
+    with pytest.raises(ValueError, match="w1/w3/w2"):
+        pack_expert_weights(nn.ModuleList([nn.Linear(4, 4)]))
+
+
+# ---------------------------------------------------------------- grouping
+
+
+@pytest.mark.parametrize(
+    "num_tokens,top_k,num_experts,block_m",
+    [(1, 2, 8, 16), (7, 2, 8, 16), (40, 8, 64, 16), (130, 2, 8, 64), (9, 1, 4, 16), (24, 8, 256, 32)],
+)
+def test_triton_grouping_matches_torch(num_tokens, top_k, num_experts, block_m):
+    ids, _ = random_routing(num_tokens, top_k, num_experts)
+    if num_tokens > 5:  # ids outside [0, E) must land in no tile
+        ids[2, 0] = num_experts + 3
+        ids[4, -1] = -1
+    got = moe_align.group_by_expert_triton(ids, num_experts, block_m)
+    ref = moe_align.group_by_expert_torch(ids, num_experts, block_m)
+    assert torch.equal(got.sorted_pairs, ref.sorted_pairs) and torch.equal(got.tiles, ref.tiles)
+    # Each used tile: one expert, at most block_m rows, all pairs of that expert.
+    flat = ids.reshape(-1)
+    expert, start, end = ref.tiles.tolist()
+    covered = []
+    for e, s, t in zip(expert, start, end, strict=True):
+        if e < 0:
+            continue
+        assert 0 < t - s <= block_m
+        pairs = ref.sorted_pairs[s:t].long()
+        assert (flat[pairs] == e).all()
+        covered += pairs.tolist()
+    valid = ((flat >= 0) & (flat < num_experts)).nonzero().flatten().tolist()
+    assert sorted(covered) == valid
+    assert len(expert) == moe_align.max_tiles(flat.numel(), num_experts, block_m)
+
+
+def test_decode_grid_has_no_dead_tiles():
+    # T = 1: exactly k tiles, each one pair; nothing launched for padding.
+    ids, _ = random_routing(1, 2, 8)
+    grouping = moe_align.group_by_expert(ids, 8, 16)
+    assert grouping.max_tiles == 2
+    assert sorted(grouping.tiles[0].tolist()) == sorted(ids[0].tolist())
+    assert (grouping.tiles[2] - grouping.tiles[1]).tolist() == [1, 1]
+
+
+# ---------------------------------------------------------------- kernels vs the fp32 loop
+
+
+@pytest.mark.parametrize("layout", tm.LAYOUTS)
+@pytest.mark.parametrize(
+    "num_tokens,top_k,num_experts,hidden,ffn,dtype",
+    [
+        (1, 2, 8, 128, 192, torch.float32),  # decode, T = 1
+        (5, 1, 4, 64, 128, torch.float16),  # k = 1
+        (19, 2, 8, 72, 100, torch.float16),  # sizes not multiples of 64 (zero padding)
+        (12, 8, 64, 64, 64, torch.float32),  # k = 8, many experts
+        (33, 2, 4, 128, 128, torch.bfloat16),  # bf16 (the interpreter path dots in fp32)
+    ],
+)
+def test_triton_matches_fp32_loop(num_tokens, top_k, num_experts, hidden, ffn, dtype, layout):
+    run_case(num_tokens, top_k, num_experts, hidden, ffn, dtype, layout)
+
+
+def test_experts_without_tokens_and_all_tokens_on_one_expert():
+    # Experts 1, 2, 4.. get nothing; with k = 1 and one allowed expert all 40 tokens (3 M tiles) hit it.
+    run_case(40, 1, 8, 64, 128, torch.float16, "tiles64", allowed=[5])
+    run_case(23, 2, 8, 64, 128, torch.float32, "rows", allowed=[0, 3])
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        tm.MoEConfig(16, 32, 64, 4, 2, 32, 64, 3, 4, 2),  # split-K 3 over 3 K blocks
+        tm.MoEConfig(16, 64, 128, 4, 2, 64, 64, 2, 4, 2, group_m=1),  # uneven split (3 blocks / 2)
+        tm.MoEConfig(32, 128, 64, 4, 2, 128, 128, 1, 4, 2),  # wider tiles than the packed 64
+    ],
+)
+def test_explicit_launch_configs(config):
+    run_case(37, 2, 8, 128, 192, torch.float32, "tiles64", config=config)
+
+
+def test_torch_grouping_route_for_large_batches(monkeypatch):
+    monkeypatch.setattr(moe_align, "TRITON_MAX_PAIRS", 8)
+    run_case(20, 2, 8, 64, 64, torch.float32, "tiles64")
+
+
+def test_zero_tokens():
+    packed = pack_expert_weights(
+        w1=torch.randn(2, 64, 64), w3=torch.randn(2, 64, 64), w2=torch.randn(2, 64, 64)
+    )
+    out = packed(torch.randn(0, 64), torch.zeros(0, 2, dtype=torch.long), torch.zeros(0, 2))
+    assert out.shape == (0, 64)
+
+
+# ---------------------------------------------------------------- the op
+
+
+def op_inputs(num_tokens=6, top_k=2, num_experts=4, hidden=64, ffn=64, dtype=torch.float32, device=DEVICE):
+    gate, up, down = random_experts(num_experts, hidden, ffn)
+    packed = pack_expert_weights(w1=gate, w3=up, w2=down, dtype=dtype, device=device)
+    x = torch.randn(num_tokens, hidden, device=device, dtype=dtype)
+    ids, weights = random_routing(num_tokens, top_k, num_experts, device=device)
+    return x, ids, weights, packed
+
+
+def test_opcheck():
+    x, ids, weights, packed = op_inputs()
+    torch.library.opcheck(
+        torch.ops.wmoe.tiled_moe.default, (x, ids, weights, packed.w_gate_up, packed.w_down)
+    )
+    torch.library.opcheck(
+        torch.ops.wmoe.tiled_moe.default, (x, ids.int(), weights, packed.w_gate_up, packed.w_down, True)
+    )
+
+
+def test_op_schema_matches_contract():
+    schema = str(torch.ops.wmoe.tiled_moe.default._schema)
+    contracts = os.path.dirname(__file__) + "/../docs/CONTRACTS.md"
+    with open(contracts) as f:
+        text = " ".join(f.read().split())
+    assert " ".join(schema.split()) in text, schema
+
+
+def test_op_reference_path_on_cpu(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # the op's CPU fallback: fp32 per-expert loop
+    x, ids, weights, packed = op_inputs(device="cpu")
+    got = packed(x, ids, weights)
+    gate, up = tm.unpack_gate_up(packed.w_gate_up, packed.layout)
+    ref = tm.moe_reference(x, ids, weights, gate, up, tm.unpack_down(packed.w_down, packed.layout))
+    assert rel_err(got, ref) < 1e-6
+
+
+def test_op_rejects_bad_inputs():
+    x, ids, weights, packed = op_inputs()
+    bad_ids = ids.clone()
+    bad_ids[1, 0] = packed.num_experts  # one past the last expert
+    with pytest.raises(ValueError, match=r"outside \[0, 4\)"):
+        packed(x, bad_ids, weights, validate=True)
+    with pytest.raises(ValueError, match="hidden is torch.float16"):
+        packed(x.half(), ids, weights)
+    with pytest.raises(ValueError, match="topk_ids must be int32/int64"):
+        packed(x, ids.float(), weights)
+    with pytest.raises(ValueError, match="topk_weights must be floating point"):
+        packed(x, ids, weights[:, :1])
+    with pytest.raises(ValueError, match=r"hidden must be \[tokens, 64\]"):
+        packed(x[:, :32], ids, weights)
+    with pytest.raises(ValueError, match="hidden size 200 does not match"):
+        torch.ops.wmoe.tiled_moe(torch.randn(6, 200), ids, weights, packed.w_gate_up, packed.w_down)
+    with pytest.raises(ValueError, match="packed weights from wmoe_compile.pack_expert_weights"):
+        torch.ops.wmoe.tiled_moe(x, ids, weights, packed.w_gate_up, packed.w_gate_up)
+
+
+def test_out_of_range_ids_without_validation_are_dropped_not_read():
+    # Without validate=True the bad pair contributes nothing (no out-of-bounds weight read).
+    x, ids, weights, packed = op_inputs(num_tokens=5)
+    bad_ids = ids.clone()
+    bad_ids[3, 1] = 1000
+    got = packed(x, bad_ids, weights)
+    kept = weights.clone()
+    kept[3, 1] = 0.0
+    gate, up = tm.unpack_gate_up(packed.w_gate_up, packed.layout)
+    ref = tm.moe_reference(x, ids, kept, gate, up, tm.unpack_down(packed.w_down, packed.layout))
+    assert rel_err(got, ref) < 1e-5
+
+
+# ---------------------------------------------------------------- GPU, real shapes
+
+MIXTRAL = dict(num_experts=8, hidden=4096, ffn=14336, top_k=2)
+FINE_GRAINED = dict(num_experts=64, hidden=2048, ffn=1408, top_k=8)
+
+
+def gpu_case(shape, num_tokens, dtype=torch.bfloat16, layout="tiles64", allowed=None):
+    e, h, f, k = shape["num_experts"], shape["hidden"], shape["ffn"], shape["top_k"]
+    gate, up, down = random_experts(e, h, f, device="cuda")
+    packed = pack_expert_weights(w1=gate, w3=up, w2=down, dtype=dtype, layout=layout)
+    x = torch.randn(num_tokens, h, device="cuda")
+    ids, weights = random_routing(num_tokens, k, e, device="cuda", allowed=allowed)
+    got = packed(x.to(dtype), ids, weights)
+    ref = tm.moe_reference(
+        x.to(dtype).float(), ids, weights, *(w.to(dtype).float() for w in (gate, up, down))
+    )
+    err = rel_err(got, ref)
+    assert err < REL_TOL[dtype], f"relative error {err:.2e}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_tokens", [1, 64, 300])
+def test_gpu_mixtral_shapes(num_tokens):
+    gpu_case(MIXTRAL, num_tokens)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_tokens", [1, 4096])
+def test_gpu_fine_grained_shapes(num_tokens):
+    gpu_case(FINE_GRAINED, num_tokens)
+
+
+@pytest.mark.gpu
+def test_gpu_fp16_rows_layout_one_hot_expert():
+    gpu_case(MIXTRAL, 40, dtype=torch.float16, layout="rows", allowed=[3, 6])
+
+
+@pytest.mark.gpu
+def test_gpu_validate_flag():
+    x, ids, weights, packed = op_inputs(
+        num_tokens=4, hidden=128, ffn=128, dtype=torch.bfloat16, device="cuda"
+    )
+    ids[0, 0] = -2
+    with pytest.raises(ValueError, match="outside"):
+        packed(x, ids, weights, validate=True)

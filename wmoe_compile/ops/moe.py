@@ -1,0 +1,99 @@
+"""wmoe::tiled_moe: SwiGLU experts over packed weights, top-k combine fused.
+
+    wmoe::tiled_moe(Tensor hidden, Tensor topk_ids, Tensor topk_weights, Tensor w_gate_up,
+                    Tensor w_down, bool validate=False) -> Tensor
+
+hidden [T, H] (bf16 / fp16; fp32 accepted), topk_ids [T, k] integer, topk_weights [T, k] float,
+w_gate_up / w_down from wmoe_compile.pack_expert_weights (the layout, "tiles64" or "rows", is read
+off their ranks). Returns [T, H] in hidden's dtype.
+
+Expert ids outside [0, E) are never used to index weights: their pairs contribute nothing. With
+validate=True they raise instead; that check reads the ids on the host, a synchronisation, so it is
+off by default.
+
+Dispatch: CUDA tensors (and CPU tensors under TRITON_INTERPRET=1, as in the tests) run the Triton
+kernels in wmoe_compile.kernels.tiled_moe; other CPU tensors run the fp32 per-expert reference.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..kernels.moe_align import interpreting
+from ..kernels.tiled_moe import packed_dims, round_up, tiled_moe_reference, tiled_moe_triton
+
+_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_INT_DTYPES = (torch.int32, torch.int64)
+
+
+def _check_inputs(
+    hidden: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    w_gate_up: torch.Tensor,
+    w_down: torch.Tensor,
+) -> int:
+    """Metadata checks only (no device reads); returns the number of experts."""
+    dims = packed_dims(w_gate_up, w_down)
+    if hidden.dim() != 2:
+        raise ValueError(f"hidden must be [tokens, hidden]; got shape {list(hidden.shape)}")
+    if hidden.dtype not in _DTYPES or hidden.dtype != w_gate_up.dtype:
+        raise ValueError(
+            f"hidden is {hidden.dtype} but the packed weights are {w_gate_up.dtype}; both must be the "
+            "same of bfloat16 / float16 / float32"
+        )
+    if round_up(hidden.shape[1]) != dims.hidden_pad:
+        raise ValueError(
+            f"hidden size {hidden.shape[1]} does not match the packed weights (hidden padded to "
+            f"{dims.hidden_pad})"
+        )
+    if topk_ids.dim() != 2 or topk_ids.shape[0] != hidden.shape[0] or topk_ids.dtype not in _INT_DTYPES:
+        raise ValueError(
+            f"topk_ids must be int32/int64 [tokens={hidden.shape[0]}, k]; got {topk_ids.dtype} "
+            f"{list(topk_ids.shape)}"
+        )
+    if tuple(topk_weights.shape) != tuple(topk_ids.shape) or not topk_weights.dtype.is_floating_point:
+        raise ValueError(
+            f"topk_weights must be floating point with topk_ids' shape {list(topk_ids.shape)}; got "
+            f"{topk_weights.dtype} {list(topk_weights.shape)}"
+        )
+    devices = {t.device for t in (hidden, topk_ids, topk_weights, w_gate_up, w_down)}
+    if len(devices) != 1:
+        raise ValueError(f"all tensors must be on one device; got {sorted(map(str, devices))}")
+    return dims.num_experts
+
+
+def check_expert_ids(topk_ids: torch.Tensor, num_experts: int) -> None:
+    """Raise if any id is outside [0, num_experts). Reads back to the host: a synchronisation."""
+    if topk_ids.numel() == 0:
+        return
+    low, high = int(topk_ids.min()), int(topk_ids.max())
+    if low < 0 or high >= num_experts:
+        bad = topk_ids[(topk_ids < 0) | (topk_ids >= num_experts)]
+        raise ValueError(
+            f"topk_ids holds expert ids outside [0, {num_experts}): e.g. {bad[:8].tolist()} "
+            f"(min {low}, max {high})"
+        )
+
+
+@torch.library.custom_op("wmoe::tiled_moe", mutates_args=())
+def tiled_moe(
+    hidden: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    w_gate_up: torch.Tensor,
+    w_down: torch.Tensor,
+    validate: bool = False,
+) -> torch.Tensor:
+    num_experts = _check_inputs(hidden, topk_ids, topk_weights, w_gate_up, w_down)
+    if validate:
+        check_expert_ids(topk_ids, num_experts)
+    if hidden.is_cuda or interpreting():
+        return tiled_moe_triton(hidden, topk_ids, topk_weights, w_gate_up, w_down)
+    return tiled_moe_reference(hidden, topk_ids, topk_weights, w_gate_up, w_down)
+
+
+@tiled_moe.register_fake
+def _tiled_moe_fake(hidden, topk_ids, topk_weights, w_gate_up, w_down, validate=False):
+    _check_inputs(hidden, topk_ids, topk_weights, w_gate_up, w_down)
+    return hidden.new_empty(hidden.shape)
