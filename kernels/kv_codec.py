@@ -1,0 +1,462 @@
+"""KV codec kernels: PyTorch reference and Triton compress / compress-into-cache.
+
+Kernels know nothing of FX or of the config classes: they take a codec object (duck-typed: the
+attributes of wmoe_compile.codec.WaveletKVCodec) and plain tensors.
+
+Shapes: x [B, Hkv, T, D] (any strides, fp16 / bf16 / fp32), channel_scale broadcastable to
+[Hkv, D]. Outputs: codes uint8 [B, Hkv, T, n_code_bytes], scales fp16 [B, Hkv, T, n_bands].
+
+Triton vs reference: the Triton kernel follows the reference's rules step by step (fp32 maths,
+scale rounded to fp16 before coding, correctly rounded division, the same midpoint comparisons
+and candidate order). One difference is allowed: the transform's fp32 sums run in a different
+order (tl.dot vs torch.matmul), so a coefficient can differ by a few ulp. A code then differs
+(by one level) only where the coefficient lies within that rounding of a decision boundary, and
+an `mse` scale choice differs only between two candidates whose errors tie to rounding. Tests
+check codes equal on all but such boundary cases and reconstruction errors equal to rounding.
+
+Cache writes: codes/scales go to slot positions[b, t] of [B, Hkv, S, ...] caches; the exact
+cache [B, Hkv, sinks + window, D] receives position p < sinks at slot p and, for the last
+`window` tokens of the chunk, slot sinks + p % window (docs/CONTRACTS.md). The reference checks
+positions and raises; the Triton kernel (no host sync) drops writes whose position is outside
+[0, S) and documents it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+try:  # Triton is optional on machines without it; the reference always works.
+    import triton
+    import triton.language as tl
+
+    HAS_TRITON = True
+except ImportError:  # pragma: no cover - exercised only where triton is absent
+    HAS_TRITON = False
+
+
+# ----------------------------------------------------------------------------------------------
+# reference
+
+
+def _as_4d(x: torch.Tensor, name: str) -> torch.Tensor:
+    if x.dim() == 3:
+        return x.unsqueeze(0)
+    if x.dim() != 4:
+        raise ValueError(f"{name} must be [B, Hkv, T, D] or [Hkv, T, D], got shape {tuple(x.shape)}")
+    return x
+
+
+def _channel_scale_4d(channel_scale: torch.Tensor, hkv: int, d: int) -> torch.Tensor | None:
+    """channel_scale [Hkv, D], [1, D] or [D] -> [Hkv, 1, D] view; an empty tensor means none."""
+    if channel_scale.numel() == 0:
+        return None
+    cs = channel_scale
+    if cs.dim() == 1:
+        cs = cs.unsqueeze(0)
+    if cs.dim() != 2 or cs.shape[-1] != d or cs.shape[0] not in (1, hkv):
+        raise ValueError(
+            f"channel_scale must be [Hkv={hkv}, D={d}], [1, D] or [D] (or empty for none), "
+            f"got shape {tuple(channel_scale.shape)}"
+        )
+    return cs.expand(hkv, d).unsqueeze(1)
+
+
+def compress_reference(
+    codec, x: torch.Tensor, channel_scale: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [..., Hkv, T, D] -> (codes uint8 [..., n_code_bytes], scales fp16 [..., n_bands])."""
+    if x.dim() < 3:
+        raise ValueError(f"x must be [..., Hkv, T, D], got shape {tuple(x.shape)}")
+    _check_float(x, "x")
+    cs = _channel_scale_4d(channel_scale, x.shape[-3], x.shape[-1])
+    return codec.encode(x, cs)
+
+
+def decompress_reference(
+    codec, codes: torch.Tensor, scales: torch.Tensor, channel_scale: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
+    if codes.dtype != torch.uint8 or scales.dtype != torch.float16:
+        raise ValueError(f"codes must be uint8 and scales fp16, got {codes.dtype} and {scales.dtype}")
+    if codes.dim() < 3:
+        raise ValueError(f"codes must be [..., Hkv, T, n_code_bytes], got shape {tuple(codes.shape)}")
+    cs = _channel_scale_4d(channel_scale, codes.shape[-3], codec.head_dim)
+    return codec.decode(codes, scales, cs, dtype=dtype)
+
+
+def _check_float(x: torch.Tensor, name: str) -> None:
+    if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise ValueError(f"{name} must be fp16, bf16 or fp32, got {x.dtype}")
+
+
+def check_cache_args(
+    codec,
+    x: torch.Tensor,
+    codes_cache: torch.Tensor,
+    scales_cache: torch.Tensor,
+    exact_cache: torch.Tensor,
+    positions: torch.Tensor,
+) -> torch.Tensor:
+    """Validate shapes/dtypes of a cache write; returns positions as [B, T] (a view)."""
+    _check_float(x, "x")
+    if x.dim() != 4:
+        raise ValueError(f"x must be [B, Hkv, T, D], got shape {tuple(x.shape)}")
+    b, h, t, d = x.shape
+    if d != codec.head_dim:
+        raise ValueError(f"x head_dim {d} != codec head_dim {codec.head_dim}")
+    if codes_cache.dtype != torch.uint8 or codes_cache.dim() != 4 or tuple(codes_cache.shape[:2]) != (b, h):
+        raise ValueError(
+            f"codes_cache must be uint8 [B={b}, Hkv={h}, S, {codec.n_code_bytes}], "
+            f"got {codes_cache.dtype} {tuple(codes_cache.shape)}"
+        )
+    s = codes_cache.shape[2]
+    if codes_cache.shape[3] != codec.n_code_bytes:
+        raise ValueError(f"codes_cache last dim {codes_cache.shape[3]} != n_code_bytes {codec.n_code_bytes}")
+    if scales_cache.dtype != torch.float16 or tuple(scales_cache.shape) != (b, h, s, codec.n_bands):
+        raise ValueError(
+            f"scales_cache must be fp16 [{b}, {h}, {s}, {codec.n_bands}], "
+            f"got {scales_cache.dtype} {tuple(scales_cache.shape)}"
+        )
+    n_exact = codec.config.sinks + codec.config.window
+    if exact_cache.dim() != 4 or tuple(exact_cache.shape) != (b, h, n_exact, d):
+        raise ValueError(
+            f"exact_cache must be [B={b}, Hkv={h}, sinks + window={n_exact}, D={d}], "
+            f"got {tuple(exact_cache.shape)}"
+        )
+    _check_float(exact_cache, "exact_cache")
+    if positions.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"positions must be int64 (or int32), got {positions.dtype}")
+    if positions.dim() == 1:
+        if positions.shape[0] != t:
+            raise ValueError(f"positions [T] must have T={t} entries, got {positions.shape[0]}")
+        return positions.unsqueeze(0).expand(b, t)
+    if positions.dim() == 2 and tuple(positions.shape) == (b, t):
+        return positions
+    raise ValueError(f"positions must be [T={t}] or [B={b}, T={t}], got shape {tuple(positions.shape)}")
+
+
+def compress_into_cache_reference(
+    codec,
+    x: torch.Tensor,
+    codes_cache: torch.Tensor,
+    scales_cache: torch.Tensor,
+    exact_cache: torch.Tensor,
+    positions: torch.Tensor,
+    channel_scale: torch.Tensor,
+) -> None:
+    pos = check_cache_args(codec, x, codes_cache, scales_cache, exact_cache, positions).long()
+    b, h, t, d = x.shape
+    s = codes_cache.shape[2]
+    if pos.numel() and (int(pos.min()) < 0 or int(pos.max()) >= s):
+        raise ValueError(f"positions must lie in [0, S={s}), got range [{int(pos.min())}, {int(pos.max())}]")
+    codes, scales = compress_reference(codec, x, channel_scale)
+    batch = torch.arange(b, device=x.device).unsqueeze(1).expand(b, t)
+    # [B, S, Hkv, ...] views so one advanced index (batch, pos) addresses a slot of every head.
+    codes_cache.permute(0, 2, 1, 3)[batch, pos] = codes.permute(0, 2, 1, 3)
+    scales_cache.permute(0, 2, 1, 3)[batch, pos] = scales.permute(0, 2, 1, 3)
+    sinks, window = codec.config.sinks, codec.config.window
+    exact_view = exact_cache.permute(0, 2, 1, 3)
+    xv = x.permute(0, 2, 1, 3).to(exact_cache.dtype)
+    is_sink = pos < sinks
+    if bool(is_sink.any()):
+        exact_view[batch[is_sink], pos[is_sink]] = xv[is_sink]
+    if window > 0:
+        in_ring = torch.arange(t, device=x.device).unsqueeze(0).expand(b, t) >= t - window
+        exact_view[batch[in_ring], sinks + pos[in_ring] % window] = xv[in_ring]
+
+
+# ----------------------------------------------------------------------------------------------
+# Triton
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _quantize_band(u, mids_ptr, lut_off, BITS: tl.constexpr):
+        # Binary search: count of midpoints strictly below u (midpoints ascending, padded by +inf).
+        code = tl.zeros(u.shape, dtype=tl.int32)
+        for k in tl.static_range(BITS):
+            cand = code + (1 << (BITS - 1 - k))
+            mid = tl.load(mids_ptr + lut_off + cand - 1)
+            code = tl.where(u > mid, cand, code)
+        return code
+
+    @triton.jit
+    def _safe_div(c, s):
+        # c / s correctly rounded (as torch divides); a zero scale maps every coefficient to 0.
+        pos = s > 0.0
+        return tl.where(pos, tl.math.div_rn(c, tl.where(pos, s, 1.0)), 0.0)
+
+    @triton.jit
+    def _kv_compress_kernel(
+        x_ptr,
+        cs_ptr,
+        w_ptr,
+        grid_ptr,
+        mids_ptr,
+        frac_ptr,
+        codes_ptr,
+        scales_ptr,
+        exact_ptr,
+        pos_ptr,
+        T,
+        S,
+        sxb,
+        sxh,
+        sxt,
+        sxd,
+        scsh,
+        scsd,
+        scb,
+        sch,
+        sct,
+        ssb,
+        ssh,
+        sst,
+        seb,
+        seh,
+        set_,
+        sed,
+        spb,
+        spt,
+        H: tl.constexpr,
+        D: tl.constexpr,
+        BLOCK_D: tl.constexpr,
+        BLOCK_T: tl.constexpr,
+        BAND_STARTS: tl.constexpr,
+        BAND_SIZES: tl.constexpr,
+        BAND_BITS: tl.constexpr,
+        BAND_BYTE_OFFSETS: tl.constexpr,
+        BAND_LUT_OFFSETS: tl.constexpr,
+        BAND_MSE: tl.constexpr,
+        N_BANDS: tl.constexpr,
+        N_FRACTIONS: tl.constexpr,
+        HAS_CS: tl.constexpr,
+        HAS_POS: tl.constexpr,
+        WRITE_EXACT: tl.constexpr,
+        SINKS: tl.constexpr,
+        WINDOW: tl.constexpr,
+    ):
+        pid_t = tl.program_id(0)
+        pid_bh = tl.program_id(1)
+        b = pid_bh // H
+        h = pid_bh % H
+        t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
+        d = tl.arange(0, BLOCK_D)
+        t_ok = t < T
+        d_ok = d < D
+        xmask = t_ok[:, None] & d_ok[None, :]
+        x_raw = tl.load(
+            x_ptr + b * sxb + h * sxh + t[:, None] * sxt + d[None, :] * sxd, mask=xmask, other=0.0
+        )
+        y = x_raw.to(tl.float32)
+        if HAS_CS:
+            cs = tl.load(cs_ptr + h * scsh + d * scsd, mask=d_ok, other=1.0)
+            y = tl.math.div_rn(y, cs[None, :])
+        # W [D, D] row-major; c = y @ W^T (exact fp32 products, ieee accumulation)
+        wt = tl.load(
+            w_ptr + d[None, :] * D + d[:, None], mask=d_ok[:, None] & d_ok[None, :], other=0.0
+        )  # wt[j, i] = W[i, j]
+        c = tl.dot(y, wt, input_precision="ieee")
+        finite_el = (c == c) & (tl.abs(c) < float("inf"))
+        row_finite = tl.min(tl.where(finite_el | ~xmask, 1, 0), axis=1) > 0
+        c = tl.where(row_finite[:, None] & xmask, c, 0.0)
+
+        if HAS_POS:
+            p = tl.load(pos_ptr + b * spb + t * spt, mask=t_ok, other=0).to(tl.int64)
+            row_ok = t_ok & (p >= 0) & (p < S)
+        else:
+            p = t.to(tl.int64)
+            row_ok = t_ok
+        code_base = codes_ptr + b * scb + h * sch + p * sct
+        scale_base = scales_ptr + b * ssb + h * ssh + p * sst
+
+        for bi in tl.static_range(N_BANDS):
+            start: tl.constexpr = BAND_STARTS[bi]
+            size: tl.constexpr = BAND_SIZES[bi]
+            bits: tl.constexpr = BAND_BITS[bi]
+            lut_off: tl.constexpr = BAND_LUT_OFFSETS[bi]
+            in_band = (d >= start) & (d < start + size)
+            absmax = tl.max(tl.where(in_band[None, :], tl.abs(c), 0.0), axis=1)
+            if BAND_MSE[bi]:
+                best_err = tl.full((BLOCK_T,), float("inf"), tl.float32)
+                best_scale = tl.zeros((BLOCK_T,), tl.float32)
+                best_code = tl.zeros((BLOCK_T, BLOCK_D), tl.int32)
+                for fi in tl.static_range(N_FRACTIONS):
+                    f = tl.load(frac_ptr + fi)
+                    s = tl.minimum(absmax * f, 65504.0).to(tl.float16).to(tl.float32)
+                    code = _quantize_band(_safe_div(c, s[:, None]), mids_ptr, lut_off, bits)
+                    deq = tl.load(grid_ptr + lut_off + code) * s[:, None]
+                    err = tl.sum(tl.where(in_band[None, :], (c - deq) * (c - deq), 0.0), axis=1)
+                    better = err < best_err
+                    best_err = tl.where(better, err, best_err)
+                    best_scale = tl.where(better, s, best_scale)
+                    best_code = tl.where(better[:, None], code, best_code)
+                scale = best_scale
+                code = best_code
+            else:
+                scale = tl.minimum(absmax, 65504.0).to(tl.float16).to(tl.float32)
+                code = _quantize_band(_safe_div(c, scale[:, None]), mids_ptr, lut_off, bits)
+            code = tl.where(in_band[None, :] & row_finite[:, None], code, 0)
+            # pack: columns j*per_byte .. j*per_byte + per_byte - 1 form byte j of the row (bands
+            # start at multiples of 4 columns, so groups never straddle two bands)
+            per_byte: tl.constexpr = 8 // bits
+            grouped = tl.reshape(code, (BLOCK_T, BLOCK_D // per_byte, per_byte))
+            shifts = tl.arange(0, per_byte) * bits
+            packed = tl.sum(grouped << shifts[None, None, :], axis=2)
+            g = tl.arange(0, BLOCK_D // per_byte)
+            g_ok = (g >= start // per_byte) & (g < (start + size) // per_byte)
+            byte = BAND_BYTE_OFFSETS[bi] + g - start // per_byte
+            tl.store(
+                code_base[:, None] + byte[None, :],
+                packed.to(tl.uint8),
+                mask=row_ok[:, None] & g_ok[None, :],
+            )
+            scale_out = tl.where(row_finite, scale, float("nan"))
+            tl.store(scale_base + bi, scale_out.to(tl.float16), mask=row_ok)
+
+        if WRITE_EXACT:
+            ex_base = exact_ptr + b * seb + h * seh
+            x_ex = x_raw.to(exact_ptr.dtype.element_ty)
+            if SINKS > 0:
+                sink_ok = row_ok & (p < SINKS)
+                tl.store(
+                    ex_base + p[:, None] * set_ + d[None, :] * sed,
+                    x_ex,
+                    mask=sink_ok[:, None] & d_ok[None, :],
+                )
+            if WINDOW > 0:
+                ring_ok = row_ok & (t >= T - WINDOW)
+                slot = SINKS + p % WINDOW
+                tl.store(
+                    ex_base + slot[:, None] * set_ + d[None, :] * sed,
+                    x_ex,
+                    mask=ring_ok[:, None] & d_ok[None, :],
+                )
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def _block_t(t: int, block_d: int) -> int:
+    # tl.dot needs >= 16 rows; cap rows so [BLOCK_T, BLOCK_D] tiles stay modest in registers.
+    cap = 64 if block_d <= 64 else 32
+    return max(16, min(cap, _next_pow2(t)))
+
+
+def _launch(
+    codec,
+    x: torch.Tensor,
+    channel_scale: torch.Tensor,
+    codes: torch.Tensor,
+    scales: torch.Tensor,
+    exact: torch.Tensor | None,
+    positions: torch.Tensor | None,
+) -> None:
+    if not HAS_TRITON:
+        raise RuntimeError("Triton is not installed; use the reference implementation")
+    b, h, t, d = x.shape
+    if t == 0 or b * h == 0:
+        return
+    device = x.device
+    grids, mids = codec.band_tensors(device)
+    w = codec.transform.to(device).contiguous()
+    fractions = codec.scale_fractions.to(device)
+    cs = _channel_scale_4d(channel_scale, h, d)
+    if cs is not None:
+        cs2 = cs.squeeze(1).float()
+        cs_args = (cs2, cs2.stride(0), cs2.stride(1))
+    else:
+        cs_args = (w, 0, 0)  # unused pointer
+    lut_offsets, off = [], 0
+    for band in codec.bands:
+        lut_offsets.append(off)
+        off += 2**band.bits
+    block_d = _next_pow2(max(d, 16))
+    block_t = _block_t(t, block_d)
+    if exact is None:
+        exact_args = (codes, 0, 0, 0, 0)
+    else:
+        exact_args = (exact, *exact.stride())
+    if positions is None:
+        pos_args = (codes, 0, 0)
+        s_len = t
+    else:
+        pos_args = (positions, positions.stride(0), positions.stride(1))
+        s_len = codes.shape[2]
+    grid = (triton.cdiv(t, block_t), b * h)
+    _kv_compress_kernel[grid](
+        x,
+        cs_args[0],
+        w,
+        grids,
+        mids,
+        fractions,
+        codes,
+        scales,
+        exact_args[0],
+        pos_args[0],
+        t,
+        s_len,
+        *x.stride(),
+        cs_args[1],
+        cs_args[2],
+        codes.stride(0),
+        codes.stride(1),
+        codes.stride(2),
+        scales.stride(0),
+        scales.stride(1),
+        scales.stride(2),
+        *exact_args[1:],
+        pos_args[1],
+        pos_args[2],
+        H=h,
+        D=d,
+        BLOCK_D=block_d,
+        BLOCK_T=block_t,
+        BAND_STARTS=tuple(bd.start for bd in codec.bands),
+        BAND_SIZES=tuple(bd.size for bd in codec.bands),
+        BAND_BITS=tuple(bd.bits for bd in codec.bands),
+        BAND_BYTE_OFFSETS=tuple(codec.band_byte_offsets),
+        BAND_LUT_OFFSETS=tuple(lut_offsets),
+        BAND_MSE=tuple(rule == "mse" for rule in codec.scale_rules),
+        N_BANDS=codec.n_bands,
+        N_FRACTIONS=int(fractions.numel()),
+        HAS_CS=cs is not None,
+        HAS_POS=positions is not None,
+        WRITE_EXACT=exact is not None,
+        SINKS=codec.config.sinks if exact is not None else 0,
+        WINDOW=codec.config.window if exact is not None else 0,
+    )
+
+
+def compress_triton(codec, x: torch.Tensor, channel_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Triton compress; same contract as compress_reference."""
+    if x.dim() < 3:
+        raise ValueError(f"x must be [..., Hkv, T, D], got shape {tuple(x.shape)}")
+    _check_float(x, "x")
+    if x.shape[-1] != codec.head_dim:
+        raise ValueError(f"x head_dim {x.shape[-1]} != codec head_dim {codec.head_dim}")
+    lead = x.shape[:-3]
+    x4 = x.reshape(-1, *x.shape[-3:])
+    b, h, t, _ = x4.shape
+    codes = torch.empty(b, h, t, codec.n_code_bytes, dtype=torch.uint8, device=x.device)
+    scales = torch.empty(b, h, t, codec.n_bands, dtype=torch.float16, device=x.device)
+    _launch(codec, x4, channel_scale, codes, scales, None, None)
+    return codes.reshape(*lead, h, t, -1), scales.reshape(*lead, h, t, -1)
+
+
+def compress_into_cache_triton(
+    codec,
+    x: torch.Tensor,
+    codes_cache: torch.Tensor,
+    scales_cache: torch.Tensor,
+    exact_cache: torch.Tensor,
+    positions: torch.Tensor,
+    channel_scale: torch.Tensor,
+) -> None:
+    """Triton cache write; same contract as compress_into_cache_reference, except that positions
+    outside [0, S) are dropped instead of raising (checking would need a host sync)."""
+    pos = check_cache_args(codec, x, codes_cache, scales_cache, exact_cache, positions)
+    if codes_cache.stride(3) != 1 or scales_cache.stride(3) != 1:
+        raise ValueError("codes_cache and scales_cache need a contiguous last dimension")
+    _launch(codec, x, channel_scale, codes_cache, scales_cache, exact_cache, pos)

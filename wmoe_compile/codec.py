@@ -1,0 +1,577 @@
+"""The wavelet KV codec: configuration, canonical spec strings, the packed format, reference math.
+
+A head vector x (D channels) is stored as
+  1. optional per-channel smoothing: ``y = x / s`` (``s`` [Hkv, D], folded into the query for keys),
+  2. one orthonormal transform: ``c = W @ y`` (``W`` from kernels/wavelet_transform.py),
+  3. contiguous coefficient bands, each with ``bits`` in {2, 4, 8}, one fp16 scale per vector
+     and a lookup table ``grid`` of 2**bits values in [-1, 1]: ``c_j ~= grid[code_j] * scale``.
+Packed: ``codes`` uint8 [..., n_code_bytes] (band 0 first; inside a byte the lower-index
+coefficient sits in the lower bits) and ``scales`` fp16 [..., n_bands].
+``bytes_per_vector = n_code_bytes + 2 * n_bands``, fixed. See docs/CONTRACTS.md.
+
+Encoding rules (all shared bit-for-bit by the reference and the Triton kernel, see
+kernels/kv_codec.py):
+  - scale rule ``absmax``: scale = max |c| over the band (the grid's outer level is 1).
+    scale rule ``mse``: try ``absmax * f`` for the fractions in SCALE_FRACTIONS, each rounded to
+    fp16, and keep the one with the least squared error of the band (ties: the larger scale).
+    Values past the chosen scale clip to the outer grid level. For a ternary grid this is the
+    optimal-threshold rule: the threshold is scale / 2 and the scale minimises the error.
+  - the scale is rounded to fp16 first and codes are computed against the rounded scale, so the
+    decoder sees exactly what the encoder optimised; scales saturate at the fp16 maximum.
+  - code = number of grid midpoints strictly below ``c / scale`` (nearest level, ties go down);
+    a zero scale maps every coefficient to ``c / scale := 0``.
+  - a vector with any non-finite coefficient (NaN or Inf in x, or overflow) is stored as all codes
+    0 and every band scale NaN: it decodes to all-NaN, exactly as an uncompressed cache would
+    propagate it, and never touches another vector.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from fractions import Fraction
+from functools import lru_cache
+
+import torch
+from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+from .kernels.wavelet_transform import WAVELETS, band_sizes, max_levels, wavelet_matrix
+
+GRIDS = ("uniform", "int", "lloyd", "log", "ternary")
+SCALE_RULES = ("absmax", "mse")
+SMOOTHING = ("none", "calibrated", "weights")
+ALLOWED_BITS = (2, 4, 8)
+FP16_MAX = 65504.0
+
+# Candidate clipping fractions for the `mse` scale rule: absmax * f, f from 1 down to 0.25.
+# Lower fractions matter for 2-bit and ternary bands (optimal clip ~0.5-0.7 of absmax for
+# Gaussian-like coefficients); 16 candidates keep the in-kernel search cheap.
+SCALE_FRACTIONS = tuple(1.0 - 0.05 * i for i in range(16))
+
+
+# ----------------------------------------------------------------------------------------------
+# grids
+
+
+def _gaussian_lloyd_max(levels: int, iterations: int = 400) -> list[float]:
+    """Lloyd-Max quantizer levels for a unit Gaussian (float64, ascending)."""
+    # Start from uniform levels over +-2.5 sigma and iterate centroid/midpoint conditions.
+    pts = [(-2.5 + 5.0 * (i + 0.5) / levels) for i in range(levels)]
+    sqrt2 = math.sqrt(2.0)
+    inv_sqrt2pi = 1.0 / math.sqrt(2.0 * math.pi)
+
+    def cdf(t: float) -> float:
+        return 0.5 * (1.0 + math.erf(t / sqrt2))
+
+    def pdf(t: float) -> float:
+        return inv_sqrt2pi * math.exp(-0.5 * t * t)
+
+    for _ in range(iterations):
+        edges = [-math.inf] + [(pts[i] + pts[i + 1]) / 2 for i in range(levels - 1)] + [math.inf]
+        new = []
+        for i in range(levels):
+            lo, hi = edges[i], edges[i + 1]
+            mass = cdf(hi) - cdf(lo)
+            pdf_lo = 0.0 if math.isinf(lo) else pdf(lo)
+            pdf_hi = 0.0 if math.isinf(hi) else pdf(hi)
+            new.append((pdf_lo - pdf_hi) / mass if mass > 0 else pts[i])
+        pts = new
+    return pts
+
+
+@lru_cache(maxsize=32)
+def grid_values(grid: str, bits: int) -> tuple[float, ...]:
+    """The 2**bits lookup-table values of a grid, ascending, in [-1, 1] (outer level at +-1)."""
+    if grid not in GRIDS:
+        raise ValueError(f"unknown grid {grid!r}; valid: {', '.join(GRIDS)}")
+    if bits not in ALLOWED_BITS:
+        raise ValueError(f"bits must be one of {ALLOWED_BITS}, got {bits}")
+    n = 2**bits
+    if grid == "uniform":
+        # Mid-rise: n evenly spaced levels, no zero level, +-1 at the ends.
+        vals = [(2 * i + 1 - n) / (n - 1) for i in range(n)]
+    elif grid == "int":
+        # Symmetric integer grid -m..m / m (m = 2**(bits-1) - 1) as in INT-b per-token baselines;
+        # the 2**bits-th code repeats 0 (one code unused).
+        m = 2 ** (bits - 1) - 1
+        vals = sorted([k / m for k in range(-m, m + 1)] + [0.0])
+    elif grid == "lloyd":
+        pts = _gaussian_lloyd_max(n)
+        # symmetrise exactly (the iteration is symmetric up to rounding)
+        upper = [(pts[n // 2 + i] - pts[n // 2 - 1 - i]) / 2 for i in range(n // 2)]
+        vals = [-u / upper[-1] for u in reversed(upper)] + [u / upper[-1] for u in upper]
+    elif grid == "log":
+        # Seed recipe's logarithmic grid: +-2**-j, j = 0 .. n/2 - 1.
+        mags = [2.0**-j for j in range(n // 2)]
+        vals = sorted([-m for m in mags] + mags)
+    else:  # ternary
+        if bits != 2:
+            raise ValueError(f"grid 'ternary' needs bits=2, got {bits}")
+        vals = [-1.0, 0.0, 0.0, 1.0]
+    return tuple(float(v) for v in vals)
+
+
+# ----------------------------------------------------------------------------------------------
+# config
+
+
+@dataclass(frozen=True)
+class BandConfig:
+    """One contiguous coefficient band: its share of head_dim, bits, grid and scale rule."""
+
+    fraction: Fraction
+    bits: int = 4
+    grid: str = "uniform"
+    scale_rule: str = "mse"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "fraction", Fraction(self.fraction))
+        if not (0 < self.fraction <= 1):
+            raise ValueError(f"band fraction must be in (0, 1], got {self.fraction}")
+        if self.bits not in ALLOWED_BITS:
+            raise ValueError(f"band bits must be one of {ALLOWED_BITS}, got {self.bits}")
+        if self.scale_rule not in SCALE_RULES:
+            raise ValueError(f"unknown scale rule {self.scale_rule!r}; valid: {', '.join(SCALE_RULES)}")
+        grid_values(self.grid, self.bits)  # validates the grid name and bits combination
+
+    def to_spec(self) -> str:
+        return f"{self.fraction}:{self.bits}:{self.grid}:{self.scale_rule}"
+
+    @classmethod
+    def from_spec(cls, text: str) -> BandConfig:
+        parts = text.strip().split(":")
+        if len(parts) != 4:
+            raise ValueError(
+                f"band spec {text!r} must read fraction:bits:grid:scale_rule, e.g. '1/2:4:uniform:mse'"
+            )
+        try:
+            fraction, bits = Fraction(parts[0]), int(parts[1])
+        except (ValueError, ZeroDivisionError) as exc:
+            raise ValueError(f"band spec {text!r}: bad fraction or bits ({exc})") from None
+        return cls(fraction, bits, parts[2], parts[3])
+
+
+def _default_bands() -> tuple[BandConfig, ...]:
+    return (BandConfig(Fraction(1, 2), 4, "uniform", "mse"), BandConfig(Fraction(1, 2), 2, "uniform", "mse"))
+
+
+@dataclass(frozen=True)
+class WaveletKVConfig:
+    """Everything that fixes the compressed KV format and how a sequence's cache is kept.
+
+    wavelet      haar | db4 | haar_packet | identity (see kernels/wavelet_transform.py)
+    levels       transform depth; None = the deepest the head dimension allows
+    bands        contiguous coefficient bands in order (fractions of head_dim summing to 1), each
+                 with bits in {2, 4, 8}, a grid (uniform | int | lloyd | log | ternary) and a
+                 scale rule (absmax | mse; for the detail band the `mse` rule is the threshold rule)
+    window       most recent tokens kept in full precision (an exact ring cache beside the codes)
+    sinks        leading tokens kept exact
+    k_smoothing  per-channel key smoothing folded into the query: none | calibrated (from key
+                 statistics of the prompt) | weights (from k_proj); equal within RoPE pairs
+    v_smoothing  the same for values (folded into the attention output)
+    smoothing_alpha  s = rms ** alpha (normalised to geometric mean 1)
+    """
+
+    wavelet: str = "haar"
+    levels: int | None = 1
+    bands: tuple[BandConfig, ...] = field(default_factory=_default_bands)
+    window: int = 128
+    sinks: int = 4
+    k_smoothing: str = "calibrated"
+    v_smoothing: str = "none"
+    smoothing_alpha: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.wavelet not in WAVELETS:
+            raise ValueError(f"unknown wavelet {self.wavelet!r}; valid: {', '.join(WAVELETS)}")
+        if self.levels is not None and self.levels < 0:
+            raise ValueError(f"levels must be >= 0 or None (deepest), got {self.levels}")
+        bands = tuple(b if isinstance(b, BandConfig) else BandConfig(*b) for b in self.bands)
+        object.__setattr__(self, "bands", bands)
+        if not bands:
+            raise ValueError("a codec needs at least one band")
+        total = sum((b.fraction for b in bands), Fraction(0))
+        if total != 1:
+            raise ValueError(f"band fractions must sum to 1, got {total} ({self.bands_spec()})")
+        if self.window < 0 or self.sinks < 0:
+            raise ValueError(f"window and sinks must be >= 0, got window={self.window} sinks={self.sinks}")
+        for name in ("k_smoothing", "v_smoothing"):
+            if getattr(self, name) not in SMOOTHING:
+                raise ValueError(f"{name} must be one of {', '.join(SMOOTHING)}, got {getattr(self, name)!r}")
+        if not (0.0 <= self.smoothing_alpha <= 2.0):
+            raise ValueError(f"smoothing_alpha must be in [0, 2], got {self.smoothing_alpha}")
+
+    def bands_spec(self) -> str:
+        return ",".join(b.to_spec() for b in self.bands)
+
+    def to_spec(self) -> str:
+        """Canonical string: every field, fixed order; from_spec(to_spec()) == self."""
+        levels = "max" if self.levels is None else str(self.levels)
+        return (
+            f"wavelet={self.wavelet};levels={levels};bands={self.bands_spec()};window={self.window};"
+            f"sinks={self.sinks};k_smoothing={self.k_smoothing};v_smoothing={self.v_smoothing};"
+            f"smoothing_alpha={self.smoothing_alpha:g}"
+        )
+
+    @classmethod
+    def from_spec(cls, spec: str) -> WaveletKVConfig:
+        """Parse a canonical spec, a preset name (see PRESETS), or a preset name followed by
+        overrides, e.g. ``"default;window=64"``. Omitted fields take the dataclass defaults."""
+        spec = spec.strip()
+        parts = [p.strip() for p in spec.split(";") if p.strip()]
+        if not parts:
+            raise ValueError("empty codec spec")
+        base = cls()
+        if "=" not in parts[0]:
+            name = parts.pop(0)
+            if name not in PRESETS:
+                raise ValueError(f"unknown codec preset {name!r}; presets: {', '.join(PRESETS)}")
+            base = PRESETS[name]
+        kwargs: dict[str, object] = {}
+        for part in parts:
+            key, sep, value = part.partition("=")
+            key, value = key.strip(), value.strip()
+            if not sep:
+                raise ValueError(f"codec spec item {part!r} must read key=value")
+            if key == "wavelet":
+                kwargs[key] = value
+            elif key == "levels":
+                kwargs[key] = None if value == "max" else _parse_int(key, value)
+            elif key == "bands":
+                kwargs[key] = tuple(BandConfig.from_spec(b) for b in value.split(",") if b.strip())
+            elif key in ("window", "sinks"):
+                kwargs[key] = _parse_int(key, value)
+            elif key in ("k_smoothing", "v_smoothing"):
+                kwargs[key] = value
+            elif key == "smoothing_alpha":
+                try:
+                    kwargs[key] = float(value)
+                except ValueError:
+                    raise ValueError(f"smoothing_alpha must be a number, got {value!r}") from None
+            else:
+                raise ValueError(
+                    f"unknown codec spec key {key!r}; valid: wavelet, levels, bands, window, sinks, "
+                    "k_smoothing, v_smoothing, smoothing_alpha"
+                )
+        return replace(base, **kwargs)
+
+    def bytes_per_vector(self, head_dim: int) -> int:
+        return WaveletKVCodec(self, head_dim).bytes_per_vector
+
+
+def _parse_int(key: str, value: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"{key} must be an integer, got {value!r}") from None
+
+
+# Named configs; the default meets issue 8's byte budget (28 B per 64-d vector, 52 B per 128-d).
+PRESETS: dict[str, WaveletKVConfig] = {
+    "default": WaveletKVConfig(),
+    # The seed recipe as DESIGN.md wrote it (log-grid approximation, ternary detail), kept for the record.
+    "seed": WaveletKVConfig(
+        bands=(
+            BandConfig(Fraction(1, 2), 4, "log", "absmax"),
+            BandConfig(Fraction(1, 2), 2, "ternary", "mse"),
+        ),
+        window=0,
+        sinks=0,
+        k_smoothing="none",
+    ),
+}
+
+
+# ----------------------------------------------------------------------------------------------
+# codec
+
+
+@dataclass(frozen=True)
+class Band:
+    start: int
+    size: int
+    bits: int
+
+
+@dataclass(frozen=True)
+class CodecLayout:
+    """The packed geometry of a config at one head_dim (pure Python, no tensors)."""
+
+    levels: int
+    bands: tuple[Band, ...]
+    band_byte_offsets: tuple[int, ...]
+    n_code_bytes: int
+    bytes_per_vector: int
+
+    @property
+    def n_bands(self) -> int:
+        return len(self.bands)
+
+
+def codec_layout(config: WaveletKVConfig | str, head_dim: int) -> CodecLayout:
+    """Bands, byte offsets and sizes; raises ValueError naming the constraint a band breaks."""
+    if isinstance(config, str):
+        config = WaveletKVConfig.from_spec(config)
+    head_dim = int(head_dim)
+    levels = config.levels if config.levels is not None else max_levels(config.wavelet, head_dim)
+    band_sizes(config.wavelet, head_dim, levels)  # validates wavelet / head_dim / levels
+    bands: list[Band] = []
+    offsets: list[int] = []
+    start = offset = 0
+    for b in config.bands:
+        size = b.fraction * head_dim
+        if size.denominator != 1:
+            raise ValueError(
+                f"band {b.to_spec()} covers {size} of head_dim={head_dim} coefficients; "
+                "band fractions times head_dim must be whole numbers"
+            )
+        size = int(size)
+        if size % 4 != 0:
+            raise ValueError(
+                f"band {b.to_spec()} covers {size} coefficients of head_dim={head_dim}; band sizes "
+                "must be multiples of 4 so every band fills whole bytes at 2, 4 or 8 bits"
+            )
+        bands.append(Band(start, size, b.bits))
+        offsets.append(offset)
+        start += size
+        offset += size * b.bits // 8
+    return CodecLayout(levels, tuple(bands), tuple(offsets), offset, offset + 2 * len(bands))
+
+
+@lru_cache(maxsize=256)
+def get_layout(spec: str, head_dim: int) -> CodecLayout:
+    return codec_layout(WaveletKVConfig.from_spec(spec), head_dim)
+
+
+class WaveletKVCodec:
+    """The packed format for one head dimension, and the PyTorch reference encode/decode.
+
+    Attributes the fused attention kernel reads:
+      transform     [D, D] fp32 orthonormal W (coefficients c = W @ (x / s))
+      bands         list of (start, size, bits) contiguous coefficient ranges
+      grids         one fp32 LUT per band (2**bits values in [-1, 1]); value = grid[code] * scale
+      n_code_bytes, n_bands, bytes_per_vector
+    """
+
+    def __init__(self, config: WaveletKVConfig | str, head_dim: int) -> None:
+        if isinstance(config, str):
+            config = WaveletKVConfig.from_spec(config)
+        self.config = config
+        self.head_dim = int(head_dim)
+        layout = codec_layout(config, self.head_dim)
+        self.levels = layout.levels
+        self.bands = list(layout.bands)
+        self.n_bands = len(self.bands)
+        self.band_byte_offsets = list(layout.band_byte_offsets)
+        self.n_code_bytes = layout.n_code_bytes
+        self.bytes_per_vector = layout.bytes_per_vector
+        # Real tensors even when first built while a FakeTensorMode is active (op fakes, tracing):
+        # they are cached and shared.
+        with unset_fake_temporarily():
+            self._build_tables(config)
+        self.spec = config.to_spec()
+
+    def _build_tables(self, config: WaveletKVConfig) -> None:
+        self.transform = wavelet_matrix(config.wavelet, self.head_dim, self.levels)
+        self.grids = [torch.tensor(grid_values(b.grid, b.bits), dtype=torch.float32) for b in config.bands]
+        self.midpoints = [(g[1:] + g[:-1]) / 2 for g in self.grids]
+        self.scale_rules = [b.scale_rule for b in config.bands]
+        self.scale_fractions = torch.tensor(SCALE_FRACTIONS, dtype=torch.float32)
+
+    def __repr__(self) -> str:
+        return (
+            f"WaveletKVCodec({self.spec!r}, head_dim={self.head_dim}, "
+            f"bytes_per_vector={self.bytes_per_vector})"
+        )
+
+    @property
+    def bits_per_element(self) -> float:
+        return 8.0 * self.bytes_per_vector / self.head_dim
+
+    def band_tensors(self, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
+        """All grids and midpoints concatenated (fp32) for kernels: band b's LUT starts at the
+        sum of 2**bits of the bands before it; its 2**bits - 1 midpoints (then +inf) at the same offset."""
+        return _band_tensors(self.spec, self.head_dim, str(torch.device(device)))
+
+    # --- reference encode / decode (pure PyTorch, CPU or CUDA) ---------------------------------
+
+    def coefficients(self, x: torch.Tensor, channel_scale: torch.Tensor | None = None) -> torch.Tensor:
+        """fp32 coefficients c = W @ (x / s) for x [..., D]; s broadcasts against x."""
+        self._check_last_dim(x, "x")
+        y = x.float()
+        if channel_scale is not None:
+            y = y / channel_scale.float()
+        return y @ self.transform.to(y.device).T
+
+    def encode(
+        self, x: torch.Tensor, channel_scale: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [..., D] (any float dtype) -> (codes uint8 [..., n_code_bytes], scales fp16 [..., n_bands])."""
+        c = self.coefficients(x, channel_scale)
+        finite = torch.isfinite(c).all(dim=-1, keepdim=True)
+        c = torch.where(finite, c, torch.zeros((), device=c.device))
+        code_parts, scale_parts = [], []
+        for i, band in enumerate(self.bands):
+            cb = c[..., band.start : band.start + band.size]
+            codes, scale = self._encode_band(i, cb)
+            code_parts.append(_pack(codes, band.bits))
+            scale_parts.append(scale)
+        codes = torch.cat(code_parts, dim=-1)
+        scales = torch.stack(scale_parts, dim=-1)
+        codes = torch.where(finite, codes, torch.zeros((), dtype=codes.dtype, device=codes.device))
+        scales = torch.where(
+            finite, scales, torch.full((), math.nan, dtype=scales.dtype, device=scales.device)
+        )
+        return codes, scales
+
+    def _encode_band(self, index: int, cb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        grid = self.grids[index].to(cb.device)
+        mids = self.midpoints[index].to(cb.device)
+        absmax = cb.abs().amax(dim=-1)
+        if self.scale_rules[index] == "absmax":
+            scale16 = _to_fp16_scale(absmax)
+            return _quantize(cb, scale16, mids), scale16
+        fractions = self.scale_fractions.to(cb.device)
+        best_err = best_codes = best_scale = None
+        for f in fractions:
+            scale16 = _to_fp16_scale(absmax * f)
+            codes = _quantize(cb, scale16, mids)
+            err = ((cb - grid[codes.long()] * scale16.float().unsqueeze(-1)) ** 2).sum(dim=-1)
+            if best_err is None:
+                best_err, best_codes, best_scale = err, codes, scale16
+            else:
+                better = err < best_err
+                best_err = torch.where(better, err, best_err)
+                best_codes = torch.where(better.unsqueeze(-1), codes, best_codes)
+                best_scale = torch.where(better, scale16, best_scale)
+        return best_codes, best_scale
+
+    def decode_coefficients(self, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+        """(codes, scales) -> fp32 coefficients [..., D]."""
+        if codes.shape[-1] != self.n_code_bytes or scales.shape[-1] != self.n_bands:
+            raise ValueError(
+                f"codes [..., {codes.shape[-1]}] / scales [..., {scales.shape[-1]}] do not match this codec "
+                f"(n_code_bytes={self.n_code_bytes}, n_bands={self.n_bands})"
+            )
+        parts = []
+        for i, band in enumerate(self.bands):
+            off = self.band_byte_offsets[i]
+            nbytes = band.size * band.bits // 8
+            idx = _unpack(codes[..., off : off + nbytes], band.bits)
+            grid = self.grids[i].to(codes.device)
+            parts.append(grid[idx.long()] * scales[..., i : i + 1].float())
+        return torch.cat(parts, dim=-1)
+
+    def decode(
+        self,
+        codes: torch.Tensor,
+        scales: torch.Tensor,
+        channel_scale: torch.Tensor | None = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> torch.Tensor:
+        """(codes, scales) -> x_hat [..., D] = (W^T c_hat) * s, in `dtype`."""
+        c = self.decode_coefficients(codes, scales)
+        x = c @ self.transform.to(c.device)
+        if channel_scale is not None:
+            x = x * channel_scale.float()
+        return x.to(dtype)
+
+    def roundtrip(self, x: torch.Tensor, channel_scale: torch.Tensor | None = None) -> torch.Tensor:
+        """decode(encode(x)) in x's dtype (fake quantization, as the quality harness uses it)."""
+        codes, scales = self.encode(x, channel_scale)
+        return self.decode(codes, scales, channel_scale, dtype=x.dtype)
+
+    def _check_last_dim(self, x: torch.Tensor, name: str) -> None:
+        if x.shape[-1] != self.head_dim:
+            raise ValueError(
+                f"{name} has last dimension {x.shape[-1]}, this codec's head_dim is {self.head_dim}"
+            )
+
+
+@lru_cache(maxsize=64)
+def get_codec(spec: str, head_dim: int) -> WaveletKVCodec:
+    """Cached codec for a spec string (what ops and kernels carry)."""
+    return WaveletKVCodec(WaveletKVConfig.from_spec(spec), int(head_dim))
+
+
+@lru_cache(maxsize=64)
+def _band_tensors(spec: str, head_dim: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    codec = get_codec(spec, head_dim)
+    with unset_fake_temporarily():
+        return _concat_tables(codec, device)
+
+
+def _concat_tables(codec: WaveletKVCodec, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    grids = torch.cat(codec.grids).to(device)
+    mids = torch.cat([torch.cat([m, m.new_full((1,), math.inf)]) for m in codec.midpoints]).to(device)
+    return grids, mids
+
+
+def _to_fp16_scale(scale: torch.Tensor) -> torch.Tensor:
+    return scale.clamp(max=FP16_MAX).to(torch.float16)
+
+
+def _quantize(cb: torch.Tensor, scale16: torch.Tensor, mids: torch.Tensor) -> torch.Tensor:
+    s = scale16.float().unsqueeze(-1)
+    u = torch.where(
+        s > 0, cb / torch.where(s > 0, s, torch.ones((), device=s.device)), torch.zeros((), device=s.device)
+    )
+    # number of midpoints strictly below u == index of the nearest level (ties go down)
+    return torch.searchsorted(mids, u.contiguous(), right=False).to(torch.uint8)
+
+
+def _pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    per_byte = 8 // bits
+    c = codes.to(torch.int32).reshape(*codes.shape[:-1], codes.shape[-1] // per_byte, per_byte)
+    shifts = torch.arange(per_byte, device=codes.device, dtype=torch.int32) * bits
+    return (c << shifts).sum(dim=-1).to(torch.uint8)
+
+
+def _unpack(packed: torch.Tensor, bits: int) -> torch.Tensor:
+    per_byte = 8 // bits
+    shifts = torch.arange(per_byte, device=packed.device, dtype=torch.int32) * bits
+    vals = (packed.to(torch.int32).unsqueeze(-1) >> shifts) & (2**bits - 1)
+    return vals.reshape(*packed.shape[:-1], packed.shape[-1] * per_byte)
+
+
+# ----------------------------------------------------------------------------------------------
+# per-channel smoothing (folded into the query for keys, into the output for values)
+
+
+def rope_pair_rms(x: torch.Tensor) -> torch.Tensor:
+    """Per-channel RMS of x [..., Hkv, T, D] over all leading dims and T, averaged in energy over
+    each rotate-half RoPE pair (i, i + D/2), so the result commutes with RoPE. Returns [Hkv, D]."""
+    if x.dim() < 3:
+        raise ValueError(f"expected x [..., Hkv, T, D], got shape {tuple(x.shape)}")
+    d = x.shape[-1]
+    if d % 2:
+        raise ValueError(f"RoPE pairs need an even head_dim, got {d}")
+    xf = x.float().transpose(-3, 0).reshape(x.shape[-3], -1, d)  # [Hkv, N, D]
+    energy = xf.pow(2).mean(dim=1)
+    paired = (energy[:, : d // 2] + energy[:, d // 2 :]) / 2
+    return torch.cat([paired, paired], dim=-1).sqrt()
+
+
+def smoothing_from_rms(rms: torch.Tensor, alpha: float = 1.0, eps: float = 1e-6) -> torch.Tensor:
+    """s = rms ** alpha per head, normalised to geometric mean 1 (fp32 [Hkv, D])."""
+    s = rms.float().clamp_min(eps).pow(alpha)
+    return s / s.log().mean(dim=-1, keepdim=True).exp()
+
+
+def calibrate_channel_scale(x: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
+    """Smoothing vector s [Hkv, D] from sample keys (or values) x [..., Hkv, T, D], e.g. a prompt."""
+    return smoothing_from_rms(rope_pair_rms(x), alpha)
+
+
+def channel_scale_from_weights(
+    k_proj_weight: torch.Tensor, num_kv_heads: int, alpha: float = 1.0
+) -> torch.Tensor:
+    """Smoothing vector s [Hkv, D] from a k_proj weight [Hkv * D, hidden]: a channel's row norm is
+    its RMS for an isotropic input; pair-averaged for RoPE."""
+    rows = k_proj_weight.float()
+    if rows.shape[0] % num_kv_heads:
+        raise ValueError(f"k_proj rows {rows.shape[0]} are not a multiple of num_kv_heads={num_kv_heads}")
+    d = rows.shape[0] // num_kv_heads
+    energy = rows.pow(2).sum(dim=1).reshape(num_kv_heads, d)
+    paired = (energy[:, : d // 2] + energy[:, d // 2 :]) / 2
+    return smoothing_from_rms(torch.cat([paired, paired], dim=-1).sqrt(), alpha)
