@@ -88,7 +88,7 @@ def group_by_expert_torch(topk_ids: torch.Tensor, num_experts: int, block_m: int
     return ExpertGrouping(order.to(torch.int32), tiles.contiguous(), block_m)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_pairs", "num_experts", "n_slots"])
 def _align_kernel(
     ids_ptr,
     sorted_pairs_ptr,

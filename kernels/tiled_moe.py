@@ -254,12 +254,14 @@ def _cfg(bm, un, uk, uw, us, dn, dk, ds, dw, dst, gm=8) -> MoEConfig:
 # e.g. 2048 x 1408). Bucket: upper bound on m = pairs per expert hit = ceil(T k / min(E, T k)).
 # Filled from the sweep in benchmarks/bench_moe.py on the H200 (benchmarks/RESULTS.md).
 CONFIG_TABLE: dict[tuple[str, int], MoEConfig] = {
+    ("large", 1): _cfg(16, 64, 128, 4, 4, 64, 128, 4, 4, 4),
     ("large", 2): _cfg(16, 64, 128, 4, 4, 64, 128, 4, 4, 4),
     ("large", 8): _cfg(16, 64, 128, 4, 4, 64, 128, 4, 4, 4),
     ("large", 32): _cfg(32, 64, 128, 4, 4, 64, 128, 2, 4, 4),
     ("large", 128): _cfg(64, 128, 64, 4, 4, 128, 64, 1, 4, 4),
     ("large", 512): _cfg(128, 128, 64, 8, 3, 128, 64, 1, 8, 4),
     ("large", 1 << 62): _cfg(128, 128, 64, 8, 3, 128, 64, 1, 8, 4),
+    ("small", 1): _cfg(16, 32, 128, 4, 4, 64, 128, 2, 4, 4),
     ("small", 2): _cfg(16, 32, 128, 4, 4, 64, 128, 2, 4, 4),
     ("small", 8): _cfg(16, 64, 128, 4, 4, 64, 128, 2, 4, 4),
     ("small", 32): _cfg(32, 64, 128, 4, 4, 64, 128, 1, 4, 4),
@@ -302,7 +304,9 @@ def _tile_coords(pid, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
     return pid_m, pid_n
 
 
-@triton.jit
+# Integer args that change with the routing or T are not specialised (Triton would otherwise compile
+# a variant per divisibility class), so one compiled kernel serves every T of a config.
+@triton.jit(do_not_specialize=["n_slots", "top_k"])
 def _gate_up_kernel(
     x_ptr,  # [T, H] hidden
     w_ptr,  # packed w_gate_up
@@ -314,7 +318,7 @@ def _gate_up_kernel(
     stride_x,
     ffn_pad,
     hidden_pad,
-    TOP_K: tl.constexpr,
+    top_k,
     TILED: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -334,7 +338,7 @@ def _gate_up_kernel(
     rows = row_start + tl.arange(0, BLOCK_M)
     row_in = rows < row_end
     pairs = tl.load(sorted_pairs_ptr + rows, mask=row_in, other=0)
-    tokens = pairs // TOP_K
+    tokens = pairs // top_k
     ks = tl.arange(0, BLOCK_K)
     x_ptrs = x_ptr + tokens.to(tl.int64)[:, None] * stride_x + ks[None, :]
 
@@ -377,7 +381,7 @@ def _gate_up_kernel(
     tl.store(h_ptrs, h.to(h_ptr.dtype.element_ty), mask=row_in[:, None])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_slots", "top_k"])
 def _down_kernel(
     h_ptr,  # [P, F_PAD]
     w_ptr,  # packed w_down
@@ -390,7 +394,7 @@ def _down_kernel(
     stride_out,
     ffn_pad,
     hidden_pad,
-    TOP_K: tl.constexpr,
+    top_k,
     TILED: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -443,7 +447,7 @@ def _down_kernel(
 
     route_weight = tl.load(topk_weights_ptr + pairs, mask=row_in, other=0.0).to(tl.float32)
     acc = acc * route_weight[:, None]
-    tokens = pairs // TOP_K
+    tokens = pairs // top_k
     out_ptrs = out_ptr + tokens.to(tl.int64)[:, None] * stride_out + cols[None, :]
     out_mask = row_in[:, None] & (cols < hidden_size)[None, :]
     tl.atomic_add(out_ptrs, acc, mask=out_mask, sem="relaxed")
@@ -480,7 +484,7 @@ def launch_gate_up(
         hidden.stride(0),
         dims.ffn_pad,
         dims.hidden_pad,
-        TOP_K=top_k,
+        top_k,
         TILED=dims.layout == "tiles64",
         BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.up_n,
@@ -518,7 +522,7 @@ def launch_down(
         out32.stride(0),
         dims.ffn_pad,
         dims.hidden_pad,
-        TOP_K=top_k,
+        top_k,
         TILED=dims.layout == "tiles64",
         BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.down_n,

@@ -45,9 +45,10 @@ def rel_err(got, ref):
 
 
 def run_case(num_tokens, top_k, num_experts, hidden, ffn, dtype, layout, allowed=None, config=None):
-    gate, up, down = random_experts(num_experts, hidden, ffn)
-    x = torch.randn(num_tokens, hidden)
-    ids, weights = random_routing(num_tokens, top_k, num_experts, allowed=allowed)
+    # On a GPU machine these small cases run the compiled kernels; on the CPU, the interpreter.
+    gate, up, down = random_experts(num_experts, hidden, ffn, device=DEVICE)
+    x = torch.randn(num_tokens, hidden, device=DEVICE)
+    ids, weights = random_routing(num_tokens, top_k, num_experts, device=DEVICE, allowed=allowed)
     packed = pack_expert_weights(w1=gate, w3=up, w2=down, layout=layout, dtype=dtype)
     got = tm.tiled_moe_triton(x.to(dtype), ids, weights, packed.w_gate_up, packed.w_down, config=config)
     # Reference on the same rounded weights and inputs, computed in fp32.
@@ -172,7 +173,7 @@ def test_pack_rejects_bad_weights_with_the_expected_layout():
     [(1, 2, 8, 16), (7, 2, 8, 16), (40, 8, 64, 16), (130, 2, 8, 64), (9, 1, 4, 16), (24, 8, 256, 32)],
 )
 def test_triton_grouping_matches_torch(num_tokens, top_k, num_experts, block_m):
-    ids, _ = random_routing(num_tokens, top_k, num_experts)
+    ids, _ = random_routing(num_tokens, top_k, num_experts, device=DEVICE)
     if num_tokens > 5:  # ids outside [0, E) must land in no tile
         ids[2, 0] = num_experts + 3
         ids[4, -1] = -1
@@ -181,6 +182,7 @@ def test_triton_grouping_matches_torch(num_tokens, top_k, num_experts, block_m):
     assert torch.equal(got.sorted_pairs, ref.sorted_pairs) and torch.equal(got.tiles, ref.tiles)
     # Each used tile: one expert, at most block_m rows, all pairs of that expert.
     flat = ids.reshape(-1)
+    flat, ref = flat.cpu(), moe_align.ExpertGrouping(ref.sorted_pairs.cpu(), ref.tiles.cpu(), block_m)
     expert, start, end = ref.tiles.tolist()
     covered = []
     for e, s, t in zip(expert, start, end, strict=True):
@@ -197,7 +199,7 @@ def test_triton_grouping_matches_torch(num_tokens, top_k, num_experts, block_m):
 
 def test_decode_grid_has_no_dead_tiles():
     # T = 1: exactly k tiles, each one pair; nothing launched for padding.
-    ids, _ = random_routing(1, 2, 8)
+    ids, _ = random_routing(1, 2, 8, device=DEVICE)
     grouping = moe_align.group_by_expert(ids, 8, 16)
     assert grouping.max_tiles == 2
     assert sorted(grouping.tiles[0].tolist()) == sorted(ids[0].tolist())

@@ -1,0 +1,591 @@
+"""MoE layer benchmark on the GPU: wmoe::tiled_moe against an HF-style per-expert loop,
+torch._grouped_mm (HF transformers 5's "grouped_mm" experts) and, when its source is present in
+third_party/vllm_fused_moe (git-ignored), vLLM's fused_moe Triton kernel with its H200 configs.
+
+    python benchmarks/bench_moe.py --out DIR [--sweep] [--precompile]
+
+Shapes: Mixtral-8x7B (H 4096, F 14336, E 8, k 2) and fine-grained (H 2048, F 1408, E 64, k 8);
+T in {1, 8, 64, 256, 1024, 4096}; bf16. Routing: softmax over random router logits, top-k,
+renormalised (Mixtral). Four routing/input sets rotate between calls.
+
+Floors: weight bytes = (distinct experts hit) * 3 * H * F * 2 B over the copy bandwidth measured
+in this run; FLOPs = 2 * T * k * 3 * H * F over the bf16 matmul rate measured in this run.
+
+--sweep times candidate launch configs per kernel (gate_up, down) for every shape and T and
+prints the per-bucket winners (the CONFIG_TABLE entries of kernels/tiled_moe.py); the benchmark
+then uses them. --precompile compiles every candidate first in parallel worker processes
+(Triton's on-disk cache then serves the timing process).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import itertools
+import json
+import math
+import multiprocessing as mp
+import os
+import pathlib
+import sys
+import time
+import traceback
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.testing
+from wmoe_compile.kernels import moe_align
+from wmoe_compile.kernels import tiled_moe as tm
+
+import wmoe_compile.ops.moe  # noqa: F401  (registers wmoe::tiled_moe)
+from wmoe_compile.moe_packing import pack_expert_weights
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+SHAPES = {
+    "mixtral": dict(num_experts=8, hidden=4096, ffn=14336, top_k=2),
+    "fine": dict(num_experts=64, hidden=2048, ffn=1408, top_k=8),
+}
+TOKENS = (1, 8, 64, 256, 1024, 4096)
+ROTATE = 4
+DEV = "cuda"  # --smoke runs the whole script on the CPU (Triton interpreter, tiny shapes, fake timings)
+
+# Sweep candidates: gate_up (up_n, up_k, warps, stages), down (down_n, down_k, split, warps, stages).
+SMALL_M = dict(
+    block_m=(16,),
+    up=((64, 128, 4, 4), (32, 128, 4, 4), (64, 256, 4, 3), (128, 128, 4, 3), (64, 64, 4, 6), (32, 256, 4, 3)),
+    down=(
+        (64, 128, 4, 4, 4),
+        (64, 128, 8, 4, 4),
+        (32, 128, 8, 4, 4),
+        (64, 256, 4, 4, 3),
+        (128, 128, 2, 4, 4),
+        (64, 128, 2, 4, 4),
+    ),
+)
+MID_M = dict(
+    block_m=(16, 32),
+    up=((64, 128, 4, 4), (128, 128, 4, 3), (64, 64, 4, 4), (128, 64, 4, 4)),
+    down=((64, 128, 2, 4, 4), (64, 128, 1, 4, 4), (128, 64, 1, 4, 4), (128, 128, 2, 4, 3)),
+)
+LARGE_M = dict(
+    block_m=(64, 128),
+    up=((128, 64, 8, 3), (128, 64, 8, 4), (64, 64, 4, 4), (128, 128, 8, 2)),
+    down=((128, 64, 1, 8, 4), (128, 128, 1, 8, 3), (256, 64, 1, 8, 3), (64, 64, 1, 4, 4)),
+)
+
+
+def candidates_for(m: int) -> dict:
+    return SMALL_M if m <= 8 else MID_M if m <= 32 else LARGE_M
+
+
+def make_config(block_m: int, up: tuple, down: tuple, group_m: int = 8) -> tm.MoEConfig:
+    return tm.MoEConfig(block_m, *up, *down, group_m=group_m)
+
+
+def bench_ms(fn, warmup: int = 25, rep: int = 100) -> float:
+    if DEV == "cpu":  # --smoke: exercise the code path only
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e3
+    return triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
+
+
+def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
+    if not torch.isfinite(got).all():
+        return float("nan")
+    return ((got.float() - ref.float()).norm() / ref.float().norm()).item()
+
+
+# ------------------------------------------------------------------ peers
+
+
+def hf_loop_moe(x, topk_ids, topk_weights, gate_up_proj, down_proj):
+    """transformers 5 MixtralExperts eager forward: loop over hit experts, index_add."""
+    num_experts = gate_up_proj.shape[0]
+    out = torch.zeros_like(x)
+    with torch.no_grad():
+        mask = F.one_hot(topk_ids, num_classes=num_experts + 1).permute(2, 1, 0)
+        hit = torch.greater(mask.sum(dim=(-1, -2)), 0).nonzero()
+    for e in hit:
+        e = e[0]
+        if e == num_experts:
+            continue
+        slot, tok = torch.where(mask[e])
+        gate, up = F.linear(x[tok], gate_up_proj[e]).chunk(2, dim=-1)
+        y = F.linear(F.silu(gate) * up, down_proj[e]) * topk_weights[tok, slot, None].to(x.dtype)
+        out.index_add_(0, tok, y.to(out.dtype))
+    return out
+
+
+def grouped_mm_moe(x, topk_ids, topk_weights, gate_up_t, down_t):
+    """transformers 5 grouped_mm experts: sort / histc / cumsum, two torch._grouped_mm, index_add."""
+    num_experts = gate_up_t.shape[0]
+    top_k = topk_ids.shape[1]
+    flat = topk_ids.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    tokens = order // top_k
+    counts = torch.histc(flat.float(), bins=num_experts, min=0, max=num_experts - 1)
+    offs = torch.cumsum(counts, 0).to(torch.int32)
+    h = torch._grouped_mm(x[tokens], gate_up_t, offs=offs)
+    gate, up = h.chunk(2, dim=-1)
+    y = torch._grouped_mm(F.silu(gate) * up, down_t, offs=offs)
+    y = y * topk_weights.reshape(-1)[order, None].to(y.dtype)
+    return torch.zeros_like(x).index_add_(0, tokens, y)
+
+
+def load_vllm():
+    path = ROOT / "third_party"
+    if not (path / "vllm_fused_moe" / "fused_moe.py").exists():
+        return None
+    sys.path.insert(0, str(path))
+    from vllm_fused_moe import fused_moe
+
+    return fused_moe
+
+
+# ------------------------------------------------------------------ precompile in worker processes
+
+
+def _precompile_worker(task):
+    config, layout = task
+    try:
+        dev = "cuda"
+        hidden = ffn = 1024
+        for num_experts, top_k in ((8, 2), (64, 8)):
+            gate = torch.randn(num_experts, ffn, hidden, device=dev, dtype=torch.bfloat16) * 0.03
+            packed = pack_expert_weights(w1=gate, w3=gate, w2=gate.transpose(1, 2), layout=layout)
+            x = torch.randn(4, hidden, device=dev, dtype=torch.bfloat16)
+            ids = torch.stack([torch.randperm(num_experts, device=dev)[:top_k] for _ in range(4)])
+            weights = torch.rand(4, top_k, device=dev)
+            tm.tiled_moe_triton(x, ids, weights, packed.w_gate_up, packed.w_down, config=config)
+        torch.cuda.synchronize()
+        return None
+    except Exception as exc:  # noqa: BLE001  (report, keep the other configs)
+        return f"{config} {layout}: {type(exc).__name__}: {str(exc)[:300]}"
+
+
+def precompile(tasks, workers: int) -> dict:
+    t0 = time.time()
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(min(workers, len(tasks))) as pool:
+        errors = pool.map(_precompile_worker, tasks, chunksize=1)
+    failed = {t: e for t, e in zip(tasks, errors, strict=True) if e}
+    print(f"precompiled {len(tasks)} configs in {time.time() - t0:.1f} s; {len(failed)} failed", flush=True)
+    for e in failed.values():
+        print("  compile failure:", e, flush=True)
+    return failed
+
+
+def all_tasks(shapes, tokens) -> list:
+    tasks = set()
+    for shape in shapes.values():
+        e, h, f, k = shape["num_experts"], shape["hidden"], shape["ffn"], shape["top_k"]
+        hp, fp = tm.round_up(h), tm.round_up(f)
+        for t in tokens:
+            cands = candidates_for(tm.pairs_per_expert(t, k, e))
+            for bm in cands["block_m"]:
+                ups, downs = cands["up"], cands["down"]
+                for i in range(max(len(ups), len(downs))):
+                    cfg = make_config(bm, ups[min(i, len(ups) - 1)], downs[min(i, len(downs) - 1)])
+                    tasks.add((cfg.fitted(fp, hp), "tiles64"))
+            table_cfg = tm.lookup_config(t, k, e, hp, fp)
+            tasks.add((table_cfg, "tiles64"))
+            tasks.add((table_cfg, "rows"))
+    return sorted(tasks, key=str)
+
+
+# ------------------------------------------------------------------ per-shape work
+
+
+class Problem:
+    def __init__(self, name, shape, dtype=torch.bfloat16, layouts=("tiles64", "rows")):
+        dev = DEV
+        self.name = name
+        self.E, self.H, self.F, self.k = shape["num_experts"], shape["hidden"], shape["ffn"], shape["top_k"]
+        g = torch.Generator(dev).manual_seed(0)
+        # HF 5.x storage: gate_up_proj [E, 2F, H] (gate rows, then up rows), down_proj [E, H, F].
+        self.gate_up_proj = torch.randn(self.E, 2 * self.F, self.H, device=dev, dtype=dtype, generator=g)
+        self.gate_up_proj *= self.H**-0.5
+        self.down_proj = torch.randn(self.E, self.H, self.F, device=dev, dtype=dtype, generator=g)
+        self.down_proj *= self.F**-0.5
+        self.router = torch.randn(self.H, self.E, device=dev, dtype=torch.float32, generator=g)
+        self.packed = {
+            layout: pack_expert_weights(
+                gate_up_proj=self.gate_up_proj, down_proj=self.down_proj, layout=layout
+            )
+            for layout in layouts
+        }
+        self.dims = {layout: tm.packed_dims(p.w_gate_up, p.w_down) for layout, p in self.packed.items()}
+        self.expert_bytes = 3 * self.H * self.F * self.gate_up_proj.element_size()
+
+    def inputs(self, num_tokens, seed):
+        g = torch.Generator(DEV).manual_seed(1000 + seed)
+        x = torch.randn(num_tokens, self.H, device=DEV, dtype=torch.bfloat16, generator=g)
+        logits = x.float() @ self.router
+        probs = logits.softmax(-1)
+        weights, ids = probs.topk(self.k, dim=-1)
+        return x, ids, (weights / weights.sum(-1, keepdim=True)).contiguous()
+
+    def reference(self, x, ids, weights):
+        gate, up = self.gate_up_proj[:, : self.F], self.gate_up_proj[:, self.F :]
+        return tm.moe_reference(x.float(), ids, weights, gate, up, self.down_proj)
+
+
+def timed_rotation(fn, sets):
+    cycle = itertools.cycle(sets)
+    return lambda: fn(*next(cycle))
+
+
+def cuda_graph_rotation(fn, sets):
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for args in sets:
+            fn(*args)
+    torch.cuda.current_stream().wait_stream(stream)
+    graphs = []
+    for args in sets:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn(*args)
+        graphs.append(graph)
+    cycle = itertools.cycle(graphs)
+    return lambda: next(cycle).replay()
+
+
+def sweep_shape(prob: Problem, tokens, failed, log):
+    """Per T: time every candidate of each kernel alone. Returns {T: {(bm, 'up'|'down', cand): ms}}."""
+    dims = prob.dims["tiles64"]
+    packed = prob.packed["tiles64"]
+    results = {}
+    for t in tokens:
+        sets = [prob.inputs(t, s) for s in range(ROTATE)]
+        cands = candidates_for(tm.pairs_per_expert(t, prob.k, prob.E))
+        res = {}
+        for bm in cands["block_m"]:
+            groupings = [moe_align.group_by_expert(ids, prob.E, bm) for _, ids, _ in sets]
+            base = make_config(bm, cands["up"][0], cands["down"][0]).fitted(dims.ffn_pad, dims.hidden_pad)
+            hs = [
+                tm.launch_gate_up(x, packed.w_gate_up, gr, dims, prob.k, base)
+                for (x, _, _), gr in zip(sets, groupings, strict=True)
+            ]
+            outs = [torch.zeros(t, prob.H, device=DEV) for _ in sets]
+            flat_w = [w.reshape(-1) for _, _, w in sets]
+            for up in cands["up"]:
+                cfg = make_config(bm, up, cands["down"][0]).fitted(dims.ffn_pad, dims.hidden_pad)
+                if any(cfg == c for c, _ in failed):
+                    continue
+                args = [(x, gr) for (x, _, _), gr in zip(sets, groupings, strict=True)]
+                fn = timed_rotation(
+                    lambda x, gr, cfg=cfg: tm.launch_gate_up(x, packed.w_gate_up, gr, dims, prob.k, cfg), args
+                )
+                try:
+                    res[(bm, "up", up)] = bench_ms(fn, warmup=10, rep=40)
+                except Exception as exc:  # noqa: BLE001
+                    log(f"  sweep {prob.name} T={t} bm={bm} up={up}: {type(exc).__name__} {str(exc)[:200]}")
+            for down in cands["down"]:
+                cfg = make_config(bm, cands["up"][0], down).fitted(dims.ffn_pad, dims.hidden_pad)
+                if any(cfg == c for c, _ in failed):
+                    continue
+                args = list(zip(hs, outs, flat_w, groupings, strict=True))
+                fn = timed_rotation(
+                    lambda h, o, w, gr, cfg=cfg: tm.launch_down(
+                        h, packed.w_down, o, w, gr, dims, prob.k, cfg
+                    ),
+                    args,
+                )
+                try:
+                    res[(bm, "down", down)] = bench_ms(fn, warmup=10, rep=40)
+                except Exception as exc:  # noqa: BLE001
+                    msg = f"{type(exc).__name__} {str(exc)[:200]}"
+                    log(f"  sweep {prob.name} T={t} bm={bm} down={down}: {msg}")
+        results[t] = res
+        best_up = min((v, k) for k, v in res.items() if k[1] == "up")
+        best_down = min((v, k) for k, v in res.items() if k[1] == "down")
+        log(
+            f"  sweep {prob.name} T={t}: best gate_up {best_up[1]} {best_up[0] * 1e3:.1f} us, "
+            f"best down {best_down[1]} {best_down[0] * 1e3:.1f} us"
+        )
+    return results
+
+
+def choose_bucket_configs(prob: Problem, sweep: dict) -> dict:
+    """Winners per CONFIG_TABLE bucket: minimise the summed ratio to each T's best time."""
+    dims = prob.dims["tiles64"]
+    by_bucket: dict[int, list[int]] = {}
+    for t in sweep:
+        m = tm.pairs_per_expert(t, prob.k, prob.E)
+        by_bucket.setdefault(next(b for b in tm.BUCKETS if m <= b), []).append(t)
+    chosen = {}
+    for bucket, ts in by_bucket.items():
+        bms = sorted({key[0] for t in ts for key in sweep[t]})
+
+        def score(kind, bm, cand, ts=ts):
+            total = 0.0
+            for t in ts:
+                best = min(v for k, v in sweep[t].items() if k[1] == kind)
+                total += sweep[t].get((bm, kind, cand), math.inf) / best
+            return total
+
+        best = None
+        for bm in bms:
+            ups = {k[2] for t in ts for k in sweep[t] if k[0] == bm and k[1] == "up"}
+            downs = {k[2] for t in ts for k in sweep[t] if k[0] == bm and k[1] == "down"}
+            if not ups or not downs:
+                continue
+            up = min(ups, key=lambda c, bm=bm: score("up", bm, c))
+            down = min(downs, key=lambda c, bm=bm: score("down", bm, c))
+            total = sum(
+                sweep[t].get((bm, "up", up), math.inf) + sweep[t].get((bm, "down", down), math.inf)
+                for t in ts
+            )
+            if best is None or total < best[0]:
+                best = (total, make_config(bm, up, down).fitted(dims.ffn_pad, dims.hidden_pad))
+        if best:
+            chosen[(tm.shape_class(dims.hidden_pad, dims.ffn_pad), bucket)] = best[1]
+    return chosen
+
+
+def bench_shape(prob: Problem, tokens, bw, flops_rate, vllm, configs, log, layouts):
+    rows = []
+    gate_up_t = prob.gate_up_proj.transpose(1, 2)  # [E, H, 2F] view, as HF passes it
+    down_t = prob.down_proj.transpose(1, 2)  # [E, F, H]
+    try:
+        grouped_mm_moe(*prob.inputs(4, 0), gate_up_t, down_t)
+    except RuntimeError as exc:
+        log(f"  grouped_mm on transposed views failed ({str(exc)[:120]}); using contiguous copies")
+        gate_up_t, down_t = gate_up_t.contiguous(), down_t.contiguous()
+    for t in tokens:
+        sets = [prob.inputs(t, s) for s in range(ROTATE)]
+        hit = sum(len(torch.unique(ids)) for _, ids, _ in sets) / len(sets)
+        weight_bytes = hit * prob.expert_bytes
+        floor_bytes_ms = weight_bytes / bw * 1e3
+        floor_flops_ms = 2 * t * prob.k * prob.expert_bytes / 2 / flops_rate * 1e3
+        row = dict(
+            shape=prob.name,
+            T=t,
+            experts_hit=hit,
+            weight_MB=weight_bytes / 1e6,
+            floor_bytes_ms=floor_bytes_ms,
+            floor_flops_ms=floor_flops_ms,
+        )
+        m = tm.pairs_per_expert(t, prob.k, prob.E)
+        dims = prob.dims["tiles64"]
+        key = (tm.shape_class(dims.hidden_pad, dims.ffn_pad), next(b for b in tm.BUCKETS if m <= b))
+        cfg = configs.get(key) or tm.lookup_config(t, prob.k, prob.E, dims.hidden_pad, dims.ffn_pad)
+        row["config"] = str(cfg)
+
+        # Through the public op (its host-side checks and dispatch included); the config comes from
+        # CONFIG_TABLE, which holds this run's sweep winners when --sweep ran.
+        tm.CONFIG_TABLE[key] = cfg
+
+        def ours(x, ids, w, layout="tiles64"):
+            p = prob.packed[layout]
+            return torch.ops.wmoe.tiled_moe(x, ids, w, p.w_gate_up, p.w_down)
+
+        x0, ids0, w0 = sets[0]
+        ref = (
+            prob.reference(x0, ids0, w0)
+            if t <= 1024
+            else hf_loop_moe(x0, ids0, w0, prob.gate_up_proj, prob.down_proj)
+        )
+        row["ref"] = "fp32 loop" if t <= 1024 else "bf16 HF loop"
+        methods = {
+            "ours": ours,
+            "hf_loop": lambda x, ids, w: hf_loop_moe(x, ids, w, prob.gate_up_proj, prob.down_proj),
+            "grouped_mm": lambda x, ids, w: grouped_mm_moe(x, ids, w, gate_up_t, down_t),
+        }
+        for layout in layouts:
+            if layout != "tiles64":
+                methods[f"ours_{layout}"] = lambda x, ids, w, layout=layout: ours(x, ids, w, layout)
+        if vllm is not None:
+            try:  # token alignment + config lookup, not timed (vLLM runs them in CUDA ops)
+                prepared = {
+                    id(ids): vllm.prepare(ids, prob.gate_up_proj, prob.down_proj) for _, ids, _ in sets
+                }
+                row["vllm_config"] = prepared[id(ids0)][0]
+            except Exception as exc:  # noqa: BLE001
+                prepared = {}
+                log(f"  vLLM prepare failed: {type(exc).__name__}: {str(exc)[:200]}")
+            methods["vllm"] = lambda x, ids, w, prepared=prepared: vllm.fused_experts(
+                x, prob.gate_up_proj, prob.down_proj, w, ids, prepared[id(ids)]
+            )
+        for name, fn in methods.items():
+            try:
+                row[f"{name}_err"] = rel_err(fn(x0, ids0, w0), ref)
+                row[f"{name}_ms"] = bench_ms(timed_rotation(fn, sets))
+            except Exception as exc:  # noqa: BLE001
+                row[f"{name}_ms"] = float("nan")
+                row[f"{name}_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+                log(f"  {prob.name} T={t} {name} failed: {row[f'{name}_error']}")
+        if t <= 64 and DEV == "cuda":  # decode: the op replayed from CUDA graphs (no launch overhead)
+            try:
+                row["ours_graph_ms"] = bench_ms(cuda_graph_rotation(ours, sets))
+            except Exception as exc:  # noqa: BLE001
+                log(f"  {prob.name} T={t} CUDA graph capture failed: {type(exc).__name__}: {str(exc)[:200]}")
+        row["ours_TBps"] = weight_bytes / row["ours_ms"] / 1e9
+        row["ours_x_floor"] = row["ours_ms"] / floor_bytes_ms
+        row["ours_x_roofline"] = row["ours_ms"] / max(floor_bytes_ms, floor_flops_ms)
+        for peer in ("hf_loop", "grouped_mm", "vllm"):
+            if f"{peer}_ms" in row:
+                row[f"speedup_vs_{peer}"] = row[f"{peer}_ms"] / row["ours_ms"]
+        log(
+            f"  {prob.name} T={t}: ours {row['ours_ms']:.3f} ms ({row['ours_x_floor']:.2f}x floor, "
+            f"err {row['ours_err']:.1e}), hf {row['hf_loop_ms']:.3f}, grouped_mm {row['grouped_mm_ms']:.3f}, "
+            f"vllm {row.get('vllm_ms', float('nan')):.3f}"
+            + "".join(f", {k} {v:.3f}" for k, v in row.items() if k.startswith("ours_") and k.endswith("_ms"))
+        )
+        rows.append(row)
+    return rows
+
+
+def markdown(rows, has_vllm, layouts) -> str:
+    head = (
+        "| shape | T | experts hit | weight MB | floor ms (bytes / flops) | ours ms | TB/s | x floor "
+        "| ours graph ms "
+        "| HF loop ms | grouped_mm ms |"
+        + (" vLLM ms |" if has_vllm else "")
+        + "".join(f" ours {layout} ms |" for layout in layouts if layout != "tiles64")
+        + " vs HF loop | vs grouped_mm |"
+        + (" vs vLLM |" if has_vllm else "")
+        + " rel err |"
+    )
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        cells = [
+            r["shape"],
+            str(r["T"]),
+            f"{r['experts_hit']:.2f}",
+            f"{r['weight_MB']:.0f}",
+            f"{r['floor_bytes_ms']:.3f} / {r['floor_flops_ms']:.3f}",
+            f"{r['ours_ms']:.3f}",
+            f"{r['ours_TBps']:.2f}",
+            f"{r['ours_x_floor']:.2f}",
+            f"{r['ours_graph_ms']:.3f}" if "ours_graph_ms" in r else "",
+            f"{r['hf_loop_ms']:.3f}",
+            f"{r['grouped_mm_ms']:.3f}",
+        ]
+        if has_vllm:
+            cells.append(f"{r.get('vllm_ms', float('nan')):.3f}")
+        cells += [
+            f"{r.get(f'ours_{layout}_ms', float('nan')):.3f}" for layout in layouts if layout != "tiles64"
+        ]
+        cells += [f"{r['speedup_vs_hf_loop']:.2f}x", f"{r['speedup_vs_grouped_mm']:.2f}x"]
+        if has_vllm:
+            cells.append(f"{r.get('speedup_vs_vllm', float('nan')):.2f}x")
+        cells.append(f"{r['ours_err']:.1e}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def measure_ceilings() -> tuple[float, float]:
+    """Device-to-device copy bandwidth (bytes/s, read + write) and bf16 matmul rate (FLOP/s)."""
+    src = torch.empty(1 << 30, device="cuda", dtype=torch.uint8)
+    dst = torch.empty_like(src)
+    bw = 2 * src.numel() / (bench_ms(lambda: dst.copy_(src)) * 1e-3)
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    flops_rate = 2 * 8192**3 / (bench_ms(lambda: a @ a) * 1e-3)
+    return bw, flops_rate
+
+
+def main() -> int:
+    global DEV, SHAPES
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--out", default="benchmarks/out")
+    parser.add_argument("--sweep", action="store_true", help="tune launch configs per bucket first")
+    parser.add_argument("--precompile", action="store_true", help="compile all configs in worker processes")
+    parser.add_argument("--precompile-only", action="store_true")
+    parser.add_argument("--workers", type=int, default=14)
+    parser.add_argument("--shapes", nargs="*", default=list(SHAPES))
+    parser.add_argument("--tokens", nargs="*", type=int, default=list(TOKENS))
+    parser.add_argument("--layouts", nargs="*", default=list(tm.LAYOUTS))
+    parser.add_argument("--no-vllm", action="store_true")
+    parser.add_argument("--smoke", action="store_true", help="CPU + TRITON_INTERPRET=1 check of this script")
+    args = parser.parse_args()
+    if args.smoke:
+        DEV = "cpu"
+        SHAPES = {
+            "mixtral": dict(num_experts=8, hidden=128, ffn=192, top_k=2),
+            "fine": dict(num_experts=16, hidden=64, ffn=64, top_k=4),
+        }
+    elif not torch.cuda.is_available():
+        print("bench_moe: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    log_lines = []
+
+    def log(msg):
+        print(msg, flush=True)
+        log_lines.append(msg)
+
+    shapes = {k: SHAPES[k] for k in args.shapes}
+    failed = {}
+    if args.precompile or args.precompile_only:
+        failed = precompile(all_tasks(shapes, args.tokens), args.workers)
+        if args.precompile_only:
+            return 0
+
+    info = dict(
+        date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        gpu=torch.cuda.get_device_name() if DEV == "cuda" else "cpu (smoke)",
+        torch=torch.__version__,
+        triton=triton.__version__,
+        command=" ".join(sys.argv),
+    )
+    # Ceilings measured in this run.
+    bw, flops_rate = measure_ceilings() if DEV == "cuda" else (4.25e12, 686e12)
+    info.update(copy_TBps=bw / 1e12, bf16_TFLOPs=flops_rate / 1e12)
+    log(f"{info}")
+
+    vllm = None if args.no_vllm else load_vllm()
+    log(f"vLLM fused_moe peer: {'present' if vllm else 'absent'}")
+    all_rows, chosen_all, sweeps = [], {}, {}
+    for name, shape in shapes.items():
+        t0 = time.time()
+        prob = Problem(name, shape, layouts=tuple(args.layouts))
+        chosen = {}
+        if args.sweep:
+            try:
+                sweep = sweep_shape(prob, args.tokens, failed, log)
+                sweeps[name] = {str(t): {str(k): v for k, v in r.items()} for t, r in sweep.items()}
+                chosen = choose_bucket_configs(prob, sweep)
+                chosen_all.update(chosen)
+            except Exception:  # noqa: BLE001
+                log(traceback.format_exc())
+        try:
+            all_rows += bench_shape(prob, args.tokens, bw, flops_rate, vllm, chosen, log, args.layouts)
+        except Exception:  # noqa: BLE001
+            log(traceback.format_exc())
+        log(f"{name}: {time.time() - t0:.0f} s")
+        del prob
+        if DEV == "cuda":
+            torch.cuda.empty_cache()
+
+    table = markdown(all_rows, vllm is not None, args.layouts)
+    result = dict(
+        info=info, rows=all_rows, sweep=sweeps, chosen={str(k): str(v) for k, v in chosen_all.items()}
+    )
+    (out / "bench_moe.json").write_text(json.dumps(result, indent=1, default=str))
+    (out / "bench_moe.md").write_text(table + "\n")
+    (out / "bench_moe.log").write_text("\n".join(log_lines) + "\n")
+    if chosen_all:
+        print("\nCONFIG_TABLE entries from this sweep:")
+        for key, cfg in sorted(chosen_all.items(), key=str):
+            fields = [getattr(cfg, f) for f in tm.MoEConfig.__dataclass_fields__]
+            print(f"    {key!r}: _cfg({', '.join(map(str, fields))}),")
+    print()
+    print(
+        f"{info['date']}  {info['gpu']}  torch {info['torch']}  triton {info['triton']}  "
+        f"copy {info['copy_TBps']:.2f} TB/s  bf16 {info['bf16_TFLOPs']:.0f} TFLOP/s"
+    )
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())
