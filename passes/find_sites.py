@@ -1,0 +1,853 @@
+"""Analysis pass: find every attention, K/V cache write and MoE dispatch site by dataflow.
+
+Why: the rewrites must know *what* a group of nodes computes before replacing it, and a person
+must see every candidate site with the reason it was or was not rewritten. This pass changes
+nothing; it walks the graph:
+
+- attention: each `scaled_dot_product_attention` (or an eager matmul -> softmax -> matmul);
+  from its K and V operands back through `repeat_kv` to the cache (`index_copy_` into a buffer:
+  static cache; `cat(past, new, dim=-2)`: dynamic cache) and on to the K/V projection (through
+  views, per-head norms and RoPE); the mask back to `arange(S) <= positions`.
+- MoE: each `topk` over a softmax of a linear router; the expert computation downstream of the
+  routing weights is cut out as a closed region (it reads only the hidden states, the top-k ids
+  and weights, and constants) and *verified* to be a top-k SwiGLU mixture by evaluating it on
+  random inputs against the closed-form formula with the weights found in the region. Layouts
+  that cannot be told apart by shape (gate/up stacking, transposition) are resolved the same way.
+
+Module names (`nn_module_stack`) are used only for the report's labels.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import fx
+
+from . import _matching as m
+
+aten = torch.ops.aten
+
+KIND_KV = "kv_write"
+KIND_ATTENTION = "attention"
+KIND_MOE = "moe"
+
+
+@dataclass
+class SiteReport:
+    """One line of the transform report: what was found, and what happened to it."""
+
+    kind: str  # kv_write | attention | moe
+    layer: int
+    module_path: str
+    detail: str  # e.g. "K static cache", "sdpa", "stacked experts (grouped_mm)"
+    status: str = "found"  # found | rewritten | skipped
+    reason: str = ""
+    decided_by: str = ""  # the pass that rewrote or skipped it
+    nodes: dict[str, str] = field(default_factory=dict)  # role -> node name
+
+    def skip(self, reason: str, by: str) -> None:
+        if self.status == "found":
+            self.status, self.reason, self.decided_by = "skipped", reason, by
+
+    def rewritten(self, by: str, note: str = "") -> None:
+        self.status, self.reason, self.decided_by = "rewritten", note, by
+
+    def to_dict(self) -> dict:
+        return {
+            "kind": self.kind,
+            "layer": self.layer,
+            "module_path": self.module_path,
+            "detail": self.detail,
+            "status": self.status,
+            "reason": self.reason,
+            "decided_by": self.decided_by,
+            "nodes": dict(self.nodes),
+        }
+
+
+@dataclass(eq=False)
+class CompressedCache:
+    """The graph attributes that replace one dense K or V cache (set by insert_dwt_quantize)."""
+
+    codes: fx.Node
+    scales: fx.Node
+    exact: fx.Node
+    channel_scale: fx.Node
+    spec: str
+    passthrough: bool  # True when the exact cache covers every position (bypass_codec)
+
+
+@dataclass(eq=False)
+class KVWriteSite:
+    role: str  # "K" or "V"
+    cache_kind: str  # static | dynamic | none | unsupported
+    value: fx.Node  # the tensor written (after RoPE for K)
+    read: fx.Node  # what the attention reads: the write's result (or the cache itself)
+    report: SiteReport
+    write: fx.Node | None = None  # index_copy_ node
+    buffer: fx.Node | None = None  # get_attr of the dense cache
+    index: fx.Node | None = None  # positions written, int [T]
+    projection: fx.Node | None = None
+    compressed: CompressedCache | None = None
+    # Why the compress rewrite cannot apply (set during analysis; None = rewritable).
+    blocker: str | None = None
+
+
+@dataclass(eq=False)
+class AttentionSite:
+    node: fx.Node  # sdpa node, or the P @ V matmul of an eager attention
+    variant: str  # sdpa | eager | <op name>
+    report: SiteReport
+    q: fx.Node | None = None
+    k: KVWriteSite | None = None
+    v: KVWriteSite | None = None
+    mask: fx.Node | None = None  # boolean mask, True = attend (None when none)
+    scale: float | None = None
+    n_rep: int = 1
+    blocker: str | None = None  # why the attention swap cannot apply
+
+
+@dataclass(eq=False)
+class MoESite:
+    report: SiteReport
+    hidden: fx.Node | None = None  # [N, H] tokens entering the experts
+    topk_ids: fx.Node | None = None  # [N, K]
+    topk_weights: fx.Node | None = None  # [N, K] routing weights as the experts use them
+    output: fx.Node | None = None  # [N, H] mixture output that tiled_moe replaces
+    # Returns (w_gate [E, F, H], w_up [E, F, H], w_down [E, H, F]) in linear layout.
+    expert_weights: Callable[[], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None
+    weight_nodes: list[fx.Node] = field(default_factory=list)
+    num_experts: int = 0
+    top_k: int = 0
+    blocker: str | None = None
+
+
+@dataclass
+class Sites:
+    attention: list[AttentionSite] = field(default_factory=list)
+    kv: list[KVWriteSite] = field(default_factory=list)
+    moe: list[MoESite] = field(default_factory=list)
+
+    def reports(self) -> list[SiteReport]:
+        rows = [s.report for s in self.kv] + [s.report for s in self.attention] + [s.report for s in self.moe]
+        order = {KIND_KV: 0, KIND_ATTENTION: 1, KIND_MOE: 2}
+        return sorted(rows, key=lambda r: (r.layer, order[r.kind], r.detail))
+
+
+PASS_NAME = NAME = "find_sites"
+
+_OTHER_ATTENTION_OPS = (
+    "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_cudnn_attention",
+    "_scaled_dot_product_flash_attention_for_cpu",
+    "_flash_attention_forward",
+    "_efficient_attention_forward",
+    "flex_attention",
+)
+
+
+def find_sites(gm: fx.GraphModule) -> Sites:
+    """Analyse `gm` and return every attention, K/V write and MoE site (nothing is changed)."""
+    sites = Sites()
+    ordinal = {"attention": 0, "moe": 0}
+    for node in list(gm.graph.nodes):
+        attention = _match_attention(gm, node)
+        if attention is not None:
+            attention.report.layer = _layer(attention.report.module_path, ordinal, "attention")
+            for kv in (attention.k, attention.v):
+                if kv is not None:
+                    kv.report.layer = attention.report.layer
+                    sites.kv.append(kv)
+            sites.attention.append(attention)
+    for node in list(gm.graph.nodes):
+        if m.is_op(node, aten.topk):
+            moe = _match_moe(gm, node)
+            if moe is not None:
+                moe.report.layer = _layer(moe.report.module_path, ordinal, "moe")
+                sites.moe.append(moe)
+    return sites
+
+
+def run(ctx):
+    """Pass entry point: store the analysis on the context for the rewrites that follow."""
+    from ._context import PassResult
+
+    ctx.sites = find_sites(ctx.gm)
+    notes = [
+        f"{len(ctx.sites.attention)} attention, {len(ctx.sites.kv)} K/V cache, {len(ctx.sites.moe)} MoE sites"
+    ]
+    skipped = [r for r in ctx.sites.reports() if r.status == "skipped"]
+    return PassResult(changed=False, decided=skipped, notes=notes)
+
+
+def _layer(path: str, ordinal: dict[str, int], kind: str) -> int:
+    index = ordinal[kind]
+    ordinal[kind] += 1
+    from_path = m.layer_of(path)
+    return from_path if from_path is not None else index
+
+
+# ----------------------------------------------------------------------------------------------
+# attention
+
+
+def _match_attention(gm: fx.GraphModule, node: fx.Node) -> AttentionSite | None:
+    if m.is_op(node, aten.scaled_dot_product_attention):
+        return _match_sdpa(gm, node)
+    if m.is_op(node, aten.matmul, aten.bmm):
+        return _match_eager(gm, node)
+    if node.op == "call_function":
+        name = str(getattr(node.target, "__name__", node.target))
+        if any(op in name for op in _OTHER_ATTENTION_OPS):
+            report = SiteReport(KIND_ATTENTION, -1, m.module_path(node), name, nodes={"attention": node.name})
+            report.skip(
+                f"attention variant {name} is not supported (expected aten.scaled_dot_product_attention "
+                "or eager matmul/softmax/matmul; capture before decompositions)",
+                PASS_NAME,
+            )
+            return AttentionSite(node=node, variant=name, report=report, blocker=report.reason)
+    return None
+
+
+def _match_sdpa(gm: fx.GraphModule, node: fx.Node) -> AttentionSite:
+    q, k_arg, v_arg = node.args[:3]
+    mask = m.arg(node, 3, "attn_mask")
+    dropout = m.arg(node, 4, "dropout_p", 0.0)
+    is_causal = m.arg(node, 5, "is_causal", False)
+    scale = node.kwargs.get("scale")
+    report = SiteReport(KIND_ATTENTION, -1, m.module_path(node), "sdpa", nodes={"attention": node.name})
+    site = AttentionSite(node=node, variant="sdpa", report=report, q=q, scale=scale)
+    blockers = []
+    if dropout not in (0, 0.0):
+        blockers.append(f"dropout_p={dropout} (training graph)")
+    bool_mask, mask_reason = _bool_mask(mask)
+    site.mask = bool_mask
+    if mask_reason:
+        blockers.append(mask_reason)
+    if is_causal:
+        blockers.append(
+            "is_causal=True over a cache: its alignment depends on the cache length, not positions"
+        )
+    _attach_kv(gm, site, ((k_arg, node), (v_arg, node)), blockers)
+    site.blocker = "; ".join(blockers) or None
+    return site
+
+
+def _match_eager(gm: fx.GraphModule, pv: fx.Node) -> AttentionSite | None:
+    """matmul(softmax(q @ k^T * scale + mask), v) as HF's eager attention writes it."""
+    probs = pv.args[0]
+    # softmax -> [to] -> [dropout] -> [clone] -> matmul
+    while m.is_op(probs, *m.CAST_OPS, aten.dropout, aten.clone, aten.contiguous):
+        if m.is_op(probs, aten.dropout) and m.arg(probs, 1, "p", 0.0) not in (0, 0.0):
+            return None
+        probs = probs.args[0]
+    if not m.is_op(probs, aten.softmax, aten._softmax):
+        return None
+    scores = probs.args[0]
+    while m.is_op(scores, *m.CAST_OPS):
+        scores = scores.args[0]
+    additive_mask = None
+    if m.is_op(scores, aten.add):
+        scores, additive_mask = scores.args[0], scores.args[1]
+    scale = None
+    if m.is_op(scores, aten.mul) and isinstance(scores.args[1], (int, float)):
+        scores, scale = scores.args[0], float(scores.args[1])
+    elif m.is_op(scores, aten.div) and isinstance(scores.args[1], (int, float)):
+        scores, scale = scores.args[0], 1.0 / float(scores.args[1])
+    if not m.is_op(scores, aten.matmul, aten.bmm):
+        return None
+    q, kt = scores.args[0], scores.args[1]
+    if not (m.is_op(kt, aten.transpose) and {kt.args[1] % 4, kt.args[2] % 4} == {2, 3}):
+        return None
+    k_arg = kt.args[0]
+    report = SiteReport(KIND_ATTENTION, -1, m.module_path(pv), "eager", nodes={"attention": pv.name})
+    site = AttentionSite(node=pv, variant="eager", report=report, q=q, scale=scale)
+    blockers = []
+    if scale is None:
+        blockers.append("eager attention without a recognisable constant score scale")
+    bool_mask, mask_reason = _bool_mask_from_additive(additive_mask)
+    site.mask = bool_mask
+    if mask_reason:
+        blockers.append(mask_reason)
+    _attach_kv(gm, site, ((k_arg, kt), (pv.args[1], pv)), blockers)
+    site.blocker = "; ".join(blockers) or None
+    return site
+
+
+def _bool_mask(mask: object) -> tuple[fx.Node | None, str]:
+    if mask is None:
+        return None, "no attention mask: a static cache would expose unwritten slots"
+    if not isinstance(mask, fx.Node) or m.dtype(mask) != torch.bool:
+        return None, f"attention mask is not boolean (dtype {m.dtype(mask)}); expected True = attend"
+    return mask, ""
+
+
+def _bool_mask_from_additive(mask: object) -> tuple[fx.Node | None, str]:
+    """HF eager: where(bool_mask, 0, finfo.min) added to the scores."""
+    if mask is None:
+        return None, "no attention mask: a static cache would expose unwritten slots"
+    node = m.strip_views(mask) if isinstance(mask, fx.Node) else mask
+    if m.is_op(node, aten.slice):  # HF slices the mask to the key length
+        node = m.strip_views(node.args[0])
+    if m.is_op(node, aten.where):
+        cond, keep, drop = node.args[0], node.args[1], node.args[2]
+        keep_zero = m.is_op(keep, aten.zeros, aten.zeros_like, aten.scalar_tensor) or keep in (0, 0.0)
+        if keep_zero and isinstance(drop, float) and drop <= -1e30:
+            return cond, ""
+    return None, "additive attention mask is not where(bool_mask, 0, -inf/min)"
+
+
+def _attach_kv(
+    gm: fx.GraphModule,
+    site: AttentionSite,
+    operands: tuple[tuple[object, fx.Node], tuple[object, fx.Node]],
+    blockers: list[str],
+) -> None:
+    """operands: ((K operand, node consuming it), (V operand, node consuming it))."""
+    n_reps = []
+    for role, (operand, consumer) in zip(("K", "V"), operands, strict=True):
+        source, n_rep = (
+            m.strip_repeat_kv(m.strip_views(operand)) if isinstance(operand, fx.Node) else (None, 1)
+        )
+        if source is not None:
+            source = m.strip_views(source)
+        n_reps.append(n_rep)
+        kv = _classify_kv(gm, role, source, site, operand, consumer)
+        setattr(site, role.lower(), kv)
+        if kv.blocker:
+            blockers.append(f"{role}: {kv.blocker}")
+    site.n_rep = n_reps[0]
+    if n_reps[0] != n_reps[1]:
+        blockers.append(f"K and V repeated differently ({n_reps[0]} vs {n_reps[1]})")
+    k, v = site.k, site.v
+    if k and v and k.index is not None and v.index is not None:
+        if not m.structurally_equal(m.strip_views(k.index), m.strip_views(v.index)):
+            blockers.append("K and V caches are written at different positions")
+    if site.mask is not None and k is not None and k.cache_kind == "static" and k.index is not None:
+        reason = _check_causal_mask(site.mask, k)
+        if reason:
+            blockers.append(reason)
+
+
+def _classify_kv(
+    gm: fx.GraphModule,
+    role: str,
+    source: fx.Node | None,
+    site: AttentionSite,
+    operand: object,
+    consumer: fx.Node,
+) -> KVWriteSite:
+    path = m.module_path(site.node)
+    report = SiteReport(KIND_KV, -1, path, f"{role} cache", nodes={"attention": site.node.name})
+    if source is None:
+        report.detail = f"{role} (operand is not a tensor node)"
+        report.skip("attention operand is a constant", PASS_NAME)
+        return KVWriteSite(role, "unsupported", site.node, site.node, report, blocker=report.reason)
+    write = source
+    if source.op == "get_attr":  # attention reads the buffer; find the in-place write before it
+        write = _last_inplace_write(source) or source
+    kv = KVWriteSite(role, "none", source, source, report)
+    if m.is_op(write, aten.index_copy_, aten.index_copy):
+        kv.cache_kind, kv.write = "static", write
+        buffer, dim, index, value = write.args[:4]
+        kv.buffer, kv.index, kv.value = buffer, index, value
+        report.module_path = m.module_path(write) or path
+        report.detail = f"{role} static cache"
+        report.nodes.update(write=write.name, cache=str(getattr(buffer, "target", buffer)))
+        kv.blocker = _static_write_blocker(gm, kv, dim, site, operand, consumer)
+    elif m.is_op(write, aten.cat) and m.arg(write, 1, "dim", 0) in (-2, 2) and len(write.args[0]) >= 2:
+        kv.cache_kind, kv.write = "dynamic", write
+        past, new = write.args[0][0], write.args[0][-1]
+        kv.value = new
+        report.detail = f"{role} dynamic cache"
+        report.nodes.update(write=write.name, past=getattr(past, "name", str(past)))
+        kv.blocker = (
+            "DynamicCache (cat along the sequence dim, cache passed in and out as graph inputs/outputs): "
+            "the compressed cache needs preallocated module buffers; capture with a static cache "
+            "(wmoe_compile.prepare(model, batch_size=..., max_cache_len=...))"
+        )
+    elif m.is_op(write, aten.index_put_, aten.index_put, aten.copy_, aten.slice_scatter):
+        kv.cache_kind = "unsupported"
+        report.detail = f"{role} cache written by {m.describe(write)}"
+        kv.blocker = f"cache written with {m.describe(write)}; only index_copy_ along dim 2 is understood"
+    else:
+        report.detail = f"{role} without cache"
+        kv.blocker = "no KV cache: attention reads K/V straight from the projection"
+    projection, why = m.find_projection(kv.value)
+    kv.projection = projection
+    if projection is not None:
+        report.nodes["projection"] = projection.name
+    elif kv.blocker is None:
+        kv.blocker = why
+    if kv.blocker:
+        report.skip(kv.blocker, PASS_NAME)
+    return kv
+
+
+def _last_inplace_write(buffer: fx.Node) -> fx.Node | None:
+    graph = buffer.graph
+    writes = [
+        n
+        for n in graph.nodes
+        if m.is_op(n, aten.index_copy_)
+        and isinstance(n.args[0], fx.Node)
+        and n.args[0].op == "get_attr"
+        and n.args[0].target == buffer.target
+    ]
+    return writes[-1] if writes else None
+
+
+def _static_write_blocker(
+    gm: fx.GraphModule, kv: KVWriteSite, dim, site: AttentionSite, operand: object, consumer: fx.Node
+) -> str | None:
+    buffer, value, index = kv.buffer, kv.value, kv.index
+    if m.is_op(kv.write, aten.index_copy):
+        return "functional index_copy (functionalized graph): rewrite needs the in-place buffer write"
+    if not isinstance(buffer, fx.Node) or buffer.op != "get_attr":
+        kind = getattr(buffer, "op", type(buffer).__name__)
+        return (
+            f"cache is a graph input ({kind}), not a module buffer: capture with torch.export and pass "
+            "ExportedProgram.module() (or use wmoe_compile.export)"
+        )
+    if m.get_attr_tensor(gm, buffer) is None:
+        return f"cache buffer {buffer.target} not found on the module"
+    cache_shape, value_shape, q_shape = m.shape(buffer), m.shape(value), m.shape(site.q)
+    if cache_shape is None or value_shape is None or len(cache_shape) != 4:
+        return f"cache shape {cache_shape} is not static 4-D [B, Hkv, S, D]"
+    dim = dim % 4 if isinstance(dim, int) else dim
+    if dim != 2:
+        return (
+            f"unusual cache layout: written along dim {dim} of {list(cache_shape)}; the compressed "
+            "cache expects [B, Hkv, S, D] written along dim 2"
+        )
+    if q_shape is not None and (len(q_shape) != 4 or q_shape[-1] != cache_shape[-1]):
+        return f"query shape {q_shape} does not match the cache head_dim {cache_shape[-1]}"
+    if len(value_shape) != 4 or value_shape[:2] != cache_shape[:2] or value_shape[3] != cache_shape[3]:
+        return f"written tensor {list(value_shape)} does not fit cache {list(cache_shape)}"
+    index_shape = m.shape(index)
+    if index_shape is None or len(index_shape) != 1 or m.dtype(index) not in (torch.int64, torch.int32):
+        return f"cache positions must be an int tensor [T], got {index_shape} {m.dtype(index)}"
+    # Every reader of the cache other than this attention would see compressed data or nothing.
+    readers = _cache_readers(kv, operand, consumer) if isinstance(operand, fx.Node) else []
+    if readers:
+        names = ", ".join(m.describe(r) for r in readers)
+        return f"cache {buffer.target} is also read by {names}; compressing it would change that reader"
+    return None
+
+
+def _cache_readers(kv: KVWriteSite, operand: fx.Node, consumer: fx.Node) -> list[fx.Node]:
+    """Uses of the cache (buffer, written result, or views of it on the way to the attention)
+    other than this write and the attention consumer."""
+    chain: set[fx.Node] = set()
+    node = operand
+    while isinstance(node, fx.Node) and node is not kv.write and node is not kv.buffer:
+        chain.add(node)
+        node = node.args[0] if node.args and isinstance(node.args[0], fx.Node) else None
+    if node is None:  # the operand does not lead back to this write: treat nothing as on the path
+        chain = set()
+    readers = []
+    buffers = [n for n in kv.buffer.graph.nodes if n.op == "get_attr" and n.target == kv.buffer.target]
+    for holder in [*buffers, kv.write, *chain]:
+        for user in holder.users:
+            if user is kv.write or user in chain or user is consumer:
+                continue
+            readers.append(user)
+    return readers
+
+
+def _check_causal_mask(mask: fx.Node, k: KVWriteSite) -> str | None:
+    """The mask must be `slot <= position` over the cache slots, with the positions the cache
+    write uses (so seq_lens = last position + 1 describes it exactly)."""
+    node = m.strip_views(mask)
+    if m.is_op(node, aten.le):
+        slots, positions = node.args[0], node.args[1]
+    elif m.is_op(node, aten.ge):
+        positions, slots = node.args[0], node.args[1]
+    else:
+        return (
+            f"attention mask is {m.describe(node)}, not a plain causal mask `slot <= position` "
+            "(padding or sliding-window masks are not supported)"
+        )
+    capacity = m.shape(k.buffer)[2]
+    if not isinstance(slots, fx.Node) or not m.is_arange_from_zero(slots, capacity):
+        return f"attention mask does not compare cache slots arange({capacity}) with positions"
+    slot_shape, mask_shape = m.shape(slots), m.shape(node)
+    if slot_shape is None or mask_shape is None or slot_shape[-1] != capacity or mask_shape[-1] != capacity:
+        return "attention mask does not run over the cache slots on its last dim"
+    if not isinstance(positions, fx.Node) or not m.structurally_equal(
+        m.strip_views(positions), m.strip_views(k.index)
+    ):
+        return "attention mask positions are not the positions written to the cache"
+    return None
+
+
+# ----------------------------------------------------------------------------------------------
+# MoE
+
+
+def _match_moe(gm: fx.GraphModule, topk: fx.Node) -> MoESite | None:
+    probs = topk.args[0]
+    while m.is_op(probs, *m.CAST_OPS):
+        probs = probs.args[0]
+    if not m.is_op(probs, aten.softmax, aten._softmax, aten.sigmoid):
+        return None
+    logits = probs.args[0]
+    while m.is_op(logits, *m.CAST_OPS):
+        logits = logits.args[0]
+    router_weight = m.linear_weight(logits) if isinstance(logits, fx.Node) else None
+    if router_weight is None or not m.is_param_like(router_weight):
+        return None
+    getitems = {u.args[1]: u for u in topk.users if m.is_getitem(u)}
+    values, ids = getitems.get(0), getitems.get(1)
+    report = SiteReport(KIND_MOE, -1, m.module_path(topk), "top-k router", nodes={"router": logits.name})
+    site = MoESite(report=report, top_k=m.int_scalar(topk.args[1]) or 0)
+    if values is None or ids is None:
+        return None
+    site.topk_ids = ids
+    weight_shape = m.shape(router_weight)
+    site.num_experts = weight_shape[0] if weight_shape else 0
+    hidden = m.linear_input(logits)
+    site.hidden = hidden
+    report.nodes.update(topk=topk.name, hidden=hidden.name)
+    if m.is_op(probs, aten.sigmoid):
+        return _blocked(site, "sigmoid router (DeepSeek-style scoring) is not supported; expected softmax")
+    dim = m.arg(probs, 1, "dim", -1)
+    if dim not in (-1, 1) or m.arg(topk, 2, "dim", -1) not in (-1, 1):
+        return _blocked(site, "router softmax/topk not over the expert dim")
+    if not m.arg(topk, 3, "largest", True):
+        return _blocked(site, "topk(largest=False) is not a router")
+    site.topk_weights = _routing_weights(values)
+    report.nodes["topk_weights"] = site.topk_weights.name
+    hidden_shape = m.shape(hidden)
+    if hidden_shape is None or len(hidden_shape) != 2:
+        return _blocked(site, f"router input is not a static [tokens, hidden] matrix (shape {hidden_shape})")
+    try:
+        with torch.no_grad():
+            _match_experts(gm, site)
+    except Exception as exc:  # noqa: BLE001 - any failure to evaluate means "not understood"
+        site.blocker = f"expert computation could not be verified: {type(exc).__name__}: {exc}"
+    if site.blocker:
+        report.skip(site.blocker, PASS_NAME)
+    return site
+
+
+def _blocked(site: MoESite, reason: str) -> MoESite:
+    site.blocker = reason
+    site.report.skip(reason, PASS_NAME)
+    return site
+
+
+def _routing_weights(values: fx.Node) -> fx.Node:
+    """Follow top-k values through renormalisation (w / w.sum(-1)) and casts."""
+    node = values
+    for _ in range(6):
+        users = list(node.users)
+        div = next(
+            (
+                u
+                for u in users
+                if m.is_op(u, aten.div, aten.div_)
+                and u.args[0] is node
+                and m.is_op(u.args[1], aten.sum)
+                and u.args[1].args[0] is node
+            ),
+            None,
+        )
+        if div is not None:
+            node = div
+            continue
+        if len(users) == 1 and m.is_op(users[0], *m.CAST_OPS):
+            node = users[0]
+            continue
+        break
+    return node
+
+
+def _hidden_aliases(hidden: fx.Node) -> set[fx.Node]:
+    """`hidden` and the views of the same [N, H] tensor around it (HF reshapes twice)."""
+    target = m.shape(hidden)
+    aliases = {hidden}
+    node = hidden
+    while m.is_op(node, aten.view, aten.reshape, aten._unsafe_view, aten.contiguous, aten.alias):
+        src = node.args[0]
+        if not isinstance(src, fx.Node) or m.shape(src) != target:
+            break
+        aliases.add(src)
+        node = src
+    frontier = list(aliases)
+    while frontier:
+        node = frontier.pop()
+        for user in node.users:
+            if (
+                user not in aliases
+                and m.is_op(user, aten.view, aten.reshape, aten._unsafe_view, aten.contiguous, aten.alias)
+                and m.shape(user) == target
+            ):
+                aliases.add(user)
+                frontier.append(user)
+    return aliases
+
+
+def _closed_nodes(graph: fx.Graph, boundary: set[fx.Node]) -> set[fx.Node]:
+    """Nodes computable from `boundary`, module attributes and constants alone."""
+    closed: set[fx.Node] = set()
+    for node in graph.nodes:
+        if node in boundary or node.op == "get_attr":
+            closed.add(node)
+        elif node.op == "call_function" and all(i in closed for i in node.all_input_nodes):
+            closed.add(node)
+    return closed
+
+
+def _descendants(start: fx.Node) -> set[fx.Node]:
+    seen, stack = set(), [start]
+    while stack:
+        node = stack.pop()
+        for user in node.users:
+            if user not in seen:
+                seen.add(user)
+                stack.append(user)
+    return seen
+
+
+def _match_experts(gm: fx.GraphModule, site: MoESite) -> None:
+    hidden, ids, weights = site.hidden, site.topk_ids, site.topk_weights
+    aliases = _hidden_aliases(hidden)
+    boundary = aliases | {ids, weights}
+    closed = _closed_nodes(gm.graph, boundary)
+    from_hidden = set().union(*(_descendants(a) for a in aliases))
+    reach = _descendants(weights) & _descendants(ids) & from_hidden
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    target_shape = m.shape(hidden)
+    candidates = sorted(
+        (
+            n
+            for n in reach & closed
+            if m.shape(n) == target_shape and m.dtype(n) is not None and m.dtype(n).is_floating_point
+        ),
+        key=order.__getitem__,
+    )
+    if not candidates:
+        site.blocker = "no [tokens, hidden] output computed from the hidden states and routing alone"
+        return
+    failures = []
+    for output in reversed(candidates[-4:]):
+        region = _region(output, boundary)
+        weight_nodes = [n for n in region if n.op == "get_attr"]
+        layouts = _expert_layouts(gm, region, weight_nodes, site)
+        if not layouts:
+            failures.append(f"{output.name}: no expert weights in a known layout")
+            continue
+        samples = _sample_inputs(hidden, ids, weights, site)
+        got = _evaluate_region(gm, region, output, samples)
+        for label, getter in layouts:
+            w_gate, w_up, w_down = getter()
+            want = reference_moe(samples[hidden], samples[ids], samples[weights], w_gate, w_up, w_down)
+            err = _rel_err(got, want)
+            if err <= _tolerance(m.dtype(output)):
+                site.output, site.expert_weights = output, getter
+                site.weight_nodes = weight_nodes
+                site.report.detail = label
+                site.report.nodes.update(output=output.name, weights=",".join(n.name for n in weight_nodes))
+                return
+            failures.append(f"{output.name} as {label}: relative error {err:.2e}")
+    site.blocker = (
+        "expert computation does not match a top-k SwiGLU mixture (" + "; ".join(failures[:4]) + ")"
+    )
+
+
+def _region(output: fx.Node, boundary: set[fx.Node]) -> list[fx.Node]:
+    """The nodes between `boundary` and `output`, in graph order (boundary nodes included)."""
+    seen: set[fx.Node] = set()
+    stack = [output]
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        if node in boundary:
+            continue
+        stack.extend(node.all_input_nodes)
+    order = {n: i for i, n in enumerate(output.graph.nodes)}
+    return sorted(seen, key=order.__getitem__)
+
+
+def _tolerance(dtype: torch.dtype | None) -> float:
+    # Relative Frobenius error allowed between the region and the closed-form mixture: rounding
+    # of the compute dtype, with headroom for different summation order.
+    eps = torch.finfo(dtype).eps if dtype is not None and dtype.is_floating_point else 1e-7
+    return max(64 * eps, 1e-5)
+
+
+def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    got, want = got.detach().double(), want.detach().double()
+    return float((got - want).norm() / want.norm().clamp_min(1e-30))
+
+
+def reference_moe(
+    hidden: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    w_gate: torch.Tensor,
+    w_up: torch.Tensor,
+    w_down: torch.Tensor,
+) -> torch.Tensor:
+    """sum_k w[n,k] * W_down[e] (silu(W_gate[e] x) * W_up[e] x), e = ids[n,k]; computed in fp32."""
+    x = hidden.float()
+    out = torch.zeros_like(x)
+    for e in topk_ids.unique().tolist():
+        rows, slots = (topk_ids == e).nonzero(as_tuple=True)
+        xe = x[rows]
+        act = F.silu(xe @ w_gate[e].float().T) * (xe @ w_up[e].float().T)
+        out.index_add_(0, rows, (act @ w_down[e].float().T) * topk_weights[rows, slots, None].float())
+    return out
+
+
+def _sample_inputs(
+    hidden: fx.Node, ids: fx.Node, weights: fx.Node, site: MoESite
+) -> dict[fx.Node, torch.Tensor]:
+    gen = torch.Generator().manual_seed(1234)
+    n_tokens, width = m.shape(hidden)
+    k, experts = m.shape(ids)[-1], site.num_experts
+    device = m.val(hidden).device
+    x = torch.randn(n_tokens, width, generator=gen).to(device=device, dtype=m.dtype(hidden))
+    chosen = torch.stack([torch.randperm(experts, generator=gen)[:k] for _ in range(n_tokens)])
+    w = torch.rand(n_tokens, k, generator=gen) + 0.1
+    w = (w / w.sum(-1, keepdim=True)).to(device=device, dtype=m.dtype(weights))
+    samples = {n: x for n in _hidden_aliases(hidden)}
+    samples[ids] = chosen.to(device=device, dtype=m.dtype(ids))
+    samples[weights] = w
+    return samples
+
+
+def _evaluate_region(
+    gm: fx.GraphModule, region: list[fx.Node], output: fx.Node, samples: dict[fx.Node, torch.Tensor]
+) -> torch.Tensor:
+    graph = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    inputs = []
+    for node in region:
+        if node in samples:
+            env[node] = graph.placeholder(f"in_{node.name}")
+            inputs.append(samples[node])
+        else:
+            env[node] = graph.node_copy(node, lambda n: env[n])
+    graph.output(env[output])
+    sub = fx.GraphModule(gm, graph)
+    with torch.no_grad():
+        return sub(*inputs)
+
+
+def _expert_layouts(
+    gm: fx.GraphModule, region: list[fx.Node], weight_nodes: list[fx.Node], site: MoESite
+) -> list[tuple[str, Callable[[], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]]]:
+    """Candidate readings of the region's weights as (w_gate [E,F,H], w_up [E,F,H], w_down [E,H,F])."""
+    experts = site.num_experts
+    width = m.shape(site.hidden)[1]
+    tensors = {n: m.get_attr_tensor(gm, n) for n in weight_nodes}
+    layouts = []
+    per_expert = _per_expert_triples(region, site)
+    if per_expert is not None:
+        triples = [(tensors[a], tensors[b], tensors[c]) for a, b, c in per_expert]
+        layouts.append(
+            (
+                "per-expert SwiGLU linears (dense masked loop)",
+                lambda: tuple(torch.stack(ws) for ws in zip(*triples, strict=True)),
+            )
+        )
+        return layouts
+    stacked = [n for n, t in tensors.items() if t is not None and t.dim() == 3 and t.shape[0] == experts]
+    if len(stacked) != 2:
+        return layouts
+    for gate_up_node, down_node in itertools.permutations(stacked):
+        gate_up, down = tensors[gate_up_node], tensors[down_node]
+        for down_t in (False, True):  # [E, H, F] (linear layout) or [E, F, H]
+            w_down = down.transpose(1, 2) if down_t else down
+            if w_down.shape[1] != width:
+                continue
+            ffn = w_down.shape[2]
+            for gu_t in (False, True):  # [E, 2F, H] or [E, H, 2F]
+                w_gu = gate_up.transpose(1, 2) if gu_t else gate_up
+                if tuple(w_gu.shape[1:]) != (2 * ffn, width):
+                    continue
+                for split in ("concatenated", "interleaved"):
+                    label = (
+                        f"stacked experts: gate_up {list(gate_up.shape)} "
+                        f"({'transposed, ' if gu_t else ''}{split}), down {list(down.shape)}"
+                        f"{' (transposed)' if down_t else ''}"
+                    )
+                    layouts.append((label, _stacked_getter(w_gu, w_down, ffn, split)))
+    return layouts
+
+
+def _stacked_getter(w_gu: torch.Tensor, w_down: torch.Tensor, ffn: int, split: str):
+    def get() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if split == "concatenated":
+            return w_gu[:, :ffn], w_gu[:, ffn:], w_down
+        return w_gu[:, 0::2], w_gu[:, 1::2], w_down
+
+    return get
+
+
+def _per_expert_triples(
+    region: list[fx.Node], site: MoESite
+) -> list[tuple[fx.Node, fx.Node, fx.Node]] | None:
+    """Reference-model pattern: out += weight_e * w2_e(silu(w1_e x) * w3_e x), weight_e from ids == e."""
+    aliases = _hidden_aliases(site.hidden)
+    by_expert: dict[int, tuple[fx.Node, fx.Node, fx.Node]] = {}
+    for down in region:
+        if not m.is_op(down, aten.linear, aten.mm, aten.addmm):
+            continue
+        act = m.strip_views(m.linear_input(down))
+        if not m.is_op(act, aten.mul):
+            continue
+        a, b = act.args[0], act.args[1]
+        if m.is_op(b, aten.silu):
+            a, b = b, a
+        if not m.is_op(a, aten.silu):
+            continue
+        gate, up = a.args[0], b
+        if not (m.is_op(gate, aten.linear) and m.is_op(up, aten.linear)):
+            continue
+        if m.strip_views(gate.args[0]) not in aliases and gate.args[0] not in aliases:
+            continue
+        if up.args[0] not in aliases and m.strip_views(up.args[0]) not in aliases:
+            continue
+        expert = _expert_index_of(down, site.topk_ids)
+        nodes = (m.linear_weight(gate), m.linear_weight(up), m.linear_weight(down))
+        if expert is None or expert in by_expert or any(n.op != "get_attr" for n in nodes):
+            return None
+        by_expert[expert] = nodes
+    if sorted(by_expert) != list(range(site.num_experts)):
+        return None
+    return [by_expert[e] for e in range(site.num_experts)]
+
+
+def _expert_index_of(expert_out: fx.Node, ids: fx.Node) -> int | None:
+    """The e in `weight_e * expert_out` where weight_e is derived from `ids == e`."""
+    for user in expert_out.users:
+        if not m.is_op(user, aten.mul):
+            continue
+        other = user.args[0] if user.args[1] is expert_out else user.args[1]
+        if not isinstance(other, fx.Node):
+            continue
+        found, _ = m.backward_find(other, lambda n: m.is_op(n, aten.eq) and n.args[0] is ids, limit=12)
+        values = {m.int_scalar(n.args[1]) for n in found}
+        if len(values) == 1 and None not in values:
+            return values.pop()
+    return None
+
+
+def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    """Relative Frobenius error in fp64 (used by the pass manager's numeric check as well)."""
+    return _rel_err(got, want)
+
+
+def sdpa_default_scale(head_dim: int) -> float:
+    return 1.0 / math.sqrt(head_dim)

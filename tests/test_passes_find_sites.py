@@ -1,0 +1,258 @@
+"""find_sites on small hand-built graphs: what is found, and why a site is skipped.
+
+Every graph here is captured with torch.export (ATen level), like the pipeline's input.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from wmoe_compile.passes import find_sites as fs
+
+B, T, S, H, HQ, HKV, D = 2, 3, 16, 32, 4, 2, 16
+
+
+class CachedAttention(nn.Module):
+    """Reference-style attention: static cache written with index_copy_, masked sdpa over it.
+
+    variant: "plain" | "cache_reader" (the K cache is also returned) | "proj_reader" (the K
+    projection is also returned) | "bshd" (cache [B, S, Hkv, D] written along dim 1) |
+    "mask_input" (mask passed in, not built from positions) | "window" (sliding-window mask) |
+    "causal_flag" (is_causal=True, no mask) | "eager" (matmul/softmax/matmul) | "dynamic"
+    (cache passed in and grown with cat).
+    """
+
+    def __init__(self, variant: str = "plain") -> None:
+        super().__init__()
+        self.variant = variant
+        self.q_proj = nn.Linear(H, HQ * D, bias=False)
+        self.k_proj = nn.Linear(H, HKV * D, bias=False)
+        self.v_proj = nn.Linear(H, HKV * D, bias=False)
+        shape = (B, S, HKV, D) if variant == "bshd" else (B, HKV, S, D)
+        self.register_buffer("k_cache", torch.zeros(shape), persistent=False)
+        self.register_buffer("v_cache", torch.zeros(shape), persistent=False)
+
+    def forward(self, x, positions, mask=None, past_k=None, past_v=None):
+        q = self.q_proj(x).view(B, -1, HQ, D).transpose(1, 2)
+        k_flat = self.k_proj(x)
+        k = k_flat.view(B, -1, HKV, D).transpose(1, 2)
+        v = self.v_proj(x).view(B, -1, HKV, D).transpose(1, 2)
+        if self.variant == "dynamic":
+            keys, values = torch.cat([past_k, k], dim=-2), torch.cat([past_v, v], dim=-2)
+            out = F.scaled_dot_product_attention(q, keys, values, is_causal=False, enable_gqa=True)
+            return out, keys, values
+        if self.variant == "bshd":
+            self.k_cache.index_copy_(1, positions, k.transpose(1, 2))
+            self.v_cache.index_copy_(1, positions, v.transpose(1, 2))
+            keys, values = self.k_cache.transpose(1, 2), self.v_cache.transpose(1, 2)
+        else:
+            self.k_cache.index_copy_(2, positions, k)
+            self.v_cache.index_copy_(2, positions, v)
+            keys, values = self.k_cache, self.v_cache
+        slots = torch.arange(S)
+        causal = slots[None, :] <= positions[:, None]
+        if self.variant == "window":
+            causal = causal & (slots[None, :] > positions[:, None] - 4)
+        if self.variant == "mask_input":
+            causal = mask
+        if self.variant == "causal_flag":
+            out = F.scaled_dot_product_attention(q, keys, values, is_causal=True, enable_gqa=True)
+        elif self.variant == "eager":
+            rep_k = keys.repeat_interleave(HQ // HKV, dim=1)
+            rep_v = values.repeat_interleave(HQ // HKV, dim=1)
+            scores = torch.matmul(q, rep_k.transpose(2, 3)) * D**-0.5
+            scores = scores + torch.where(causal[None, None], 0.0, torch.finfo(torch.float32).min)
+            out = torch.matmul(torch.softmax(scores, dim=-1), rep_v)
+        else:
+            out = F.scaled_dot_product_attention(
+                q, keys, values, attn_mask=causal[None, None], enable_gqa=True
+            )
+        if self.variant == "cache_reader":
+            return out, self.k_cache.sum()
+        if self.variant == "proj_reader":
+            return out, k_flat * 2
+        return out
+
+
+def capture(module: nn.Module, *args) -> torch.fx.GraphModule:
+    with torch.no_grad():
+        return torch.export.export(module, args).module()
+
+
+def attention_inputs(variant: str):
+    x, positions = torch.randn(B, T, H), torch.arange(T)
+    if variant == "mask_input":
+        return x, positions, torch.ones(T, S, dtype=torch.bool)
+    if variant == "dynamic":
+        return x, positions, None, torch.randn(B, HKV, 5, D), torch.randn(B, HKV, 5, D)
+    return x, positions
+
+
+def sites_of(variant: str) -> fs.Sites:
+    return fs.find_sites(capture(CachedAttention(variant), *attention_inputs(variant)))
+
+
+def by_role(sites: fs.Sites, role: str) -> fs.KVWriteSite:
+    (kv,) = [kv for kv in sites.kv if kv.role == role]
+    return kv
+
+
+@pytest.mark.parametrize("variant", ["plain", "eager", "proj_reader"])
+def test_static_cache_attention_is_found_by_dataflow(variant):
+    sites = sites_of(variant)
+    (attention,) = sites.attention
+    assert attention.variant == ("eager" if variant == "eager" else "sdpa")
+    assert attention.blocker is None, attention.blocker
+    for role, weight in (("K", "k_proj"), ("V", "v_proj")):
+        kv = by_role(sites, role)
+        assert kv.cache_kind == "static" and kv.blocker is None and kv.report.status == "found"
+        # The projection is reached by walking back from the cached tensor; its weight is the module's.
+        assert kv.projection is not None and weight in str(kv.projection.args[1].target)
+        assert kv.report.nodes["cache"].endswith(f"{role.lower()}_cache")
+    if variant == "eager":
+        assert attention.scale == pytest.approx(D**-0.5)
+
+
+def test_second_reader_of_the_cache_blocks_compression():
+    sites = sites_of("cache_reader")
+    k, v = by_role(sites, "K"), by_role(sites, "V")
+    assert k.report.status == "skipped" and "also read by" in k.report.reason
+    assert v.report.status == "found"  # only K has the extra reader
+    (attention,) = sites.attention
+    assert attention.blocker and attention.blocker.startswith("K:")
+
+
+def test_unusual_cache_layout_is_skipped_with_the_layout():
+    sites = sites_of("bshd")
+    k = by_role(sites, "K")
+    assert k.report.status == "skipped"
+    assert "unusual cache layout" in k.report.reason and "dim 1" in k.report.reason
+
+
+@pytest.mark.parametrize(
+    ("variant", "reason"),
+    [
+        ("mask_input", "not a plain causal mask"),
+        ("window", "not a plain causal mask"),
+        ("causal_flag", "no attention mask"),
+    ],
+)
+def test_unknown_attention_variants_are_reported_not_rewritten(variant, reason):
+    (attention,) = sites_of(variant).attention
+    assert attention.blocker is not None and reason in attention.blocker
+
+
+def test_dynamic_cache_is_found_and_skipped_with_reason():
+    sites = sites_of("dynamic")
+    k = by_role(sites, "K")
+    assert k.cache_kind == "dynamic" and k.report.status == "skipped"
+    assert "DynamicCache" in k.report.reason and "static cache" in k.report.reason
+    assert k.projection is not None  # still traced to k_proj
+
+
+def test_reports_carry_layer_and_module_labels():
+    sites = sites_of("plain")
+    for report in sites.reports():
+        assert report.layer == 0  # no `layers.N` in the path: ordinal
+        assert report.to_dict()["kind"] in ("kv_write", "attention")
+
+
+# ----------------------------------------------------------------------------------------------
+# MoE
+
+E, K, FF = 4, 2, 24
+
+
+class StackedMoE(nn.Module):
+    """HF-style experts: gate_up_proj [E, 2F, H], down_proj [E, H, F], gathered per token pair.
+
+    router: "softmax" | "sigmoid"; act: "silu" | "gelu"; transposed: store [E, H, 2F] / [E, F, H].
+    """
+
+    def __init__(self, router: str = "softmax", act: str = "silu", transposed: bool = False) -> None:
+        super().__init__()
+        self.router, self.act, self.transposed = router, act, transposed
+        self.gate = nn.Linear(H, E, bias=False)
+        gate_up = torch.randn(E, 2 * FF, H) / H**0.5
+        down = torch.randn(E, H, FF) / FF**0.5
+        if transposed:
+            gate_up, down = gate_up.transpose(1, 2).contiguous(), down.transpose(1, 2).contiguous()
+        self.gate_up_proj = nn.Parameter(gate_up)
+        self.down_proj = nn.Parameter(down)
+
+    def forward(self, x):
+        flat = x.reshape(-1, H)
+        logits = self.gate(flat)
+        probs = torch.softmax(logits, -1) if self.router == "softmax" else torch.sigmoid(logits)
+        weights, ids = torch.topk(probs, K, dim=-1)
+        weights = weights / weights.sum(-1, keepdim=True)
+        tokens = flat.repeat_interleave(K, dim=0)
+        gate_up = self.gate_up_proj[ids.reshape(-1)]
+        down = self.down_proj[ids.reshape(-1)]
+        if self.transposed:
+            gate_up, down = gate_up.transpose(1, 2), down.transpose(1, 2)
+        h = torch.bmm(gate_up, tokens.unsqueeze(-1)).squeeze(-1)
+        g, u = h.chunk(2, dim=-1)
+        act = F.silu(g) if self.act == "silu" else F.gelu(g)
+        y = torch.bmm(down, (act * u).unsqueeze(-1)).squeeze(-1)
+        y = y * weights.reshape(-1, 1)
+        return y.view(-1, K, H).sum(1).view_as(x)
+
+
+def moe_sites(module: nn.Module) -> list[fs.MoESite]:
+    return fs.find_sites(capture(module, torch.randn(B, T, H))).moe
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_stacked_experts_are_verified_and_their_layout_resolved(transposed):
+    module = StackedMoE(transposed=transposed)
+    (site,) = moe_sites(module)
+    assert site.blocker is None, site.blocker
+    assert site.num_experts == E and site.top_k == K
+    w_gate, w_up, w_down = site.expert_weights()
+    gate_up = module.gate_up_proj.transpose(1, 2) if transposed else module.gate_up_proj
+    down = module.down_proj.transpose(1, 2) if transposed else module.down_proj
+    assert torch.equal(w_gate, gate_up[:, :FF]) and torch.equal(w_up, gate_up[:, FF:])
+    assert torch.equal(w_down, down)
+
+
+def test_reference_model_dense_loop_is_found():
+    from wmoe_compile.models import build_model
+
+    model = build_model("tiny", num_layers=1)
+    model.setup_cache(B, S)
+    gm = capture(model, torch.randint(1, 256, (B, T)), torch.arange(T))
+    (site,) = fs.find_sites(gm).moe
+    assert site.blocker is None and "dense masked loop" in site.report.detail
+    w_gate, w_up, w_down = site.expert_weights()
+    experts = model.layers[0].moe.experts
+    assert all(torch.equal(w_gate[e], experts[e].w1.weight) for e in range(len(experts)))
+    assert all(torch.equal(w_down[e], experts[e].w2.weight) for e in range(len(experts)))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "reason"),
+    [
+        (dict(act="gelu"), "does not match a top-k SwiGLU mixture"),
+        (dict(router="sigmoid"), "sigmoid router"),
+    ],
+)
+def test_moe_that_is_not_softmax_topk_swiglu_is_skipped(kwargs, reason):
+    (site,) = moe_sites(StackedMoE(**kwargs))
+    assert site.report.status == "skipped" and reason in site.report.reason
+
+
+def test_reference_moe_formula_matches_a_per_token_loop():
+    w_gate, w_up, w_down = torch.randn(E, FF, H), torch.randn(E, FF, H), torch.randn(E, H, FF)
+    x = torch.randn(5, H)
+    ids = torch.stack([torch.randperm(E)[:K] for _ in range(5)])
+    w = torch.rand(5, K)
+    got = fs.reference_moe(x, ids, w, w_gate, w_up, w_down)
+    for n in range(5):
+        want = sum(
+            w[n, k] * (w_down[e] @ (F.silu(w_gate[e] @ x[n]) * (w_up[e] @ x[n])))
+            for k, e in enumerate(ids[n].tolist())
+        )
+        torch.testing.assert_close(got[n], want, rtol=1e-4, atol=1e-4)
