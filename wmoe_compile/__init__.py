@@ -3,6 +3,7 @@
 Public API (filled in as the capabilities land; see the README's status table):
   models.build_model        the reference Mixtral-style decoder
   WaveletKVConfig, WaveletKVCodec   the compressed KV format (codec.py)
+  transform, export, prepare, CompileConfig   the FX pass pipeline (pipeline.py, config.py)
 """
 
 from . import models
@@ -10,3 +11,9 @@ from .codec import WaveletKVCodec, WaveletKVConfig
 
 __version__ = "0.1.0"
 __all__ = ["models", "__version__", "WaveletKVConfig", "WaveletKVCodec"]
+
+# The compiler: pass pipeline, configuration, capture helpers (pipeline.py, config.py, passes/).
+from .config import CompileConfig  # noqa: E402
+from .pipeline import export, prepare, transform  # noqa: E402
+
+__all__ += ["CompileConfig", "transform", "export", "prepare"]
