@@ -19,8 +19,10 @@ exact: a zero gate row gives silu(0) * 0 = 0, and zero columns of W2 read those 
 - "rows": nn.Linear orientation with gate and up interleaved in 64-row blocks,
       w_gate_up [E, 2 * F_PAD, H_PAD]   rows [128 j, 128 j + 64) gate, [128 j + 64, 128 j + 128) up
       w_down    [E, H_PAD, F_PAD]
-  Kept because it is what a TMA 2-D descriptor wants; benchmarks/bench_moe.py measures both and
-  the default is the faster one on the H200 (see benchmarks/RESULTS.md).
+  Kept because it is what a TMA 2-D descriptor wants. Measured side by side on the H200
+  (benchmarks/RESULTS.md), "tiles64" was as fast or faster at every Mixtral T: 0.187 vs 0.199 ms at
+  T = 1 (3.77 vs 3.54 TB/s of weights), 0.664 vs 0.688 ms at T = 64, 0.733 vs 0.822 ms at T = 256,
+  so it is the default.
 
 Kernels (grouping from moe_align.py: pairs sorted by expert, tiles of <= BLOCK_M pairs):
 1. gate_up: one program per (M tile, BLOCK_N ffn columns). Loads x rows (gathered by token) and
@@ -252,22 +254,25 @@ def _cfg(bm, un, uk, uw, us, dn, dk, ds, dw, dst, gm=8) -> MoEConfig:
 
 # Shape class: "large" experts (H * F >= 2^24, e.g. Mixtral 4096 x 14336) or "small" (fine-grained,
 # e.g. 2048 x 1408). Bucket: upper bound on m = pairs per expert hit = ceil(T k / min(E, T k)).
-# Filled from the sweep in benchmarks/bench_moe.py on the H200 (benchmarks/RESULTS.md).
+# Winners of the per-kernel sweep in benchmarks/bench_moe.py --sweep on the H200 (2026-11-30, see
+# benchmarks/RESULTS.md): Mixtral T = 1, 8, 64, 256, 1024, 4096 fill large buckets 1, 2, 32, 128, 512,
+# inf; fine-grained T = 1 and 8, 64, 256, 1024, 4096 fill small buckets 1, 8, 32, 128, 512. Entries
+# marked "copied" had no benchmark T in their bucket and take their neighbour's config.
 CONFIG_TABLE: dict[tuple[str, int], MoEConfig] = {
-    ("large", 1): _cfg(16, 64, 128, 4, 4, 64, 128, 4, 4, 4),
-    ("large", 2): _cfg(16, 64, 128, 4, 4, 64, 128, 4, 4, 4),
-    ("large", 8): _cfg(16, 64, 128, 4, 4, 64, 128, 4, 4, 4),
-    ("large", 32): _cfg(32, 64, 128, 4, 4, 64, 128, 2, 4, 4),
-    ("large", 128): _cfg(64, 128, 64, 4, 4, 128, 64, 1, 4, 4),
-    ("large", 512): _cfg(128, 128, 64, 8, 3, 128, 64, 1, 8, 4),
-    ("large", 1 << 62): _cfg(128, 128, 64, 8, 3, 128, 64, 1, 8, 4),
-    ("small", 1): _cfg(16, 32, 128, 4, 4, 64, 128, 2, 4, 4),
-    ("small", 2): _cfg(16, 32, 128, 4, 4, 64, 128, 2, 4, 4),
-    ("small", 8): _cfg(16, 64, 128, 4, 4, 64, 128, 2, 4, 4),
-    ("small", 32): _cfg(32, 64, 128, 4, 4, 64, 128, 1, 4, 4),
-    ("small", 128): _cfg(64, 128, 64, 4, 4, 128, 64, 1, 4, 4),
-    ("small", 512): _cfg(128, 128, 64, 8, 3, 128, 64, 1, 8, 4),
-    ("small", 1 << 62): _cfg(128, 128, 64, 8, 3, 128, 64, 1, 8, 4),
+    ("large", 1): _cfg(16, 128, 128, 4, 3, 128, 128, 2, 4, 4),
+    ("large", 2): _cfg(16, 128, 128, 4, 3, 64, 256, 4, 4, 3),
+    ("large", 8): _cfg(16, 128, 128, 4, 3, 64, 256, 4, 4, 3),  # copied from ("large", 2)
+    ("large", 32): _cfg(32, 128, 128, 4, 3, 128, 64, 1, 4, 4),
+    ("large", 128): _cfg(128, 128, 64, 8, 3, 256, 64, 1, 8, 3),
+    ("large", 512): _cfg(128, 128, 64, 8, 3, 256, 64, 1, 8, 3),
+    ("large", 1 << 62): _cfg(128, 128, 64, 8, 4, 256, 64, 1, 8, 3),
+    ("small", 1): _cfg(16, 64, 256, 4, 3, 64, 128, 4, 4, 4),
+    ("small", 2): _cfg(16, 64, 256, 4, 3, 64, 128, 4, 4, 4),  # copied from ("small", 1)
+    ("small", 8): _cfg(16, 32, 256, 4, 3, 64, 128, 2, 4, 4),
+    ("small", 32): _cfg(32, 128, 64, 4, 4, 128, 64, 1, 4, 4),
+    ("small", 128): _cfg(128, 128, 64, 8, 4, 256, 64, 1, 8, 3),
+    ("small", 512): _cfg(128, 128, 64, 8, 4, 256, 64, 1, 8, 3),
+    ("small", 1 << 62): _cfg(128, 128, 64, 8, 4, 256, 64, 1, 8, 3),  # copied from ("small", 512)
 }
 BUCKETS = sorted({bucket for _, bucket in CONFIG_TABLE})
 

@@ -3,14 +3,17 @@
 Public API (filled in as the capabilities land; see the README's status table):
   models.build_model        the reference Mixtral-style decoder
   WaveletKVConfig, WaveletKVCodec   the compressed KV format (codec.py)
+  pack_expert_weights, PackedExperts   expert weights packed for wmoe::tiled_moe (moe_packing.py)
   transform, export, prepare, CompileConfig   the FX pass pipeline (pipeline.py, config.py)
 """
 
 from . import models
 from .codec import WaveletKVCodec, WaveletKVConfig
+from .moe_packing import PackedExperts, pack_expert_weights
 
 __version__ = "0.1.0"
 __all__ = ["models", "__version__", "WaveletKVConfig", "WaveletKVCodec"]
+__all__ += ["PackedExperts", "pack_expert_weights"]
 
 # The compiler: pass pipeline, configuration, capture helpers (pipeline.py, config.py, passes/).
 from .config import CompileConfig  # noqa: E402

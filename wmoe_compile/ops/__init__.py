@@ -5,3 +5,4 @@ on CUDA, a Triton implementation. Importing this package registers all of them.
 """
 
 from . import kv_codec  # noqa: F401  (wmoe::kv_compress, kv_decompress, kv_compress_into_cache)
+from . import moe  # noqa: F401  (wmoe::tiled_moe)
