@@ -1,0 +1,359 @@
+"""Decode attention benchmark on the GPU: wmoe::wavelet_attention over the compressed cache against
+torch SDPA (bf16, enable_gqa=True) over a dense bf16 cache, measured in the same run.
+
+    python benchmarks/bench_attention.py --out DIR [--sweep] [--precompile] [--smoke]
+
+Shapes: Hq=32, Hkv=8, D=128, one query token, (B, N) in {(1, 32768), (8, 32768), (8, 131072),
+(32, 32768)}, the default codec (Haar L1, 64 coefficients at 4 bits + 64 at 2 bits + two fp16
+scales = 52 B per vector, 128-token exact window, 4 exact sinks). Every sequence is full (N).
+
+Floor: bytes a step must read (compressed K and V of the N - 132 compressed positions + the 132
+exact bf16 tokens, per sequence and kv head) over 4.25 TB/s (the H200's measured copy bandwidth;
+this run's copy bandwidth is printed beside it).
+
+Timing: CUDA graphs of back-to-back calls that rotate over enough input copies to exceed the
+50 MB L2, median over replays; SDPA the same way (and plain do_bench for comparison with the
+DESIGN.md figure). Accuracy: each shape's output against the PyTorch reference (decompress + fp32
+attention) on the same inputs, relative Frobenius error.
+
+--sweep times candidate launch configs (block_n, num_warps, num_stages, use_asm) x CTA targets on
+every shape and keeps the one with the best geometric-mean time; the benchmark then uses it (its
+values go into TUNED_CONFIGS in kernels/wavelet_attention.py). --precompile compiles candidates
+first in parallel worker processes (Triton's on-disk cache then serves the timing process).
+--smoke runs the script on the CPU (Triton interpreter, tiny shapes, meaningless timings).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import multiprocessing as mp
+import os
+import pathlib
+import statistics
+import sys
+import time
+import traceback
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+COPY_TBPS = 4.25  # H200 device-to-device copy, docs (DESIGN.md reference figures)
+SHAPES = [(1, 32768), (8, 32768), (8, 131072), (32, 32768)]
+HQ, HKV, HEAD_DIM = 32, 8, 128
+CODEC = "default"
+ROTATE_BYTES = 160e6  # > 3x the 50 MB L2
+
+# Candidate compile-time configs: (block_n, num_warps, num_stages, use_asm). CTA targets are runtime.
+CANDIDATES = [
+    (64, 1, 2, True),
+    (64, 1, 3, True),
+    (64, 1, 4, True),
+    (128, 1, 2, True),
+    (128, 1, 3, True),
+    (32, 1, 3, True),
+    (32, 1, 4, True),
+    (64, 2, 3, True),
+    (128, 2, 3, True),
+    (128, 4, 3, True),
+    (64, 1, 3, False),
+    (128, 1, 3, False),
+]
+CTAS_PER_SM = (4.0, 8.0, 16.0)
+
+
+def _parse() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default="benchmarks/out")
+    p.add_argument("--sweep", action="store_true")
+    p.add_argument("--precompile", action="store_true")
+    p.add_argument("--smoke", action="store_true", help="CPU + Triton interpreter, tiny shapes")
+    return p.parse_args()
+
+
+ARGS = _parse() if __name__ == "__main__" else None
+if ARGS is not None and ARGS.smoke:
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+import triton  # noqa: E402
+import triton.testing  # noqa: E402
+from wmoe_compile.kernels import wavelet_attention as wa  # noqa: E402
+
+import wmoe_compile.ops  # noqa: E402,F401  (registers wmoe::wavelet_attention)
+from wmoe_compile.ops.attention import compressed_layout  # noqa: E402
+
+
+class Setup:
+    """Inputs of one shape: rotation copies of the compressed cache and of the dense bf16 cache."""
+
+    def __init__(self, batch: int, seq_len: int, hq: int, hkv: int, device: str, smoke: bool):
+        self.batch, self.seq_len, self.hq, self.hkv = batch, seq_len, hq, hkv
+        self.layout = compressed_layout(CODEC, HEAD_DIM)
+        lay = self.layout
+        self.bytes = wa.bytes_read(lay, batch, hkv, seq_len, exact_itemsize=2)
+        dense_bytes = 2 * batch * hkv * seq_len * HEAD_DIM * 2
+        n_comp = 1 if smoke else max(1, math.ceil(ROTATE_BYTES / self.bytes))
+        n_dense = 1 if smoke else max(1, math.ceil(ROTATE_BYTES / dense_bytes))
+        self.sm_scale = HEAD_DIM**-0.5
+        self.lens = torch.full((batch,), seq_len, dtype=torch.int32, device=device)
+        self.k_cs = (torch.rand(hkv, HEAD_DIM, device=device) + 0.5).contiguous()
+        self.v_cs = torch.ones(hkv, HEAD_DIM, device=device)
+        self.copies = []
+
+        # any bytes are valid codes: random codes and scales give a representative cache
+        def codes() -> torch.Tensor:
+            shape = (batch, hkv, seq_len, lay.n_code_bytes)
+            return torch.randint(0, 256, shape, dtype=torch.uint8, device=device)
+
+        def scales() -> torch.Tensor:
+            return (torch.rand(batch, hkv, seq_len, lay.n_bands, device=device) + 0.5).half()
+
+        def exact() -> torch.Tensor:
+            return torch.randn(batch, hkv, lay.n_exact, HEAD_DIM, device=device, dtype=torch.bfloat16)
+
+        for _ in range(n_comp):
+            q = torch.randn(batch, hq, 1, HEAD_DIM, device=device, dtype=torch.bfloat16)
+            self.copies.append((q, codes(), scales(), codes(), scales(), exact(), exact(), self.lens))
+        self.dense = []
+        for _ in range(n_dense):
+            q = torch.randn(batch, hq, 1, HEAD_DIM, device=device, dtype=torch.bfloat16)
+            k = torch.randn(batch, hkv, seq_len, HEAD_DIM, device=device, dtype=torch.bfloat16)
+            v = torch.randn(batch, hkv, seq_len, HEAD_DIM, device=device, dtype=torch.bfloat16)
+            self.dense.append((q, k, v))
+
+    def args(self, i: int = 0) -> tuple:
+        return (*self.copies[i], self.k_cs, self.v_cs)
+
+    def call(self, i: int, config: wa.LaunchConfig | None, validate: bool = False) -> torch.Tensor:
+        return wa.wavelet_attention_triton(
+            *self.args(i), self.layout, self.sm_scale, config=config, validate=validate
+        )
+
+    def free(self) -> None:
+        self.copies.clear()
+        self.dense.clear()
+
+
+def time_calls(calls: list, smoke: bool, min_ms: float = 2.0, replays: int = 15) -> float:
+    """Median ms per call: a CUDA graph of the calls (repeated to >= min_ms), replayed."""
+    if smoke:
+        t = time.perf_counter()
+        for c in calls:
+            c()
+        return (time.perf_counter() - t) * 1e3 / len(calls)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for c in calls:  # warm-up: compile, allocate
+            c()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for c in calls:
+        c()
+    end.record()
+    torch.cuda.synchronize()
+    per_round = max(start.elapsed_time(end), 1e-3)
+    repeat = max(1, min(200, math.ceil(min_ms / per_round)))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(repeat):
+            for c in calls:
+                c()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(replays):
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / (repeat * len(calls)))
+    del graph
+    return statistics.median(times)
+
+
+def time_ours(setup: Setup, config: wa.LaunchConfig, smoke: bool) -> float:
+    calls = [lambda i=i: setup.call(i, config) for i in range(len(setup.copies))]
+    return time_calls(calls, smoke)
+
+
+def time_sdpa(setup: Setup, smoke: bool) -> tuple[float, float | None]:
+    sdpa = F.scaled_dot_product_attention
+    calls = [lambda q=q, k=k, v=v: sdpa(q, k, v, enable_gqa=True) for q, k, v in setup.dense]
+    graph_ms = time_calls(calls, smoke)
+    plain = None
+    if not smoke:
+        q, k, v = setup.dense[0]
+        plain = triton.testing.do_bench(
+            lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True), return_mode="median"
+        )
+    return graph_ms, plain
+
+
+def copy_bandwidth(smoke: bool) -> float | None:
+    if smoke:
+        return None
+    src = torch.empty(2 * 1024**3 // 2, device="cuda", dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    ms = triton.testing.do_bench(lambda: dst.copy_(src), return_mode="median")
+    return 2 * 2 * 1024**3 / ms / 1e9  # read + write
+
+
+def rel_error(setup: Setup, config: wa.LaunchConfig | None) -> float:
+    got = setup.call(0, config, validate=True).float()
+    want = wa.wavelet_attention_reference(*setup.args(0), setup.layout, setup.sm_scale).float()
+    if torch.isnan(got).any():
+        return float("nan")
+    return float((got - want).norm() / want.norm())
+
+
+def _config(c: tuple, ctas: float) -> wa.LaunchConfig:
+    block_n, warps, stages, use_asm = c
+    return wa.LaunchConfig(
+        block_n=block_n, num_warps=warps, num_stages=stages, use_asm=use_asm, ctas_per_sm=ctas
+    )
+
+
+def _precompile_worker(candidates: list, queue) -> None:
+    # Compile every candidate (and the split-count specialisations Triton makes) on a small input.
+    try:
+        torch.cuda.set_device(0)
+        setup = Setup(1, 2048, HQ, HKV, "cuda", smoke=True)
+        for c in candidates:
+            for splits in (1, 3, 16):  # Triton specialises ints equal to 1 and divisible by 16
+                wa.wavelet_attention_triton(
+                    *setup.args(0), setup.layout, setup.sm_scale, config=_config(c, 4.0), num_splits=splits
+                )
+        torch.cuda.synchronize()
+        queue.put(("ok", len(candidates)))
+    except Exception:  # noqa: BLE001 - reported to the parent
+        queue.put(("error", traceback.format_exc()))
+
+
+def precompile(candidates: list) -> None:
+    t = time.time()
+    workers = min(len(candidates), max(1, (os.cpu_count() or 2) - 2), 12)
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = []
+    for w in range(workers):
+        share = candidates[w::workers]
+        p = ctx.Process(target=_precompile_worker, args=(share, queue))
+        p.start()
+        procs.append(p)
+    for _ in procs:
+        status, info = queue.get()
+        if status != "ok":
+            print("precompile worker failed:\n" + info, flush=True)
+    for p in procs:
+        p.join()
+    took = time.time() - t
+    print(f"precompiled {len(candidates)} configs in {took:.1f}s with {workers} workers", flush=True)
+
+
+def sweep(setups: list[Setup], smoke: bool) -> tuple[wa.LaunchConfig, list[dict]]:
+    rows = []
+    best = None
+    candidates = CANDIDATES[:2] if smoke else CANDIDATES
+    for c in candidates:
+        for ctas in CTAS_PER_SM[:1] if smoke else CTAS_PER_SM:
+            cfg = _config(c, ctas)
+            try:
+                err = rel_error(setups[0], cfg)
+                times = [time_ours(s, cfg, smoke) for s in setups]
+            except Exception as exc:  # noqa: BLE001 - a failing candidate is reported and skipped
+                print(f"  {cfg}: failed: {str(exc)[:300]}", flush=True)
+                rows.append(dict(config=cfg.__dict__, error=str(exc)[:300]))
+                continue
+            geo = math.exp(sum(math.log(t) for t in times) / len(times))
+            ok = err <= 1e-2
+            rows.append(dict(config=cfg.__dict__, ms=times, geomean_ms=geo, rel_err=err))
+            timings = " ".join(f"{t:.4f}" for t in times)
+            print(f"  {c} ctas/SM {ctas:4.0f}: {timings}  err {err:.1e}", flush=True)
+            if ok and (best is None or geo < best[0]):
+                best = (geo, cfg)
+    if best is None:
+        raise RuntimeError("no candidate config passed the accuracy check")
+    return best[1], rows
+
+
+def main() -> int:
+    args = ARGS
+    smoke = args.smoke
+    device = "cpu" if smoke else "cuda"
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(0)
+    info = dict(
+        date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        gpu="cpu (smoke)" if smoke else torch.cuda.get_device_name(),
+        torch=torch.__version__,
+        triton=triton.__version__,
+        command="python benchmarks/bench_attention.py " + " ".join(sys.argv[1:]),
+        codec=CODEC,
+        bytes_per_vector=compressed_layout(CODEC, HEAD_DIM).bytes_per_vector,
+    )
+    bw = copy_bandwidth(smoke)
+    info["copy_TBps_this_run"] = bw
+    print(f"copy bandwidth this run: {bw} TB/s; floor uses {COPY_TBPS} TB/s", flush=True)
+    if args.precompile and not smoke:
+        precompile(CANDIDATES)
+    shapes = [(1, 256), (2, 300)] if smoke else SHAPES
+    hq, hkv = (8, 2) if smoke else (HQ, HKV)
+    setups = [Setup(b, n, hq, hkv, device, smoke) for b, n in shapes]
+    chosen = wa.TUNED_CONFIGS.get((HEAD_DIM, 4)) or wa.default_config(HEAD_DIM, 4)
+    sweep_rows = []
+    if args.sweep:
+        print("sweep (ms per shape " + ", ".join(map(str, shapes)) + "):", flush=True)
+        chosen, sweep_rows = sweep(setups, smoke)
+        print(f"chosen: {chosen}", flush=True)
+    results = []
+    for setup, (b, n) in zip(setups, shapes, strict=True):
+        err = rel_error(setup, None if not args.sweep else chosen)
+        ms = time_ours(setup, chosen, smoke)
+        sdpa_ms, sdpa_plain = time_sdpa(setup, smoke)
+        floor_ms = setup.bytes / (COPY_TBPS * 1e12) * 1e3
+        row = dict(
+            B=b,
+            N=n,
+            ms=ms,
+            bytes=setup.bytes,
+            TBps=setup.bytes / (ms * 1e-3) / 1e12,
+            floor_ms=floor_ms,
+            x_floor=ms / floor_ms,
+            sdpa_ms=sdpa_ms,
+            sdpa_do_bench_ms=sdpa_plain,
+            speedup=sdpa_ms / ms,
+            rel_err=err,
+            num_splits=wa.choose_num_splits(b * hkv, n, setup.layout, chosen, torch.device(device)),
+        )
+        results.append(row)
+        print(json.dumps(row), flush=True)
+        setup.free()
+    info["config"] = chosen.__dict__
+    record = dict(info=info, results=results, sweep=sweep_rows)
+    (out / "attention.json").write_text(json.dumps(record, indent=1))
+    lines = [
+        f"{info['date']}, {info['gpu']}, torch {info['torch']}, triton {info['triton']}; "
+        f"codec `{CODEC}` ({info['bytes_per_vector']} B/vector); config {chosen}",
+        "",
+        "| B | N | ms | bytes read | TB/s | x floor | SDPA bf16 ms | speedup | rel err |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        lines.append(
+            f"| {r['B']} | {r['N']} | {r['ms']:.4f} | {r['bytes'] / 1e6:.1f} MB | {r['TBps']:.2f} | "
+            f"{r['x_floor']:.2f} | {r['sdpa_ms']:.4f} | {r['speedup']:.2f}x | {r['rel_err']:.1e} |"
+        )
+    table = "\n".join(lines)
+    (out / "attention.md").write_text(table + "\n")
+    print(table, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

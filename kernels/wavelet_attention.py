@@ -1,0 +1,1605 @@
+"""Decode attention over the wavelet-compressed KV cache: PyTorch reference and fused Triton kernel.
+
+The compressed format (docs/CONTRACTS.md): a key or value vector x of head_dim D is stored as
+coefficients ``c = W @ (x / s)`` (W a D x D orthonormal wavelet matrix, s a per-channel smoothing
+vector) cut into contiguous bands; band b keeps ``bits_b``-bit codes and one fp16 scale per vector,
+``c_j ~= grid_b[code_j] * scale_b``. Beside the codes an ``exact`` cache holds full-precision copies
+of the first ``sinks`` positions and, in a ring, the last ``window`` positions.
+
+Why attention can run on coefficients (W orthonormal):
+    q . k          = (W (q * s_k)) . c_k            -> transform the query once, not every key
+    sum_i p_i v_i  = (W^T sum_i p_i c_v,i) * s_v    -> accumulate coefficients, inverse once
+
+The Triton path (``wavelet_attention_triton``) is three launches:
+  1. prologue: per (sequence, kv head, row block) transform the q rows of the GQA group
+     (``q_w = W (q * s_k) * sm_scale * log2(e)``), stored in fp16 in the kernel's coefficient order;
+  2. split kernel (flash-decoding): the compressed positions of each sequence are cut into
+     ``num_splits`` ranges, one program per (range, sequence, kv head, row block). A program reads
+     each compressed token's code bytes once for *all* q heads of the group (rows of one tl.dot),
+     dequantizes them in registers and keeps an online softmax and a coefficient-domain accumulator.
+     One more program per (sequence, kv head, row block) handles the exact sink/window tokens in the
+     original domain with its own softmax state;
+  3. reduce: merges the compressed ranges, applies ``W^T`` and ``s_v`` once, merges the exact part
+     under the same softmax, writes the output in q's dtype.
+
+Kernel coefficient order. Codes are loaded as whole byte rows ``[BLOCK_N, n_bytes]`` (wide loads)
+and unpacked with shifts; the field at bit ``j * bits`` of byte ``k`` of a band becomes kernel slot
+``j * n_bytes + k`` (the coefficient ``k * codes_per_byte + j`` of the band). That permutation is
+folded into the rows of W on the host, so no shuffle happens in the kernel.
+
+Dequantization. A band whose grid is affine in the code (``grid[v] = a + b * v``, e.g. the codec's
+``uniform`` grid) never looks anything up: ``b`` folds into the query (keys) or into the
+probability-times-scale row (values), the code goes into the MMA as a small integer (``MAGIC``
+builds the fp16 ``1024 + code`` with one OR instead of a conversion), and ``a`` (minus 1024) comes
+back as one per-row correction term. Other grids gather from a 2**bits-entry fp16 table.
+
+Long prefill chunks appended to a compressed history use the same kernels with several row blocks
+(64 query rows each, causal per row); the full-precision cache is never materialised.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import torch
+
+try:  # Triton is optional: the reference runs anywhere.
+    import triton
+    import triton.language as tl
+
+    HAS_TRITON = True
+except ImportError:  # pragma: no cover - exercised only where Triton is absent
+    HAS_TRITON = False
+
+SUPPORTED_HEAD_DIMS = (64, 128, 256)  # the Triton kernel; the reference takes any head_dim
+SUPPORTED_Q_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+MAX_KERNEL_BANDS = 4
+LOG2E = 1.4426950408889634
+# Code 0 in MAGIC mode reads as fp16 1024.0: (0x6400 | code) reinterpreted as fp16 == 1024 + code.
+MAGIC_OFFSET = 1024.0
+
+
+# ------------------------------------------------------------------------------------------------
+# the compressed layout as the kernel sees it
+
+
+@dataclass(frozen=True, eq=False)
+class CompressedLayout:
+    """What the attention kernel needs to know about the packed format (see docs/CONTRACTS.md).
+
+    transform  [D, D] fp32 orthonormal W (coefficients c = W @ (x / s))
+    bands      (start, size, bits) per band, contiguous, in storage order
+    grids      2**bits fp32 values per band; coefficient = grid[code] * scale
+    sinks, window  exact-token policy of the cache
+    key        a string naming the layout (the codec spec), used to cache device tensors
+    """
+
+    head_dim: int
+    transform: torch.Tensor
+    bands: tuple[tuple[int, int, int], ...]
+    grids: tuple[tuple[float, ...], ...]
+    sinks: int
+    window: int
+    key: str = ""
+    band_byte_offsets: tuple[int, ...] = field(init=False)
+    n_code_bytes: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        d = self.head_dim
+        if tuple(self.transform.shape) != (d, d):
+            raise ValueError(f"transform must be [{d}, {d}], got {tuple(self.transform.shape)}")
+        offsets, offset, expected_start = [], 0, 0
+        for start, size, bits in self.bands:
+            if start != expected_start or size <= 0:
+                raise ValueError(f"bands must be contiguous and non-empty, got {self.bands}")
+            if bits not in (2, 4, 8) or (size * bits) % 8:
+                raise ValueError(f"band ({start}, {size}, {bits}): bits must be 2/4/8 and fill whole bytes")
+            offsets.append(offset)
+            offset += size * bits // 8
+            expected_start += size
+        if expected_start != d:
+            raise ValueError(f"bands cover {expected_start} coefficients, head_dim is {d}")
+        if len(self.grids) != len(self.bands) or any(
+            len(g) != 2**bits for g, (_, _, bits) in zip(self.grids, self.bands, strict=False)
+        ):
+            raise ValueError("need one grid of 2**bits values per band")
+        if self.sinks < 0 or self.window < 0:
+            raise ValueError(f"sinks and window must be >= 0, got {self.sinks}, {self.window}")
+        object.__setattr__(self, "band_byte_offsets", tuple(offsets))
+        object.__setattr__(self, "n_code_bytes", offset)
+
+    @property
+    def n_bands(self) -> int:
+        return len(self.bands)
+
+    @property
+    def n_exact(self) -> int:
+        return self.sinks + self.window
+
+    @property
+    def bytes_per_vector(self) -> int:
+        return self.n_code_bytes + 2 * self.n_bands
+
+
+# ------------------------------------------------------------------------------------------------
+# input validation (shared by the reference, the Triton path and the op's fake implementation)
+
+
+def check_attention_inputs(
+    q: torch.Tensor,
+    k_codes: torch.Tensor,
+    k_scales: torch.Tensor,
+    v_codes: torch.Tensor,
+    v_scales: torch.Tensor,
+    k_exact: torch.Tensor,
+    v_exact: torch.Tensor,
+    seq_lens: torch.Tensor,
+    k_channel_scale: torch.Tensor,
+    v_channel_scale: torch.Tensor,
+    layout: CompressedLayout,
+    check_values: bool = True,
+) -> None:
+    """Raise ValueError naming the problem, before any kernel runs.
+
+    ``check_values`` also reads seq_lens (one device sync on CUDA); it is skipped while a CUDA graph
+    is being captured, where a sync is not allowed.
+    """
+    tensors = {
+        "q": q,
+        "k_codes": k_codes,
+        "k_scales": k_scales,
+        "v_codes": v_codes,
+        "v_scales": v_scales,
+        "k_exact": k_exact,
+        "v_exact": v_exact,
+        "seq_lens": seq_lens,
+        "k_channel_scale": k_channel_scale,
+        "v_channel_scale": v_channel_scale,
+    }
+    # an empty channel scale means "no smoothing" and may live anywhere
+    devices = {name: t.device for name, t in tensors.items() if t.numel() or "channel" not in name}
+    if len(set(devices.values())) > 1:
+        listing = ", ".join(f"{n} on {d}" for n, d in devices.items())
+        raise ValueError(f"wavelet_attention: all tensors must be on one device, got {listing}")
+    if q.dim() != 4:
+        raise ValueError(f"q must be [B, Hq, Tq, D], got shape {tuple(q.shape)}")
+    batch, hq, tq, d = q.shape
+    if d != layout.head_dim:
+        raise ValueError(f"q has head_dim {d}, the codec was built for head_dim {layout.head_dim}")
+    if q.dtype not in SUPPORTED_Q_DTYPES:
+        raise ValueError(f"q dtype {q.dtype} is not supported; use one of {SUPPORTED_Q_DTYPES}")
+    if tq < 1:
+        raise ValueError("q needs at least one query token (Tq >= 1)")
+    if k_codes.dim() != 4 or k_codes.dtype != torch.uint8:
+        raise ValueError(
+            f"k_codes must be uint8 [B, Hkv, S, n_code_bytes], got {k_codes.dtype} {tuple(k_codes.shape)}"
+        )
+    _, hkv, capacity, n_bytes = k_codes.shape
+    if k_codes.shape[0] != batch:
+        raise ValueError(f"k_codes batch {k_codes.shape[0]} != q batch {batch}")
+    if hkv < 1 or hq % hkv:
+        raise ValueError(f"q heads ({hq}) must be a multiple of kv heads ({hkv})")
+    if n_bytes != layout.n_code_bytes:
+        raise ValueError(
+            f"k_codes last dim {n_bytes} != the codec's n_code_bytes {layout.n_code_bytes} at head_dim {d} "
+            "(q's last dim): q and the cache disagree on head_dim or codec"
+        )
+    want_scales = (batch, hkv, capacity, layout.n_bands)
+    for name, t in (("k_scales", k_scales), ("v_scales", v_scales)):
+        if tuple(t.shape) != want_scales or t.dtype != torch.float16:
+            raise ValueError(f"{name} must be fp16 {list(want_scales)}, got {t.dtype} {list(t.shape)}")
+    if tuple(v_codes.shape) != tuple(k_codes.shape) or v_codes.dtype != torch.uint8:
+        raise ValueError(
+            f"v_codes must be uint8 {list(k_codes.shape)}, got {v_codes.dtype} {list(v_codes.shape)}"
+        )
+    want_exact = (batch, hkv, layout.n_exact, d)
+    for name, t in (("k_exact", k_exact), ("v_exact", v_exact)):
+        if tuple(t.shape) != want_exact:
+            raise ValueError(
+                f"{name} must be [B, Hkv, sinks + window, D] = {list(want_exact)} "
+                f"(sinks={layout.sinks}, window={layout.window}), got {list(t.shape)}"
+            )
+        if not t.is_floating_point():
+            raise ValueError(f"{name} must be a float tensor, got {t.dtype}")
+    for name, t in (("k_channel_scale", k_channel_scale), ("v_channel_scale", v_channel_scale)):
+        channel_scale_2d(t, hkv, d, name)
+    if (
+        seq_lens.dim() != 1
+        or seq_lens.shape[0] != batch
+        or seq_lens.is_floating_point()
+        or seq_lens.is_complex()
+    ):
+        raise ValueError(
+            f"seq_lens must be an integer [B] = [{batch}] tensor, got {seq_lens.dtype} {list(seq_lens.shape)}"
+        )
+    if check_values and not (seq_lens.is_cuda and torch.cuda.is_current_stream_capturing()):
+        lens = seq_lens.detach().to("cpu", torch.int64)
+        if bool(((lens < tq) | (lens > capacity)).any()):
+            bad = [(i, int(n)) for i, n in enumerate(lens.tolist()) if n < tq or n > capacity]
+            raise ValueError(
+                f"seq_lens must lie in [Tq, capacity] = [{tq}, {capacity}] (they count the {tq} new tokens "
+                f"already written to a cache of {capacity} slots); bad (batch, length): {bad[:8]}"
+            )
+
+
+def channel_scale_2d(
+    channel_scale: torch.Tensor, hkv: int, d: int, name: str = "channel_scale"
+) -> torch.Tensor:
+    """[Hkv, D], [1, D] or [D] (or empty for no smoothing) -> fp32 [Hkv, D]."""
+    if channel_scale.numel() == 0:
+        return torch.ones(hkv, d, dtype=torch.float32, device=channel_scale.device)
+    cs = channel_scale.unsqueeze(0) if channel_scale.dim() == 1 else channel_scale
+    if cs.dim() != 2 or cs.shape[-1] != d or cs.shape[0] not in (1, hkv) or not cs.is_floating_point():
+        raise ValueError(
+            f"{name} must be a float [Hkv={hkv}, D={d}], [1, D] or [D] tensor (or empty for none), "
+            f"got {channel_scale.dtype} {list(channel_scale.shape)}"
+        )
+    return cs.to(torch.float32).expand(hkv, d).contiguous()
+
+
+# ------------------------------------------------------------------------------------------------
+# reference (pure PyTorch, fp32 math; CPU or CUDA)
+
+
+def decode_coefficients(codes: torch.Tensor, scales: torch.Tensor, layout: CompressedLayout) -> torch.Tensor:
+    """codes uint8 [..., n_code_bytes], scales fp16 [..., n_bands] -> fp32 coefficients [..., D]."""
+    parts = []
+    for i, ((_, size, bits), offset) in enumerate(zip(layout.bands, layout.band_byte_offsets, strict=True)):
+        per_byte = 8 // bits
+        packed = codes[..., offset : offset + size // per_byte].to(torch.int32)
+        shifts = torch.arange(per_byte, device=codes.device, dtype=torch.int32) * bits
+        idx = ((packed.unsqueeze(-1) >> shifts) & (2**bits - 1)).flatten(-2)
+        grid = torch.tensor(layout.grids[i], dtype=torch.float32, device=codes.device)
+        parts.append(grid[idx.long()] * scales[..., i : i + 1].float())
+    return torch.cat(parts, dim=-1)
+
+
+def _gather_cache(
+    codes: torch.Tensor,
+    scales: torch.Tensor,
+    exact: torch.Tensor,
+    channel_scale: torch.Tensor,
+    seq_len: int,
+    layout: CompressedLayout,
+) -> torch.Tensor:
+    """fp32 [Hkv, seq_len, D] for one sequence: exact positions from `exact`, the rest decoded."""
+    coef = decode_coefficients(codes[:, :seq_len], scales[:, :seq_len], layout)
+    x = (coef @ layout.transform.to(coef.device)) * channel_scale.float()[:, None, :]
+    pos = torch.arange(seq_len, device=codes.device)
+    ring_lo = max(seq_len - layout.window, layout.sinks)
+    sink_pos = pos[: min(layout.sinks, seq_len)]
+    if sink_pos.numel():
+        x[:, sink_pos] = exact[:, sink_pos].float()
+    if layout.window > 0 and ring_lo < seq_len:
+        ring_pos = pos[ring_lo:]
+        x[:, ring_pos] = exact[:, layout.sinks + ring_pos % layout.window].float()
+    return x
+
+
+def wavelet_attention_reference(
+    q: torch.Tensor,
+    k_codes: torch.Tensor,
+    k_scales: torch.Tensor,
+    v_codes: torch.Tensor,
+    v_scales: torch.Tensor,
+    k_exact: torch.Tensor,
+    v_exact: torch.Tensor,
+    seq_lens: torch.Tensor,
+    k_channel_scale: torch.Tensor,
+    v_channel_scale: torch.Tensor,
+    layout: CompressedLayout,
+    sm_scale: float,
+) -> torch.Tensor:
+    """Decompress each sequence's valid positions and attend in fp32 (causal over the Tq new tokens).
+
+    Materialises one sequence's K/V at a time; meant for CPU, tests and unsupported layouts.
+    """
+    batch, hq, tq, d = q.shape
+    hkv = k_codes.shape[1]
+    group = hq // hkv
+    k_channel_scale = channel_scale_2d(k_channel_scale, hkv, d)
+    v_channel_scale = channel_scale_2d(v_channel_scale, hkv, d)
+    out = torch.empty_like(q)
+    for b, seq_len in enumerate(seq_lens.tolist()):
+        k = _gather_cache(k_codes[b], k_scales[b], k_exact[b], k_channel_scale, seq_len, layout)
+        v = _gather_cache(v_codes[b], v_scales[b], v_exact[b], v_channel_scale, seq_len, layout)
+        k = k.repeat_interleave(group, dim=0)
+        v = v.repeat_interleave(group, dim=0)
+        scores = (q[b].float() @ k.transpose(-1, -2)) * sm_scale  # [Hq, Tq, seq_len]
+        limits = seq_len - tq + 1 + torch.arange(tq, device=q.device)
+        allowed = torch.arange(seq_len, device=q.device)[None, :] < limits[:, None]
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        out[b] = (torch.softmax(scores, dim=-1) @ v).to(q.dtype)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# host-side plan: how the layout maps onto the kernel's constexprs and small device tensors
+
+
+class UnsupportedLayout(ValueError):
+    """The Triton kernel cannot run this layout; the message says why (callers fall back)."""
+
+
+@dataclass(frozen=True)
+class _KernelBand:
+    coef_start: int  # first coefficient (and first kernel slot) of this chunk
+    size: int  # coefficients: a power of two >= 16
+    bits: int
+    byte_offset: int
+    scale_index: int  # which of the vector's fp16 scales applies
+    affine: bool
+    grid_step: float
+    grid_offset: float
+    grid: tuple[float, ...]
+
+    @property
+    def per_byte(self) -> int:
+        return 8 // self.bits
+
+    @property
+    def n_bytes(self) -> int:
+        return self.size // self.per_byte
+
+
+def _is_affine(grid: tuple[float, ...]) -> tuple[bool, float, float]:
+    """grid[v] == offset + step * v for every code v (to fp32 precision)?"""
+    offset, step = grid[0], (grid[-1] - grid[0]) / (len(grid) - 1)
+    tol = 1e-6 * max(1.0, max(abs(g) for g in grid))
+    affine = step != 0 and all(abs(g - (offset + step * v)) <= tol for v, g in enumerate(grid))
+    return affine, step, offset
+
+
+def _kernel_bands(layout: CompressedLayout) -> list[_KernelBand]:
+    """Cut each codec band into power-of-two chunks (each bit plane of a chunk is one tl.dot;
+    planes narrower than 16 bytes are zero-padded to 16 in the kernel)."""
+    if layout.head_dim not in SUPPORTED_HEAD_DIMS:
+        raise UnsupportedLayout(f"head_dim {layout.head_dim} (the kernel supports {SUPPORTED_HEAD_DIMS})")
+    if layout.n_bands > MAX_KERNEL_BANDS:
+        raise UnsupportedLayout(f"{layout.n_bands} bands, the kernel handles {MAX_KERNEL_BANDS}")
+    chunks = []
+    for index, ((start, size, bits), offset) in enumerate(
+        zip(layout.bands, layout.band_byte_offsets, strict=True)
+    ):
+        per_byte = 8 // bits
+        affine, step, grid_offset = _is_affine(layout.grids[index])
+        remaining, coef, byte = size // per_byte, start, offset  # in bytes
+        while remaining:
+            chunk_bytes = 1 << (remaining.bit_length() - 1)
+            chunks.append(
+                _KernelBand(
+                    coef,
+                    chunk_bytes * per_byte,
+                    bits,
+                    byte,
+                    index,
+                    affine,
+                    step,
+                    grid_offset,
+                    tuple(layout.grids[index]),
+                )
+            )
+            remaining -= chunk_bytes
+            coef += chunk_bytes * per_byte
+            byte += chunk_bytes
+    if len(chunks) > MAX_KERNEL_BANDS:
+        raise UnsupportedLayout(
+            f"bands {layout.bands} need {len(chunks)} power-of-two chunks, "
+            f"the kernel handles {MAX_KERNEL_BANDS}"
+        )
+    return chunks
+
+
+def _slot_order(chunks: list[_KernelBand]) -> list[int]:
+    """Coefficient index held by each kernel slot (see the module docstring)."""
+    order = []
+    for kb in chunks:
+        order += [kb.coef_start + k * kb.per_byte + j for j in range(kb.per_byte) for k in range(kb.n_bytes)]
+    return order
+
+
+@dataclass
+class _Plan:
+    bands: list[_KernelBand]
+    constexprs: dict[str, int]
+    transform_slots: torch.Tensor  # [D, D] fp32, row s = W[coefficient held by slot s]
+    col_step: torch.Tensor  # [D] fp32: coefficient = scale * step * (mma value + shift)
+    col_shift: torch.Tensor  # [D] fp32
+    col_band: torch.Tensor  # [D] int32: kernel band of each slot
+    lut: torch.Tensor  # [4 * 256] fp16 grids of table (non-affine) bands
+
+
+_PLANS: dict[tuple, _Plan] = {}
+
+
+def _plan(layout: CompressedLayout, device: torch.device) -> _Plan:
+    cache_key = (layout.key or id(layout), str(device))
+    plan = _PLANS.get(cache_key)
+    if plan is not None:
+        return plan
+    chunks = _kernel_bands(layout)
+    d = layout.head_dim
+    col_step = torch.ones(d, dtype=torch.float64)
+    col_shift = torch.zeros(d, dtype=torch.float64)
+    col_band = torch.zeros(d, dtype=torch.int32)
+    lut = torch.zeros(MAX_KERNEL_BANDS * 256, dtype=torch.float16)
+    constexprs: dict[str, int] = {}
+    for i in range(MAX_KERNEL_BANDS):
+        if i < len(chunks):
+            kb = chunks[i]
+            col_band[kb.coef_start : kb.coef_start + kb.size] = i
+            if kb.affine:
+                # plane j holds code << (bits * j) in place: the MMA sees 1024 + 2**(bits*j) * code
+                for j in range(kb.per_byte):
+                    plane = slice(kb.coef_start + j * kb.n_bytes, kb.coef_start + (j + 1) * kb.n_bytes)
+                    step = kb.grid_step / 2 ** (kb.bits * j)
+                    col_step[plane] = step
+                    col_shift[plane] = kb.grid_offset / step - MAGIC_OFFSET
+            else:
+                lut[i * 256 : i * 256 + len(kb.grid)] = torch.tensor(kb.grid, dtype=torch.float32).half()
+            values = (kb.coef_start, kb.size, kb.bits, kb.byte_offset, kb.scale_index, int(kb.affine))
+        else:
+            values = (0, 0, 8, 0, 0, 0)
+        for name, value in zip(("START", "SIZE", "BITS", "BYTE", "SCALE", "AFFINE"), values, strict=True):
+            constexprs[f"KB{i}_{name}"] = value
+    plan = _Plan(
+        bands=chunks,
+        constexprs=constexprs,
+        transform_slots=layout.transform.to(torch.float32)[_slot_order(chunks)].contiguous().to(device),
+        col_step=col_step.float().to(device),
+        col_shift=col_shift.float().to(device),
+        col_band=col_band.to(device),
+        lut=lut.to(device),
+    )
+    _PLANS[cache_key] = plan
+    return plan
+
+
+def triton_support(layout: CompressedLayout) -> str | None:
+    """None when the Triton kernel handles `layout`, else the reason it does not."""
+    if not HAS_TRITON:
+        return "triton is not installed"
+    try:
+        _kernel_bands(layout)
+    except UnsupportedLayout as exc:
+        return str(exc)
+    return None
+
+
+# ------------------------------------------------------------------------------------------------
+# launch configurations, measured on an H200 by benchmarks/bench_attention.py (no per-call autotune)
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    block_n: int = 64  # compressed tokens per loop step
+    num_warps: int = 1
+    num_stages: int = 2
+    use_asm: bool = True  # affine planes via one PRMT + LOP3 per fp16 pair (GPU only, not interpreted)
+    ctas_per_sm: float = 4.0  # flash-decoding splits: aim for this many programs per SM
+    exact_block: int = 64
+
+
+# (head_dim, block_m) -> config, from the tuning sweep in benchmarks/bench_attention.py on an H200.
+# block_m is the number of query rows (q heads of a group x new tokens) per program, padded to a
+# power of two >= 4. Shapes not measured use default_config().
+TUNED_CONFIGS: dict[tuple[int, int], LaunchConfig] = {}
+
+
+def default_config(head_dim: int, block_m: int) -> LaunchConfig:
+    """Untuned shapes: one warp per program while its registers suffice (no cross-warp reductions,
+    many programs per SM hide latency), more warps for wide heads or many query rows."""
+    if block_m <= 8 and head_dim <= 128:
+        return LaunchConfig()
+    return LaunchConfig(num_warps=2 if block_m <= 16 else 4, ctas_per_sm=4.0 if block_m <= 16 else 2.0)
+
+
+# Query rows (q heads of a group x new tokens) per program, by size. They are the N dimension of
+# the MMAs (padded to 8 by Triton), so small groups waste little.
+_BLOCK_M_STEPS = (4, 8, 16, 32, 64)
+
+
+def _block_m(rows: int) -> int:
+    for step in _BLOCK_M_STEPS:
+        if rows <= step:
+            return step
+    return _BLOCK_M_STEPS[-1]
+
+
+_SM_COUNT: dict[int, int] = {}
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4  # the interpreter: a few splits exercise the split/merge logic
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SM_COUNT:
+        _SM_COUNT[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _SM_COUNT[index]
+
+
+def choose_num_splits(
+    programs: int, capacity: int, layout: CompressedLayout, config: LaunchConfig, device: torch.device
+) -> int:
+    """Split the compressed range so programs * splits ~ ctas_per_sm * SMs, at most one block each."""
+    max_blocks = max(1, -(-max(capacity - layout.n_exact, 1) // config.block_n))
+    want = round(config.ctas_per_sm * _sm_count(device) / max(programs, 1))
+    return int(min(max(want, 1), max_blocks))
+
+
+# ------------------------------------------------------------------------------------------------
+# Triton kernels
+
+
+def _magic_asm(mask: int) -> str:
+    """PTX: 4 packed code bytes -> 4 fp16 (1024 + byte & mask), one PRMT and one LOP3 per pair."""
+    pair_mask = mask * 0x10001
+    return (
+        "{ .reg .b32 t0, t1, z;\n mov.b32 z, 0;\n"
+        " prmt.b32 t0, $2, z, 0x4140;\n prmt.b32 t1, $2, z, 0x4342;\n"
+        f" lop3.b32 $0, t0, {pair_mask:#x}, 0x64006400, 0xEA;\n"
+        f" lop3.b32 $1, t1, {pair_mask:#x}, 0x64006400, 0xEA;\n}}"
+    )
+
+
+if HAS_TRITON:
+    # finite "no score yet": exp2(_NEG_BIG - _NEG_BIG) stays 1 and never makes a NaN
+    _NEG_BIG = tl.constexpr(-1.0e30)
+    _ASM_0x0F = tl.constexpr(_magic_asm(0x0F))
+    _ASM_0xF0 = tl.constexpr(_magic_asm(0xF0))
+    _ASM_0x03 = tl.constexpr(_magic_asm(0x03))
+    _ASM_0x0C = tl.constexpr(_magic_asm(0x0C))
+    _ASM_0x30 = tl.constexpr(_magic_asm(0x30))
+    _ASM_0xC0 = tl.constexpr(_magic_asm(0xC0))
+    _ASM_0xFF = tl.constexpr(_magic_asm(0xFF))
+
+    @triton.jit
+    def _prologue_kernel(
+        q_ptr,
+        q_stride_b,
+        q_stride_h,
+        q_stride_t,
+        k_channel_scale_ptr,
+        transform_ptr,
+        col_step_ptr,
+        col_shift_ptr,
+        col_band_ptr,
+        qw_ptr,
+        qc_ptr,
+        n_kv_heads,
+        group,
+        n_new,
+        n_row_blocks,
+        qk_scale,
+        D: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        D_CHUNK: tl.constexpr,
+    ):
+        """q_w = W_slots (q * s_k) * qk_scale * step in fp16, and each band's score offset
+        sum_s q_w[s] * shift[s], per (sequence, kv head, row block)."""
+        pid = tl.program_id(0)
+        row_block = pid % n_row_blocks
+        kv_head = (pid // n_row_blocks) % n_kv_heads
+        batch = pid // (n_row_blocks * n_kv_heads)
+        local = tl.arange(0, BLOCK_M)
+        rows = row_block * BLOCK_M + local
+        row_ok = rows < group * n_new
+        head = kv_head * group + rows // n_new
+        token = rows % n_new
+        d = tl.arange(0, D)
+        q_rows = q_ptr + batch * q_stride_b + head * q_stride_h + token * q_stride_t
+        q = tl.load(q_rows[:, None] + d[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
+        q = q * tl.load(k_channel_scale_ptr + kv_head * D + d)[None, :]
+        c0 = tl.zeros([BLOCK_M], tl.float32)
+        c1 = tl.zeros([BLOCK_M], tl.float32)
+        c2 = tl.zeros([BLOCK_M], tl.float32)
+        c3 = tl.zeros([BLOCK_M], tl.float32)
+        for chunk in tl.static_range(D // D_CHUNK):
+            cols = chunk * D_CHUNK + tl.arange(0, D_CHUNK)
+            w = tl.load(transform_ptr + cols[:, None] * D + d[None, :])
+            qw = tl.dot(q, tl.trans(w), input_precision="ieee")
+            qw16 = (qw * (tl.load(col_step_ptr + cols) * qk_scale)[None, :]).to(tl.float16)
+            tl.store(qw_ptr + pid * BLOCK_M * D + local[:, None] * D + cols[None, :], qw16)
+            band = tl.load(col_band_ptr + cols)[None, :]
+            # the offset uses the fp16-rounded query, exactly what the MMA multiplies
+            shifted = qw16.to(tl.float32) * tl.load(col_shift_ptr + cols)[None, :]
+            c0 += tl.sum(tl.where(band == 0, shifted, 0.0), axis=1)
+            c1 += tl.sum(tl.where(band == 1, shifted, 0.0), axis=1)
+            c2 += tl.sum(tl.where(band == 2, shifted, 0.0), axis=1)
+            c3 += tl.sum(tl.where(band == 3, shifted, 0.0), axis=1)
+        qc = qc_ptr + pid * BLOCK_M * 4 + local * 4
+        tl.store(qc + 0, c0)
+        tl.store(qc + 1, c1)
+        tl.store(qc + 2, c2)
+        tl.store(qc + 3, c3)
+
+    @triton.jit
+    def _magic_plane(raw, MASK: tl.constexpr, USE_ASM: tl.constexpr):
+        """fp16 1024 + (raw & MASK): the bit field stays in place, its power of two folds into step."""
+        if USE_ASM:
+            if MASK == 0x0F:
+                asm: tl.constexpr = _ASM_0x0F
+            elif MASK == 0xF0:
+                asm: tl.constexpr = _ASM_0xF0
+            elif MASK == 0x03:
+                asm: tl.constexpr = _ASM_0x03
+            elif MASK == 0x0C:
+                asm: tl.constexpr = _ASM_0x0C
+            elif MASK == 0x30:
+                asm: tl.constexpr = _ASM_0x30
+            elif MASK == 0xC0:
+                asm: tl.constexpr = _ASM_0xC0
+            else:
+                asm: tl.constexpr = _ASM_0xFF
+            vals = tl.inline_asm_elementwise(
+                asm=asm, constraints="=r,=r,r", args=[raw], dtype=tl.float16, is_pure=True, pack=4
+            )
+        else:
+            vals = ((raw & MASK).to(tl.int16) | 0x6400).to(tl.float16, bitcast=True)
+        return vals
+
+    @triton.jit
+    def _plane(
+        raw,
+        lut_ptr,
+        J: tl.constexpr,
+        BITS: tl.constexpr,
+        AFFINE: tl.constexpr,
+        LUT_BASE: tl.constexpr,
+        USE_ASM: tl.constexpr,
+    ):
+        """fp16 MMA operand of bit plane J of a band's code bytes [BLOCK_N, n_bytes]."""
+        FIELD: tl.constexpr = (1 << BITS) - 1
+        if AFFINE:
+            vals = _magic_plane(raw, FIELD << (BITS * J), USE_ASM)
+        else:
+            codes = (raw >> (BITS * J)) & FIELD
+            vals = tl.load(lut_ptr + LUT_BASE + codes.to(tl.int32))
+        return vals
+
+    @triton.jit
+    def _band_init(
+        qw_rows, START: tl.constexpr, SIZE: tl.constexpr, BITS: tl.constexpr, BLOCK_M: tl.constexpr
+    ):
+        """Per bit plane: the loop-invariant transposed query slice [n_bytes, BLOCK_M] (zero past the
+        plane's bytes) and a zero accumulator; 16-row dummies for planes the band does not have."""
+        PER_BYTE: tl.constexpr = 8 // BITS
+        NB: tl.constexpr = SIZE // PER_BYTE
+        NBP: tl.constexpr = max(NB, 16)
+        cols = tl.arange(0, NBP)[:, None]
+        in_plane = cols < NB
+        q0 = tl.load(qw_rows + START + cols, mask=in_plane, other=0.0)
+        a0 = tl.zeros([NBP, BLOCK_M], tl.float32)
+        if PER_BYTE > 1:
+            q1 = tl.load(qw_rows + START + NB + cols, mask=in_plane, other=0.0)
+            a1 = tl.zeros([NBP, BLOCK_M], tl.float32)
+        else:
+            q1 = tl.zeros([16, BLOCK_M], tl.float16)
+            a1 = tl.zeros([16, BLOCK_M], tl.float32)
+        if PER_BYTE > 2:
+            q2 = tl.load(qw_rows + START + 2 * NB + cols, mask=in_plane, other=0.0)
+            q3 = tl.load(qw_rows + START + 3 * NB + cols, mask=in_plane, other=0.0)
+            a2 = tl.zeros([NBP, BLOCK_M], tl.float32)
+            a3 = tl.zeros([NBP, BLOCK_M], tl.float32)
+        else:
+            q2 = tl.zeros([16, BLOCK_M], tl.float16)
+            q3 = tl.zeros([16, BLOCK_M], tl.float16)
+            a2 = tl.zeros([16, BLOCK_M], tl.float32)
+            a3 = tl.zeros([16, BLOCK_M], tl.float32)
+        return q0, q1, q2, q3, a0, a1, a2, a3
+
+    @triton.jit
+    def _load_band_bytes(rows_ptr, n_ok, BYTE: tl.constexpr, SIZE: tl.constexpr, BITS: tl.constexpr):
+        """Code bytes [BLOCK_N, max(n_bytes, 16)] of one band chunk (zeros past its bytes)."""
+        NB: tl.constexpr = SIZE // (8 // BITS)
+        if NB >= 16:
+            raw = tl.load(rows_ptr[:, None] + BYTE + tl.arange(0, NB)[None, :], mask=n_ok[:, None], other=0)
+        else:
+            cols = tl.arange(0, 16)[None, :]
+            raw = tl.load(rows_ptr[:, None] + BYTE + cols, mask=n_ok[:, None] & (cols < NB), other=0)
+        return raw
+
+    @triton.jit
+    def _load_band_bytes_t(rows_ptr, n_ok, BYTE: tl.constexpr, SIZE: tl.constexpr, BITS: tl.constexpr):
+        """The same bytes transposed, [max(n_bytes, 16), BLOCK_N] (the values' MMA operand)."""
+        NB: tl.constexpr = SIZE // (8 // BITS)
+        if NB >= 16:
+            raw = tl.load(rows_ptr[None, :] + BYTE + tl.arange(0, NB)[:, None], mask=n_ok[None, :], other=0)
+        else:
+            cols = tl.arange(0, 16)[:, None]
+            raw = tl.load(rows_ptr[None, :] + BYTE + cols, mask=n_ok[None, :] & (cols < NB), other=0)
+        return raw
+
+    @triton.jit
+    def _load_scales(rows_ptr, n_ok, N_SCALES: tl.constexpr, BLOCK_N: tl.constexpr):
+        """The fp16 band scales of BLOCK_N tokens as fp32 vectors (one load of the whole rows)."""
+        if N_SCALES == 1:
+            s0 = tl.load(rows_ptr, mask=n_ok, other=0.0).to(tl.float32)
+            s1 = s0
+            s2 = s0
+            s3 = s0
+        elif N_SCALES == 2:
+            tile = tl.load(rows_ptr[:, None] + tl.arange(0, 2)[None, :], mask=n_ok[:, None], other=0.0)
+            s0, s1 = tl.split(tile.to(tl.float32))
+            s2 = s0
+            s3 = s0
+        else:
+            cols = tl.arange(0, 4)
+            tile = tl.load(
+                rows_ptr[:, None] + cols[None, :], mask=n_ok[:, None] & (cols < N_SCALES)[None, :], other=0.0
+            )
+            even, odd = tl.split(tl.reshape(tile.to(tl.float32), [BLOCK_N, 2, 2]))
+            s0, s2 = tl.split(even)
+            s1, s3 = tl.split(odd)
+        return s0, s1, s2, s3
+
+    @triton.jit
+    def _pick(s0, s1, s2, s3, INDEX: tl.constexpr):
+        if INDEX == 0:
+            s = s0
+        elif INDEX == 1:
+            s = s1
+        elif INDEX == 2:
+            s = s2
+        else:
+            s = s3
+        return s
+
+    @triton.jit
+    def _band_scores(
+        q0,
+        q1,
+        q2,
+        q3,
+        qc,
+        raw,
+        scale,
+        lut_ptr,
+        BITS: tl.constexpr,
+        AFFINE: tl.constexpr,
+        LUT_BASE: tl.constexpr,
+        USE_ASM: tl.constexpr,
+    ):
+        """Transposed scores [BLOCK_N, BLOCK_M] of one band: tokens are the MMA's M dimension (the
+        few query rows only pad N to 8), one MMA per bit plane, then scale (and offset)."""
+        PER_BYTE: tl.constexpr = 8 // BITS
+        dots = tl.dot(_plane(raw, lut_ptr, 0, BITS, AFFINE, LUT_BASE, USE_ASM), q0)
+        if PER_BYTE > 1:
+            dots = tl.dot(_plane(raw, lut_ptr, 1, BITS, AFFINE, LUT_BASE, USE_ASM), q1, dots)
+        if PER_BYTE > 2:
+            dots = tl.dot(_plane(raw, lut_ptr, 2, BITS, AFFINE, LUT_BASE, USE_ASM), q2, dots)
+            dots = tl.dot(_plane(raw, lut_ptr, 3, BITS, AFFINE, LUT_BASE, USE_ASM), q3, dots)
+        if AFFINE:
+            dots = dots + qc[None, :]
+        return dots * scale[:, None]
+
+    @triton.jit
+    def _band_values(
+        a0,
+        a1,
+        a2,
+        a3,
+        offset_sum,
+        p,
+        alpha,
+        raw_t,
+        scale,
+        lut_ptr,
+        BITS: tl.constexpr,
+        AFFINE: tl.constexpr,
+        LUT_BASE: tl.constexpr,
+        USE_ASM: tl.constexpr,
+    ):
+        """acc_j[slot, row] += plane_j[slot, token] @ (p * scale)[token, row] for each bit plane j."""
+        PER_BYTE: tl.constexpr = 8 // BITS
+        ps = (p * scale[:, None]).to(tl.float16)
+        keep = alpha[None, :]
+        a0 = tl.dot(_plane(raw_t, lut_ptr, 0, BITS, AFFINE, LUT_BASE, USE_ASM), ps, a0 * keep)
+        if PER_BYTE > 1:
+            a1 = tl.dot(_plane(raw_t, lut_ptr, 1, BITS, AFFINE, LUT_BASE, USE_ASM), ps, a1 * keep)
+        if PER_BYTE > 2:
+            a2 = tl.dot(_plane(raw_t, lut_ptr, 2, BITS, AFFINE, LUT_BASE, USE_ASM), ps, a2 * keep)
+            a3 = tl.dot(_plane(raw_t, lut_ptr, 3, BITS, AFFINE, LUT_BASE, USE_ASM), ps, a3 * keep)
+        if AFFINE:
+            # sum_n p * scale, times each slot's shift at the end: the (offset - 1024) part
+            offset_sum = offset_sum * alpha + tl.sum(ps.to(tl.float32), axis=0)
+        return a0, a1, a2, a3, offset_sum
+
+    @triton.jit
+    def _store_plane(
+        acc_out,
+        acc,
+        offset_sum,
+        col_step_ptr,
+        col_shift_ptr,
+        row_ok,
+        COL0: tl.constexpr,
+        NB: tl.constexpr,
+        AFFINE: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        D: tl.constexpr,
+    ):
+        """acc [n_bytes (padded), BLOCK_M] of one plane -> partial rows [BLOCK_M, D] at its slots."""
+        NBP: tl.constexpr = max(NB, 16)
+        in_plane = tl.arange(0, NBP) < NB
+        cols = COL0 + tl.arange(0, NBP)
+        if AFFINE:
+            shift = tl.load(col_shift_ptr + cols, mask=in_plane, other=0.0)[:, None]
+            acc = (acc + offset_sum[None, :] * shift) * tl.load(
+                col_step_ptr + cols, mask=in_plane, other=0.0
+            )[:, None]
+        tl.store(
+            acc_out + tl.arange(0, BLOCK_M)[None, :] * D + cols[:, None],
+            acc,
+            mask=row_ok[None, :] & in_plane[:, None],
+        )
+
+    @triton.jit
+    def _store_band(
+        acc_out,
+        a0,
+        a1,
+        a2,
+        a3,
+        offset_sum,
+        col_step_ptr,
+        col_shift_ptr,
+        row_ok,
+        START: tl.constexpr,
+        SIZE: tl.constexpr,
+        BITS: tl.constexpr,
+        AFFINE: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        D: tl.constexpr,
+    ):
+        """Coefficient sums sum_n p_n c_n of one band into the partial buffer (kernel slot order)."""
+        PER_BYTE: tl.constexpr = 8 // BITS
+        NB: tl.constexpr = SIZE // PER_BYTE
+        _store_plane(
+            acc_out, a0, offset_sum, col_step_ptr, col_shift_ptr, row_ok, START, NB, AFFINE, BLOCK_M, D
+        )
+        if PER_BYTE > 1:
+            _store_plane(
+                acc_out,
+                a1,
+                offset_sum,
+                col_step_ptr,
+                col_shift_ptr,
+                row_ok,
+                START + NB,
+                NB,
+                AFFINE,
+                BLOCK_M,
+                D,
+            )
+        if PER_BYTE > 2:
+            _store_plane(
+                acc_out,
+                a2,
+                offset_sum,
+                col_step_ptr,
+                col_shift_ptr,
+                row_ok,
+                START + 2 * NB,
+                NB,
+                AFFINE,
+                BLOCK_M,
+                D,
+            )
+            _store_plane(
+                acc_out,
+                a3,
+                offset_sum,
+                col_step_ptr,
+                col_shift_ptr,
+                row_ok,
+                START + 3 * NB,
+                NB,
+                AFFINE,
+                BLOCK_M,
+                D,
+            )
+
+    @triton.jit
+    def _exact_part(
+        q_rows,
+        ke_base,
+        ve_base,
+        ke_stride_s,
+        ve_stride_s,
+        seq_len,
+        limit,
+        row_ok,
+        qk_scale,
+        m_out,
+        l_out,
+        acc_out,
+        D: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        EXACT_BLOCK: tl.constexpr,
+        SINKS: tl.constexpr,
+        WINDOW: tl.constexpr,
+    ):
+        """Softmax state over the exact sink and window tokens, in the original domain."""
+        d = tl.arange(0, D)
+        q = tl.load(q_rows[:, None] + d[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32) * qk_scale
+        m_i = tl.full([BLOCK_M], _NEG_BIG, tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, D], tl.float32)
+        ring_base = seq_len - WINDOW
+        ring_lo = tl.maximum(ring_base, SINKS)
+        for start in range(0, SINKS + WINDOW, EXACT_BLOCK):
+            slot = start + tl.arange(0, EXACT_BLOCK)
+            in_sinks = slot < SINKS
+            if WINDOW > 0:
+                # ring slot r holds the position p in [seq_len - window, seq_len) with p % window == r
+                ring_pos = ring_base + (((slot - SINKS - ring_base) % WINDOW) + WINDOW) % WINDOW
+            else:
+                ring_pos = slot * 0 - 1
+            pos = tl.where(in_sinks, slot, ring_pos)
+            valid = (slot < SINKS + WINDOW) & (in_sinks | (pos >= ring_lo)) & (pos >= 0)
+            k = tl.load(ke_base + slot[:, None] * ke_stride_s + d[None, :], mask=valid[:, None], other=0.0)
+            s = tl.dot(q, tl.trans(k.to(tl.float32)))
+            s = tl.where(valid[None, :] & (pos[None, :] < limit[:, None]), s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            v = tl.load(ve_base + slot[:, None] * ve_stride_s + d[None, :], mask=valid[:, None], other=0.0)
+            acc = tl.dot(p, v.to(tl.float32), acc * alpha[:, None])
+            m_i = m_new
+        local = tl.arange(0, BLOCK_M)
+        tl.store(m_out + local, m_i, mask=row_ok)
+        tl.store(l_out + local, l_i, mask=row_ok)
+        tl.store(acc_out + local[:, None] * D + d[None, :], acc, mask=row_ok[:, None])
+
+    @triton.jit
+    def _split_kernel(
+        qw_ptr,
+        qc_ptr,
+        q_ptr,
+        q_stride_b,
+        q_stride_h,
+        q_stride_t,
+        kc_ptr,
+        kc_stride_b,
+        kc_stride_h,
+        ks_ptr,
+        ks_stride_b,
+        ks_stride_h,
+        vc_ptr,
+        vc_stride_b,
+        vc_stride_h,
+        vs_ptr,
+        vs_stride_b,
+        vs_stride_h,
+        ke_ptr,
+        ke_stride_b,
+        ke_stride_h,
+        ke_stride_s,
+        ve_ptr,
+        ve_stride_b,
+        ve_stride_h,
+        ve_stride_s,
+        seq_lens_ptr,
+        lut_ptr,
+        col_step_ptr,
+        col_shift_ptr,
+        m_ptr,
+        l_ptr,
+        acc_ptr,
+        n_kv_heads,
+        group,
+        n_new,
+        n_row_blocks,
+        num_splits,
+        qk_scale,
+        CODE_STRIDE: tl.constexpr,
+        SCALE_STRIDE: tl.constexpr,
+        N_SCALES: tl.constexpr,
+        D: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        EXACT_BLOCK: tl.constexpr,
+        SINKS: tl.constexpr,
+        WINDOW: tl.constexpr,
+        USE_ASM: tl.constexpr,
+        KB0_START: tl.constexpr,
+        KB0_SIZE: tl.constexpr,
+        KB0_BITS: tl.constexpr,
+        KB0_BYTE: tl.constexpr,
+        KB0_SCALE: tl.constexpr,
+        KB0_AFFINE: tl.constexpr,
+        KB1_START: tl.constexpr,
+        KB1_SIZE: tl.constexpr,
+        KB1_BITS: tl.constexpr,
+        KB1_BYTE: tl.constexpr,
+        KB1_SCALE: tl.constexpr,
+        KB1_AFFINE: tl.constexpr,
+        KB2_START: tl.constexpr,
+        KB2_SIZE: tl.constexpr,
+        KB2_BITS: tl.constexpr,
+        KB2_BYTE: tl.constexpr,
+        KB2_SCALE: tl.constexpr,
+        KB2_AFFINE: tl.constexpr,
+        KB3_START: tl.constexpr,
+        KB3_SIZE: tl.constexpr,
+        KB3_BITS: tl.constexpr,
+        KB3_BYTE: tl.constexpr,
+        KB3_SCALE: tl.constexpr,
+        KB3_AFFINE: tl.constexpr,
+    ):
+        """One (split, sequence, kv head, row block): online softmax over a range of compressed
+        tokens in the coefficient domain, or (last split) over the exact tokens."""
+        split = tl.program_id(0)
+        pid = tl.program_id(1)
+        row_block = pid % n_row_blocks
+        kv_head = (pid // n_row_blocks) % n_kv_heads
+        batch = pid // (n_row_blocks * n_kv_heads)
+        local = tl.arange(0, BLOCK_M)
+        rows = row_block * BLOCK_M + local
+        row_ok = rows < group * n_new
+        token = rows % n_new
+        seq_len = tl.load(seq_lens_ptr + batch).to(tl.int32)
+        # causal: new token t sees positions < seq_len - n_new + t + 1
+        limit = tl.where(row_ok, seq_len - n_new + token + 1, 0)
+        part = pid * (num_splits + 1) + split
+        m_out = m_ptr + part * BLOCK_M
+        l_out = l_ptr + part * BLOCK_M
+        acc_out = acc_ptr + part * BLOCK_M * D
+        if split == num_splits:
+            head = kv_head * group + rows // n_new
+            q_rows = q_ptr + batch * q_stride_b + head * q_stride_h + token * q_stride_t
+            _exact_part(
+                q_rows,
+                ke_ptr + batch * ke_stride_b + kv_head * ke_stride_h,
+                ve_ptr + batch * ve_stride_b + kv_head * ve_stride_h,
+                ke_stride_s,
+                ve_stride_s,
+                seq_len,
+                limit,
+                row_ok,
+                qk_scale,
+                m_out,
+                l_out,
+                acc_out,
+                D,
+                BLOCK_M,
+                EXACT_BLOCK,
+                SINKS,
+                WINDOW,
+            )
+        else:
+            # compressed positions [sinks, seq_len - window), cut into num_splits block-aligned ranges
+            comp_hi = tl.minimum(tl.maximum(seq_len - WINDOW, SINKS), tl.max(limit, axis=0))
+            chunk = tl.cdiv(tl.cdiv(tl.maximum(comp_hi - SINKS, 0), num_splits), BLOCK_N) * BLOCK_N
+            lo = SINKS + split * chunk
+            hi = tl.minimum(lo + chunk, comp_hi)
+            row_hi = tl.minimum(limit, hi)
+            qw_rows = qw_ptr + pid * BLOCK_M * D + local[None, :] * D
+            qc_rows = qc_ptr + pid * BLOCK_M * 4 + local * 4
+            kc_base = kc_ptr + batch * kc_stride_b + kv_head * kc_stride_h
+            ks_base = ks_ptr + batch * ks_stride_b + kv_head * ks_stride_h
+            vc_base = vc_ptr + batch * vc_stride_b + kv_head * vc_stride_h
+            vs_base = vs_ptr + batch * vs_stride_b + kv_head * vs_stride_h
+            q00, q01, q02, q03, a00, a01, a02, a03 = _band_init(
+                qw_rows, KB0_START, KB0_SIZE, KB0_BITS, BLOCK_M
+            )
+            qc0 = tl.load(qc_rows + 0)
+            off0 = tl.zeros([BLOCK_M], tl.float32)
+            if KB1_SIZE > 0:
+                q10, q11, q12, q13, a10, a11, a12, a13 = _band_init(
+                    qw_rows, KB1_START, KB1_SIZE, KB1_BITS, BLOCK_M
+                )
+                qc1 = tl.load(qc_rows + 1)
+                off1 = tl.zeros([BLOCK_M], tl.float32)
+            if KB2_SIZE > 0:
+                q20, q21, q22, q23, a20, a21, a22, a23 = _band_init(
+                    qw_rows, KB2_START, KB2_SIZE, KB2_BITS, BLOCK_M
+                )
+                qc2 = tl.load(qc_rows + 2)
+                off2 = tl.zeros([BLOCK_M], tl.float32)
+            if KB3_SIZE > 0:
+                q30, q31, q32, q33, a30, a31, a32, a33 = _band_init(
+                    qw_rows, KB3_START, KB3_SIZE, KB3_BITS, BLOCK_M
+                )
+                qc3 = tl.load(qc_rows + 3)
+                off3 = tl.zeros([BLOCK_M], tl.float32)
+            m_i = tl.full([BLOCK_M], _NEG_BIG, tl.float32)
+            l_i = tl.zeros([BLOCK_M], tl.float32)
+            for start in range(lo, hi, BLOCK_N):
+                offs_n = start + tl.arange(0, BLOCK_N)
+                n_ok = offs_n < hi
+                kc_rows = kc_base + offs_n * CODE_STRIDE
+                ks0, ks1, ks2, ks3 = _load_scales(ks_base + offs_n * SCALE_STRIDE, n_ok, N_SCALES, BLOCK_N)
+                raw = _load_band_bytes(kc_rows, n_ok, KB0_BYTE, KB0_SIZE, KB0_BITS)
+                s = _band_scores(
+                    q00,
+                    q01,
+                    q02,
+                    q03,
+                    qc0,
+                    raw,
+                    _pick(ks0, ks1, ks2, ks3, KB0_SCALE),
+                    lut_ptr,
+                    KB0_BITS,
+                    KB0_AFFINE,
+                    0,
+                    USE_ASM,
+                )
+                if KB1_SIZE > 0:
+                    raw = _load_band_bytes(kc_rows, n_ok, KB1_BYTE, KB1_SIZE, KB1_BITS)
+                    s += _band_scores(
+                        q10,
+                        q11,
+                        q12,
+                        q13,
+                        qc1,
+                        raw,
+                        _pick(ks0, ks1, ks2, ks3, KB1_SCALE),
+                        lut_ptr,
+                        KB1_BITS,
+                        KB1_AFFINE,
+                        256,
+                        USE_ASM,
+                    )
+                if KB2_SIZE > 0:
+                    raw = _load_band_bytes(kc_rows, n_ok, KB2_BYTE, KB2_SIZE, KB2_BITS)
+                    s += _band_scores(
+                        q20,
+                        q21,
+                        q22,
+                        q23,
+                        qc2,
+                        raw,
+                        _pick(ks0, ks1, ks2, ks3, KB2_SCALE),
+                        lut_ptr,
+                        KB2_BITS,
+                        KB2_AFFINE,
+                        512,
+                        USE_ASM,
+                    )
+                if KB3_SIZE > 0:
+                    raw = _load_band_bytes(kc_rows, n_ok, KB3_BYTE, KB3_SIZE, KB3_BITS)
+                    s += _band_scores(
+                        q30,
+                        q31,
+                        q32,
+                        q33,
+                        qc3,
+                        raw,
+                        _pick(ks0, ks1, ks2, ks3, KB3_SCALE),
+                        lut_ptr,
+                        KB3_BITS,
+                        KB3_AFFINE,
+                        768,
+                        USE_ASM,
+                    )
+                s = tl.where(offs_n[:, None] < row_hi[None, :], s, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(s, axis=0))
+                alpha = tl.exp2(m_i - m_new)
+                p = tl.exp2(s - m_new[None, :])
+                l_i = l_i * alpha + tl.sum(p, axis=0)
+                m_i = m_new
+                vc_rows = vc_base + offs_n * CODE_STRIDE
+                vs0, vs1, vs2, vs3 = _load_scales(vs_base + offs_n * SCALE_STRIDE, n_ok, N_SCALES, BLOCK_N)
+                raw = _load_band_bytes_t(vc_rows, n_ok, KB0_BYTE, KB0_SIZE, KB0_BITS)
+                a00, a01, a02, a03, off0 = _band_values(
+                    a00,
+                    a01,
+                    a02,
+                    a03,
+                    off0,
+                    p,
+                    alpha,
+                    raw,
+                    _pick(vs0, vs1, vs2, vs3, KB0_SCALE),
+                    lut_ptr,
+                    KB0_BITS,
+                    KB0_AFFINE,
+                    0,
+                    USE_ASM,
+                )
+                if KB1_SIZE > 0:
+                    raw = _load_band_bytes_t(vc_rows, n_ok, KB1_BYTE, KB1_SIZE, KB1_BITS)
+                    a10, a11, a12, a13, off1 = _band_values(
+                        a10,
+                        a11,
+                        a12,
+                        a13,
+                        off1,
+                        p,
+                        alpha,
+                        raw,
+                        _pick(vs0, vs1, vs2, vs3, KB1_SCALE),
+                        lut_ptr,
+                        KB1_BITS,
+                        KB1_AFFINE,
+                        256,
+                        USE_ASM,
+                    )
+                if KB2_SIZE > 0:
+                    raw = _load_band_bytes_t(vc_rows, n_ok, KB2_BYTE, KB2_SIZE, KB2_BITS)
+                    a20, a21, a22, a23, off2 = _band_values(
+                        a20,
+                        a21,
+                        a22,
+                        a23,
+                        off2,
+                        p,
+                        alpha,
+                        raw,
+                        _pick(vs0, vs1, vs2, vs3, KB2_SCALE),
+                        lut_ptr,
+                        KB2_BITS,
+                        KB2_AFFINE,
+                        512,
+                        USE_ASM,
+                    )
+                if KB3_SIZE > 0:
+                    raw = _load_band_bytes_t(vc_rows, n_ok, KB3_BYTE, KB3_SIZE, KB3_BITS)
+                    a30, a31, a32, a33, off3 = _band_values(
+                        a30,
+                        a31,
+                        a32,
+                        a33,
+                        off3,
+                        p,
+                        alpha,
+                        raw,
+                        _pick(vs0, vs1, vs2, vs3, KB3_SCALE),
+                        lut_ptr,
+                        KB3_BITS,
+                        KB3_AFFINE,
+                        768,
+                        USE_ASM,
+                    )
+            tl.store(m_out + local, m_i, mask=row_ok)
+            tl.store(l_out + local, l_i, mask=row_ok)
+            _store_band(
+                acc_out,
+                a00,
+                a01,
+                a02,
+                a03,
+                off0,
+                col_step_ptr,
+                col_shift_ptr,
+                row_ok,
+                KB0_START,
+                KB0_SIZE,
+                KB0_BITS,
+                KB0_AFFINE,
+                BLOCK_M,
+                D,
+            )
+            if KB1_SIZE > 0:
+                _store_band(
+                    acc_out,
+                    a10,
+                    a11,
+                    a12,
+                    a13,
+                    off1,
+                    col_step_ptr,
+                    col_shift_ptr,
+                    row_ok,
+                    KB1_START,
+                    KB1_SIZE,
+                    KB1_BITS,
+                    KB1_AFFINE,
+                    BLOCK_M,
+                    D,
+                )
+            if KB2_SIZE > 0:
+                _store_band(
+                    acc_out,
+                    a20,
+                    a21,
+                    a22,
+                    a23,
+                    off2,
+                    col_step_ptr,
+                    col_shift_ptr,
+                    row_ok,
+                    KB2_START,
+                    KB2_SIZE,
+                    KB2_BITS,
+                    KB2_AFFINE,
+                    BLOCK_M,
+                    D,
+                )
+            if KB3_SIZE > 0:
+                _store_band(
+                    acc_out,
+                    a30,
+                    a31,
+                    a32,
+                    a33,
+                    off3,
+                    col_step_ptr,
+                    col_shift_ptr,
+                    row_ok,
+                    KB3_START,
+                    KB3_SIZE,
+                    KB3_BITS,
+                    KB3_AFFINE,
+                    BLOCK_M,
+                    D,
+                )
+
+    @triton.jit
+    def _reduce_kernel(
+        m_ptr,
+        l_ptr,
+        acc_ptr,
+        transform_ptr,
+        v_channel_scale_ptr,
+        out_ptr,
+        out_stride_b,
+        out_stride_h,
+        out_stride_t,
+        n_kv_heads,
+        group,
+        n_new,
+        n_row_blocks,
+        num_splits,
+        D: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        D_CHUNK: tl.constexpr,
+    ):
+        """Merge the compressed splits, inverse-transform once, merge the exact part, write out."""
+        pid = tl.program_id(0)
+        row_block = pid % n_row_blocks
+        kv_head = (pid // n_row_blocks) % n_kv_heads
+        batch = pid // (n_row_blocks * n_kv_heads)
+        local = tl.arange(0, BLOCK_M)
+        rows = row_block * BLOCK_M + local
+        row_ok = rows < group * n_new
+        d = tl.arange(0, D)
+        m_i = tl.full([BLOCK_M], _NEG_BIG, tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, D], tl.float32)
+        base = pid * (num_splits + 1)
+        for split in range(0, num_splits):
+            part = base + split
+            m_s = tl.load(m_ptr + part * BLOCK_M + local, mask=row_ok, other=_NEG_BIG)
+            l_s = tl.load(l_ptr + part * BLOCK_M + local, mask=row_ok, other=0.0)
+            acc_s = tl.load(
+                acc_ptr + part * BLOCK_M * D + local[:, None] * D + d[None, :],
+                mask=row_ok[:, None],
+                other=0.0,
+            )
+            m_new = tl.maximum(m_i, m_s)
+            alpha = tl.exp2(m_i - m_new)
+            beta = tl.exp2(m_s - m_new)
+            acc = acc * alpha[:, None] + acc_s * beta[:, None]
+            l_i = l_i * alpha + l_s * beta
+            m_i = m_new
+        exact = base + num_splits
+        m_e = tl.load(m_ptr + exact * BLOCK_M + local, mask=row_ok, other=_NEG_BIG)
+        l_e = tl.load(l_ptr + exact * BLOCK_M + local, mask=row_ok, other=0.0)
+        m_f = tl.maximum(m_i, m_e)
+        alpha = tl.exp2(m_i - m_f)
+        beta = tl.exp2(m_e - m_f)
+        denom = l_i * alpha + l_e * beta
+        denom = tl.where(denom > 0, denom, 1.0)  # padding rows only; every real row sees >= 1 position
+        head = kv_head * group + rows // n_new
+        token = rows % n_new
+        out_rows = out_ptr + batch * out_stride_b + head * out_stride_h + token * out_stride_t
+        for chunk in tl.static_range(D // D_CHUNK):
+            cols = chunk * D_CHUNK + tl.arange(0, D_CHUNK)
+            w = tl.load(transform_ptr + d[:, None] * D + cols[None, :])  # [D slots, D_CHUNK channels]
+            values = tl.dot(acc, w, input_precision="ieee")
+            values = values * tl.load(v_channel_scale_ptr + kv_head * D + cols)[None, :]
+            acc_e = tl.load(
+                acc_ptr + exact * BLOCK_M * D + local[:, None] * D + cols[None, :],
+                mask=row_ok[:, None],
+                other=0.0,
+            )
+            o = (values * alpha[:, None] + acc_e * beta[:, None]) / denom[:, None]
+            tl.store(out_rows[:, None] + cols[None, :], o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def wavelet_attention_triton(
+    q: torch.Tensor,
+    k_codes: torch.Tensor,
+    k_scales: torch.Tensor,
+    v_codes: torch.Tensor,
+    v_scales: torch.Tensor,
+    k_exact: torch.Tensor,
+    v_exact: torch.Tensor,
+    seq_lens: torch.Tensor,
+    k_channel_scale: torch.Tensor,
+    v_channel_scale: torch.Tensor,
+    layout: CompressedLayout,
+    sm_scale: float,
+    config: LaunchConfig | None = None,
+    num_splits: int | None = None,
+    validate: bool = True,
+) -> torch.Tensor:
+    """The fused kernel (CUDA tensors, or CPU tensors under TRITON_INTERPRET=1).
+
+    Raises ValueError on bad input and UnsupportedLayout when the layout is outside the kernel.
+    ``config``/``num_splits`` override the tuned launch parameters (benchmarks and tests).
+    """
+    if not HAS_TRITON:
+        raise UnsupportedLayout("triton is not installed")
+    if validate:
+        check_attention_inputs(
+            q,
+            k_codes,
+            k_scales,
+            v_codes,
+            v_scales,
+            k_exact,
+            v_exact,
+            seq_lens,
+            k_channel_scale,
+            v_channel_scale,
+            layout,
+        )
+    reason = triton_support(layout)
+    if reason is not None:
+        raise UnsupportedLayout(f"wavelet_attention Triton kernel: unsupported {reason}")
+    interpreting = _interpreting()
+    if not (q.is_cuda or interpreting):
+        raise ValueError("the Triton kernel needs CUDA tensors (or TRITON_INTERPRET=1 on the CPU)")
+    for name, t in (
+        ("k_codes", k_codes),
+        ("v_codes", v_codes),
+        ("k_scales", k_scales),
+        ("v_scales", v_scales),
+    ):
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name} must be contiguous in its last dimension, got strides {t.stride()}")
+    if k_codes.stride(2) != v_codes.stride(2) or k_scales.stride(2) != v_scales.stride(2):
+        raise ValueError("k and v caches must share their per-token strides")
+    plan = _plan(layout, q.device)
+    batch, hq, tq, d = q.shape
+    hkv, capacity = k_codes.shape[1], k_codes.shape[2]
+    group = hq // hkv
+    rows = group * tq
+    block_m = _block_m(rows)
+    n_row_blocks = -(-rows // block_m)
+    if config is None:
+        config = TUNED_CONFIGS.get((d, block_m)) or default_config(d, block_m)
+    programs = batch * hkv * n_row_blocks
+    if num_splits is None:
+        num_splits = choose_num_splits(programs, capacity, layout, config, q.device)
+    device = q.device
+    qw = torch.empty(programs, block_m, d, device=device, dtype=torch.float16)
+    qc = torch.empty(programs, block_m, 4, device=device, dtype=torch.float32)
+    m_part = torch.empty(programs, num_splits + 1, block_m, device=device, dtype=torch.float32)
+    l_part = torch.empty_like(m_part)
+    acc_part = torch.empty(programs, num_splits + 1, block_m, d, device=device, dtype=torch.float32)
+    out = torch.empty(q.shape, device=device, dtype=q.dtype)
+    qk_scale = float(sm_scale) * LOG2E
+    k_cs = channel_scale_2d(k_channel_scale, hkv, d)
+    v_cs = channel_scale_2d(v_channel_scale, hkv, d)
+    _prologue_kernel[(programs,)](
+        q,
+        q.stride(0),
+        q.stride(1),
+        q.stride(2),
+        k_cs,
+        plan.transform_slots,
+        plan.col_step,
+        plan.col_shift,
+        plan.col_band,
+        qw,
+        qc,
+        hkv,
+        group,
+        tq,
+        n_row_blocks,
+        qk_scale,
+        D=d,
+        BLOCK_M=block_m,
+        D_CHUNK=min(d, 64),
+        num_warps=4,
+    )
+    _split_kernel[(num_splits + 1, programs)](
+        qw,
+        qc,
+        q,
+        q.stride(0),
+        q.stride(1),
+        q.stride(2),
+        k_codes,
+        k_codes.stride(0),
+        k_codes.stride(1),
+        k_scales,
+        k_scales.stride(0),
+        k_scales.stride(1),
+        v_codes,
+        v_codes.stride(0),
+        v_codes.stride(1),
+        v_scales,
+        v_scales.stride(0),
+        v_scales.stride(1),
+        k_exact,
+        *k_exact.stride()[:3],
+        v_exact,
+        *v_exact.stride()[:3],
+        seq_lens,
+        plan.lut,
+        plan.col_step,
+        plan.col_shift,
+        m_part,
+        l_part,
+        acc_part,
+        hkv,
+        group,
+        tq,
+        n_row_blocks,
+        num_splits,
+        qk_scale,
+        CODE_STRIDE=k_codes.stride(2),
+        SCALE_STRIDE=k_scales.stride(2),
+        N_SCALES=layout.n_bands,
+        D=d,
+        BLOCK_M=block_m,
+        BLOCK_N=config.block_n,
+        EXACT_BLOCK=config.exact_block,
+        SINKS=layout.sinks,
+        WINDOW=layout.window,
+        USE_ASM=config.use_asm and not interpreting,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+        **plan.constexprs,
+    )
+    _reduce_kernel[(programs,)](
+        m_part,
+        l_part,
+        acc_part,
+        plan.transform_slots,
+        v_cs,
+        out,
+        out.stride(0),
+        out.stride(1),
+        out.stride(2),
+        hkv,
+        group,
+        tq,
+        n_row_blocks,
+        num_splits,
+        D=d,
+        BLOCK_M=block_m,
+        D_CHUNK=min(d, 32),
+        num_warps=4,
+    )
+    return out
+
+
+def bytes_read(
+    layout: CompressedLayout, batch: int, n_kv_heads: int, seq_len: int, exact_itemsize: int
+) -> int:
+    """Bytes a decode step must read: compressed K and V of every non-exact position plus the exact
+    sink/window tokens (the floor the benchmark divides by bandwidth)."""
+    n_exact = min(seq_len, layout.n_exact)
+    n_comp = seq_len - n_exact
+    per_head = 2 * n_comp * layout.bytes_per_vector + 2 * n_exact * layout.head_dim * exact_itemsize
+    return batch * n_kv_heads * per_head
+
+
+__all__ = [
+    "CompressedLayout",
+    "LaunchConfig",
+    "TUNED_CONFIGS",
+    "UnsupportedLayout",
+    "bytes_read",
+    "channel_scale_2d",
+    "check_attention_inputs",
+    "choose_num_splits",
+    "decode_coefficients",
+    "default_config",
+    "triton_support",
+    "wavelet_attention_reference",
+    "wavelet_attention_triton",
+]

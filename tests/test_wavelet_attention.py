@@ -1,0 +1,274 @@
+"""wmoe::wavelet_attention: the fused Triton kernel against decompress + attention in float64.
+
+On the CPU the kernel runs under TRITON_INTERPRET=1 (conftest) at small shapes; tests marked gpu
+run the same checks at real shapes on CUDA. The reference here is independent of the kernel file:
+it decodes with the codec's own WaveletKVCodec.decode and overlays the exact sinks/window by the
+contract's rule (position p is exact if p < sinks or p >= seq_len - window).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from wmoe_compile.kernels import wavelet_attention as K
+
+import wmoe_compile.ops  # noqa: F401  registers the ops
+from wmoe_compile.codec import get_codec
+from wmoe_compile.ops import attention as ops
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+SMALL_SPEC = "default;window=8;sinks=2"
+
+
+@pytest.fixture
+def triton_backend():
+    previous = ops.set_backend("triton")
+    yield
+    ops.set_backend(previous)
+
+
+def _fill_exact(
+    x: torch.Tensor, seq_lens: list[int], sinks: int, window: int, dtype: torch.dtype
+) -> torch.Tensor:
+    """The exact cache as kv_compress_into_cache writes it; never-written slots hold garbage."""
+    b, h, _, d = x.shape
+    exact = torch.randn(b, h, sinks + window, d, device=x.device).mul(100).to(dtype)
+    for i, n in enumerate(seq_lens):
+        for p in range(n):
+            if p < sinks:
+                exact[i, :, p] = x[i, :, p].to(dtype)
+            if window:
+                exact[i, :, sinks + p % window] = x[i, :, p].to(dtype)
+    return exact
+
+
+def make_case(spec, batch, hkv, group, tq, head_dim, seq_lens, capacity, dtype, device=DEVICE):
+    """Random q/k/v, compressed into a cache of `capacity` slots; slots past seq_len hold garbage."""
+    codec = get_codec(spec, head_dim)
+    # keys with outlier channels, like real ones
+    k = torch.randn(batch, hkv, capacity, head_dim, device=device) * (
+        torch.rand(hkv, 1, head_dim, device=device) * 3 + 0.2
+    )
+    v = torch.randn(batch, hkv, capacity, head_dim, device=device)
+    k_cs = torch.rand(hkv, head_dim, device=device) + 0.5
+    v_cs = torch.rand(hkv, head_dim, device=device) + 0.5
+    kc, ks = codec.encode(k, k_cs[:, None, :])
+    vc, vs = codec.encode(v, v_cs[:, None, :])
+    for i, n in enumerate(seq_lens):  # garbage past each sequence's length must never be read
+        for codes, scales in ((kc, ks), (vc, vs)):
+            codes[i, :, n:] = torch.randint(0, 256, codes[i, :, n:].shape, dtype=torch.uint8, device=device)
+            scales[i, :, n:] = torch.full_like(scales[i, :, n:], float("nan"))
+    cfg = codec.config
+    k_exact = _fill_exact(k, seq_lens, cfg.sinks, cfg.window, dtype)
+    v_exact = _fill_exact(v, seq_lens, cfg.sinks, cfg.window, dtype)
+    q = (torch.randn(batch, hkv * group, tq, head_dim, device=device) * 1.5).to(dtype)
+    lens = torch.tensor(seq_lens, dtype=torch.int32, device=device)
+    return codec, (q, kc, ks, vc, vs, k_exact, v_exact, lens, k_cs, v_cs)
+
+
+def dense_reference(codec, args, sm_scale):
+    """Decompress every valid position with the codec, overlay the exact tokens, attend in float64."""
+    q, kc, ks, vc, vs, k_exact, v_exact, lens, k_cs, v_cs = args
+    sinks, window = codec.config.sinks, codec.config.window
+    batch, hq, tq, _ = q.shape
+    group = hq // kc.shape[1]
+    out = torch.empty(q.shape, dtype=torch.float64, device=q.device)
+    for b, n in enumerate(lens.tolist()):
+        kv = []
+        for codes, scales, exact, cs in ((kc, ks, k_exact, k_cs), (vc, vs, v_exact, v_cs)):
+            x = codec.decode(codes[b, :, :n], scales[b, :, :n], cs[:, None, :]).double()
+            for p in range(n):
+                if p < sinks:
+                    x[:, p] = exact[b, :, p].double()
+                elif p >= n - window:
+                    x[:, p] = exact[b, :, sinks + p % window].double()
+            kv.append(x.repeat_interleave(group, dim=0))
+        scores = q[b].double() @ kv[0].transpose(-1, -2) * sm_scale
+        limit = n - tq + 1 + torch.arange(tq, device=q.device)
+        scores = scores.masked_fill(
+            torch.arange(n, device=q.device)[None, :] >= limit[:, None], float("-inf")
+        )
+        out[b] = torch.softmax(scores, dim=-1) @ kv[1]
+    return out
+
+
+def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    assert not torch.isnan(got).any(), "NaN in the output"
+    return float((got.double() - want).norm() / want.norm())
+
+
+def _run_triton(args, codec, sm_scale, **kw):
+    layout = ops.compressed_layout(codec.spec, args[0].shape[-1])
+    return K.wavelet_attention_triton(*args, layout, sm_scale, **kw)
+
+
+CASES = [
+    # head_dim, dtype, Tq, group (q heads per kv head)
+    (64, torch.float16, 1, 4),
+    (64, torch.bfloat16, 3, 2),
+    (128, torch.bfloat16, 1, 1),
+    (128, torch.float16, 2, 4),
+    (64, torch.float32, 1, 2),
+]
+
+
+@pytest.mark.parametrize("head_dim,dtype,tq,group", CASES)
+def test_matches_decompress_attention(head_dim, dtype, tq, group):
+    # ragged: the whole sequence is new tokens (length Tq, 1 when Tq == 1), a length that is not a
+    # multiple of any block, and a full cache
+    capacity = 70
+    seq_lens = [tq, 41, capacity]
+    codec, args = make_case(SMALL_SPEC, 3, 2, group, tq, head_dim, seq_lens, capacity, dtype)
+    sm_scale = head_dim**-0.5
+    want = dense_reference(codec, args, sm_scale)
+    got = _run_triton(args, codec, sm_scale, config=K.LaunchConfig(block_n=16), num_splits=3)
+    assert got.dtype == dtype and got.shape == args[0].shape
+    assert rel_err(got, want) <= 1e-2
+    ref = ops.compressed_layout(codec.spec, head_dim)
+    assert rel_err(K.wavelet_attention_reference(*args, ref, sm_scale), want) <= 1e-2
+
+
+OTHER_SPECS = [
+    "seed",  # log-grid + ternary tables (gathers), no window, no sinks
+    "wavelet=db4;levels=2;bands=1/4:8:uniform:absmax,3/4:4:lloyd:mse;window=5;sinks=1",  # 8-bit + 3 chunks
+    "wavelet=haar_packet;levels=max;bands=1/2:4:lloyd:mse,1/2:2:uniform:mse;window=4;sinks=0",
+    "default;window=0;sinks=3",
+    "default;window=16;sinks=0",
+]
+
+
+@pytest.mark.parametrize("spec", OTHER_SPECS)
+def test_other_codec_layouts(spec):
+    capacity = 50
+    seq_lens = [capacity, 23]
+    codec, args = make_case(spec, 2, 2, 2, 1, 64, seq_lens, capacity, torch.float16)
+    got = _run_triton(args, codec, 0.125, config=K.LaunchConfig(block_n=16), num_splits=2)
+    assert rel_err(got, dense_reference(codec, args, 0.125)) <= 1e-2
+
+
+def test_splits_and_blocks_agree():
+    capacity = 90
+    codec, args = make_case(SMALL_SPEC, 2, 1, 4, 1, 64, [capacity, 57], capacity, torch.float16)
+    want = dense_reference(codec, args, 0.125)
+    outs = [
+        _run_triton(args, codec, 0.125, config=K.LaunchConfig(block_n=bn), num_splits=ns)
+        for bn, ns in ((16, 1), (16, 5), (32, 2), (64, 1))
+    ]
+    for out in outs:
+        assert rel_err(out, want) <= 1e-2
+        assert rel_err(out, outs[0].double()) <= 2e-3  # only summation order differs
+
+
+def test_prefill_chunk_over_compressed_history():
+    # 40 new tokens x 2 q heads = 80 query rows: two row blocks, causal inside the chunk; the chunk
+    # is longer than the window, so most of it is itself read back compressed.
+    capacity = 112
+    tq = 40
+    codec, args = make_case(SMALL_SPEC, 2, 2, 2, tq, 64, [100, tq], capacity, torch.float16)
+    want = dense_reference(codec, args, 0.125)
+    got = _run_triton(args, codec, 0.125, config=K.LaunchConfig(block_n=32), num_splits=2)
+    assert rel_err(got, want) <= 1e-2
+
+
+def test_channel_scale_forms(triton_backend):
+    capacity = 40
+    codec, args = make_case(SMALL_SPEC, 1, 2, 2, 1, 64, [capacity], capacity, torch.float16)
+    q, kc, ks, vc, vs, ke, ve, lens, _, _ = args
+    one_row = torch.rand(64) + 0.5
+    codes_k, scales_k = codec.encode(torch.randn(1, 2, capacity, 64), one_row)
+    full = (q, codes_k, scales_k, vc, vs, ke, ve, lens, one_row.expand(2, 64).contiguous(), torch.empty(0))
+    expected = torch.ops.wmoe.wavelet_attention(*full, codec.spec, 0.125)
+    for form in (one_row, one_row[None, :]):
+        got = torch.ops.wmoe.wavelet_attention(*full[:8], form, torch.ones(2, 64), codec.spec, 0.125)
+        assert rel_err(got, expected.double()) <= 1e-5
+
+
+@pytest.mark.parametrize("backend", ["triton", "reference"])
+def test_opcheck(backend):
+    previous = ops.set_backend(backend)
+    try:
+        capacity = 24
+        codec, args = make_case(SMALL_SPEC, 2, 1, 2, 2, 64, [capacity, 9], capacity, torch.float16)
+        torch.library.opcheck(torch.ops.wmoe.wavelet_attention.default, (*args, codec.spec, 0.125))
+    finally:
+        ops.set_backend(previous)
+
+
+def _bad(args, **replace):
+    names = ("q", "kc", "ks", "vc", "vs", "ke", "ve", "lens", "k_cs", "v_cs")
+    values = dict(zip(names, args, strict=True))
+    values.update(replace)
+    return tuple(values[n] for n in names)
+
+
+def test_bad_inputs_fail_before_any_kernel(triton_backend):
+    capacity = 20
+    codec, args = make_case(SMALL_SPEC, 2, 2, 2, 1, 64, [capacity, 5], capacity, torch.float16)
+    q, kc, ks, vc, vs, ke, ve, lens, k_cs, v_cs = args
+    op = torch.ops.wmoe.wavelet_attention
+    cases = [
+        (dict(q=torch.randn(2, 3, 1, 64, dtype=torch.float16)), "multiple of kv heads"),
+        (dict(lens=torch.tensor([capacity + 1, 5], dtype=torch.int32)), "seq_lens must lie in"),
+        (dict(lens=torch.tensor([0, 5], dtype=torch.int32)), "seq_lens must lie in"),
+        (dict(lens=torch.tensor([5.0, 5.0])), "integer"),
+        (dict(q=q.to(torch.float64)), "dtype"),
+        (dict(q=q[..., :32]), "disagree on head_dim"),
+        (dict(kc=kc[..., :-1]), "n_code_bytes"),
+        (dict(ks=ks.float()), "k_scales must be fp16"),
+        (dict(ke=ke[:, :, :-1]), r"sinks \+ window"),
+        (dict(k_cs=torch.ones(3, 64)), "k_channel_scale"),
+        (dict(v_cs=torch.ones(2, 64, device="meta")), "one device"),
+    ]
+    for replace, message in cases:
+        with pytest.raises(ValueError, match=message):
+            op(*_bad(args, **replace), codec.spec, 0.125)
+
+
+def test_unsupported_head_dim_errors_in_kernel_and_falls_back_in_op(triton_backend):
+    capacity = 12
+    codec, args = make_case("default;window=4;sinks=1", 1, 1, 2, 1, 96, [capacity], capacity, torch.float16)
+    layout = ops.compressed_layout(codec.spec, 96)
+    with pytest.raises(K.UnsupportedLayout, match="head_dim 96"):
+        K.wavelet_attention_triton(*args, layout, 0.1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = torch.ops.wmoe.wavelet_attention(*args, codec.spec, 0.1)
+    assert rel_err(got, dense_reference(codec, args, 0.1)) <= 1e-2
+    ops._warned.clear()
+    assert any("head_dim 96" in str(w.message) for w in caught) or ops._backend == "triton"
+
+
+# ------------------------------------------------------------------------------------------------
+# GPU: real shapes
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_gpu_real_shapes(head_dim):
+    capacity = 4096
+    seq_lens = [4096, 1, 1000, 2049]
+    codec, args = make_case(
+        "default", 4, 8, 4, 1, head_dim, seq_lens, capacity, torch.bfloat16, device="cuda"
+    )
+    want = dense_reference(codec, args, head_dim**-0.5)
+    for use_asm in (True, False):
+        got = _run_triton(args, codec, head_dim**-0.5, config=K.LaunchConfig(use_asm=use_asm))
+        assert rel_err(got, want) <= 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("spec", OTHER_SPECS)
+def test_gpu_other_layouts(spec):
+    codec, args = make_case(spec, 2, 8, 4, 1, 128, [3000, 777], 3000, torch.float16, device="cuda")
+    got = _run_triton(args, codec, 128**-0.5)
+    assert rel_err(got, dense_reference(codec, args, 128**-0.5)) <= 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tq", [4, 300])
+def test_gpu_multi_token_and_prefill(tq):
+    codec, args = make_case("default", 2, 8, 4, tq, 128, [2500, tq], 2600, torch.bfloat16, device="cuda")
+    got = torch.ops.wmoe.wavelet_attention(*args, codec.spec, 128**-0.5)
+    assert rel_err(got, dense_reference(codec, args, 128**-0.5)) <= 1e-2

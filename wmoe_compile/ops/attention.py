@@ -1,0 +1,158 @@
+"""Op wmoe::wavelet_attention: causal GQA attention over the wavelet-compressed KV cache.
+
+Schema (docs/CONTRACTS.md)::
+
+    wmoe::wavelet_attention(Tensor q, Tensor k_codes, Tensor k_scales, Tensor v_codes, Tensor v_scales,
+        Tensor k_exact, Tensor v_exact, Tensor seq_lens, Tensor k_channel_scale,
+        Tensor v_channel_scale, str codec, float sm_scale) -> Tensor
+
+q [B, Hq, Tq, D] (Hq a multiple of Hkv; the Tq new tokens are already in the cache); seq_lens [B]
+counts valid positions including them; query t attends positions < seq_lens[b] - Tq + t + 1.
+Channel scales are [Hkv, D], [1, D], [D], or empty for none (as in wmoe::kv_compress).
+
+Backend: the fused Triton kernel (kernels/wavelet_attention.py) on CUDA tensors, the PyTorch
+reference elsewhere. A layout the kernel does not handle (head_dim outside 64/128/256, more than
+four power-of-two band chunks) falls back to the reference with a warning that says why.
+`set_backend("triton")` forces the kernel (on the CPU it then needs TRITON_INTERPRET=1; tests use
+that), `"reference"` forces the reference.
+
+Input checks run before any kernel. The seq_lens range check reads seq_lens on the host (one
+device sync per call; skipped inside CUDA-graph capture); `set_value_checks(False)` turns it off
+for serving loops that guarantee it.
+"""
+
+from __future__ import annotations
+
+import warnings
+from functools import lru_cache
+
+import torch
+
+from ..codec import get_codec
+from ..kernels import wavelet_attention as _k
+
+_BACKENDS = ("auto", "reference", "triton")
+_backend = "auto"
+_value_checks = True
+_warned: set[str] = set()
+
+
+def set_backend(name: str) -> str:
+    """Select the implementation behind the op; returns the previous setting."""
+    global _backend
+    if name not in _BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(_BACKENDS)}, got {name!r}")
+    previous, _backend = _backend, name
+    return previous
+
+
+def set_value_checks(enabled: bool) -> bool:
+    """Check seq_lens against [Tq, capacity] on every call (a host sync); returns the previous setting."""
+    global _value_checks
+    previous, _value_checks = _value_checks, bool(enabled)
+    return previous
+
+
+@lru_cache(maxsize=64)
+def compressed_layout(codec: str, head_dim: int) -> _k.CompressedLayout:
+    """The kernel's view of a codec spec at one head_dim (cached)."""
+    c = get_codec(codec, head_dim)
+    return _k.CompressedLayout(
+        head_dim=head_dim,
+        transform=c.transform.to(torch.float32),
+        bands=tuple((b.start, b.size, b.bits) for b in c.bands),
+        grids=tuple(tuple(float(v) for v in g.tolist()) for g in c.grids),
+        sinks=c.config.sinks,
+        window=c.config.window,
+        key=f"{c.spec}|D={head_dim}",
+    )
+
+
+def _use_triton(q: torch.Tensor) -> bool:
+    if _backend == "reference" or not _k.HAS_TRITON:
+        return False
+    return _backend == "triton" or q.is_cuda
+
+
+def _warn_once(reason: str) -> None:
+    if reason not in _warned:
+        _warned.add(reason)
+        warnings.warn(f"wmoe::wavelet_attention: using the PyTorch reference: {reason}", stacklevel=3)
+
+
+@torch.library.custom_op(
+    "wmoe::wavelet_attention",
+    mutates_args=(),
+    schema=(
+        "(Tensor q, Tensor k_codes, Tensor k_scales, Tensor v_codes, Tensor v_scales, Tensor k_exact, "
+        "Tensor v_exact, Tensor seq_lens, Tensor k_channel_scale, Tensor v_channel_scale, str codec, "
+        "float sm_scale) -> Tensor"
+    ),
+)
+def wavelet_attention(
+    q: torch.Tensor,
+    k_codes: torch.Tensor,
+    k_scales: torch.Tensor,
+    v_codes: torch.Tensor,
+    v_scales: torch.Tensor,
+    k_exact: torch.Tensor,
+    v_exact: torch.Tensor,
+    seq_lens: torch.Tensor,
+    k_channel_scale: torch.Tensor,
+    v_channel_scale: torch.Tensor,
+    codec: str,
+    sm_scale: float,
+) -> torch.Tensor:
+    layout = compressed_layout(codec, int(q.shape[-1]))
+    args = (
+        q,
+        k_codes,
+        k_scales,
+        v_codes,
+        v_scales,
+        k_exact,
+        v_exact,
+        seq_lens,
+        k_channel_scale,
+        v_channel_scale,
+    )
+    _k.check_attention_inputs(*args, layout, check_values=_value_checks)
+    if _use_triton(q):
+        reason = _k.triton_support(layout)
+        if reason is None:
+            return _k.wavelet_attention_triton(*args, layout, sm_scale, validate=False)
+        _warn_once(f"the Triton kernel does not support {reason}")
+    return _k.wavelet_attention_reference(*args, layout, sm_scale)
+
+
+@wavelet_attention.register_fake
+def _(
+    q: torch.Tensor,
+    k_codes: torch.Tensor,
+    k_scales: torch.Tensor,
+    v_codes: torch.Tensor,
+    v_scales: torch.Tensor,
+    k_exact: torch.Tensor,
+    v_exact: torch.Tensor,
+    seq_lens: torch.Tensor,
+    k_channel_scale: torch.Tensor,
+    v_channel_scale: torch.Tensor,
+    codec: str,
+    sm_scale: float,
+) -> torch.Tensor:
+    layout = compressed_layout(codec, int(q.shape[-1]))  # head_dim is static (int() specialises)
+    _k.check_attention_inputs(
+        q,
+        k_codes,
+        k_scales,
+        v_codes,
+        v_scales,
+        k_exact,
+        v_exact,
+        seq_lens,
+        k_channel_scale,
+        v_channel_scale,
+        layout,
+        check_values=False,
+    )
+    return q.new_empty(q.shape)
