@@ -652,6 +652,10 @@ def _match_experts(gm: fx.GraphModule, site: MoESite) -> None:
             err = _rel_err(got, want)
             if err <= _tolerance(m.dtype(output)):
                 site.output, site.expert_weights = output, getter
+                # Label: the module around router and experts (the topk sits in the router).
+                site.report.module_path = (
+                    m.common_module_path([site.topk_ids, output]) or site.report.module_path
+                )
                 site.weight_nodes = weight_nodes
                 site.report.detail = label
                 site.report.nodes.update(output=output.name, weights=",".join(n.name for n in weight_nodes))

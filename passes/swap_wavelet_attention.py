@@ -83,11 +83,14 @@ def _gqa(site: AttentionSite) -> int:
 
 
 def _swap(ctx: PassContext, site: AttentionSite) -> None:
+    from wmoe_compile.codec import get_codec
+
     graph = ctx.gm.graph
     k, v = site.k.compressed, site.v.compressed
     batch = m.shape(site.k.buffer)[0]
     head_dim = m.shape(site.q)[-1]
     scale = site.scale if site.scale is not None else 1.0 / math.sqrt(head_dim)
+    get_codec(k.spec, head_dim)  # real lookup tables in the ops' cache before any fake tracing
     index = site.k.index
     with graph.inserting_before(site.node):
         last = graph.call_function(aten.select.int, (index, 0, -1))

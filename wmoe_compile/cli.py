@@ -95,15 +95,39 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _dump_args(parser: argparse.ArgumentParser) -> None:
+    from .dump import add_arguments
+
+    add_arguments(parser)
+
+
+def _dump(args: argparse.Namespace) -> int:
+    from .dump import main as run_dump
+
+    return run_dump(args)
+
+
+def _eval_args(parser: argparse.ArgumentParser) -> None:
+    from .eval.cli import add_arguments
+
+    add_arguments(parser)
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from .eval.cli import run
+
+    return run(args)
+
+
 SUBCOMMANDS: dict[str, _Subcommand] = {
     "demo": ("run the reference model end to end and report what was rewritten", _demo_args, _demo),
-    "dump": ("dump the graph after every pass", _no_args, _not_implemented("dump", "issue 5")),
+    "dump": ("dump the graph after every pass", _dump_args, _dump),
     "export": (
         "export a rewritten model (pt2, onnx, onnx-plugin, tensorrt)",
         _no_args,
         _not_implemented("export", "issue 6"),
     ),
-    "eval": ("measure KV codec quality on a real model", _no_args, _not_implemented("eval", "issue 8")),
+    "eval": ("measure KV codec quality on a real model", _eval_args, _eval),
     "bench": ("run the GPU benchmarks and write their tables", _bench_args, _bench),
 }
 

@@ -21,6 +21,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -270,3 +271,109 @@ def index_html(report: Any) -> str:
 <pre>{config}</pre>
 </body></html>
 """
+
+
+# ----------------------------------------------------------------------------------------------
+# `wmoe-compile dump`
+
+REFERENCE_ALIASES = {"tiny-mixtral": "tiny"}
+
+
+def add_arguments(parser) -> None:
+    """Arguments of `wmoe-compile dump`."""
+    parser.add_argument(
+        "--model",
+        default="tiny-mixtral",
+        help="tiny-mixtral (the reference model, default), a reference config name (tiny, mixtral-8x7b), "
+        "hf-tiny-mixtral / hf-tiny-qwen3-moe / hf-tiny-llama (random tiny HF models), or a path to an "
+        "HF config.json (random weights) or model directory (its weights)",
+    )
+    parser.add_argument("--out", required=True, help="folder for the dumps (NN_<pass>/ and index.html)")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--tokens", type=int, default=8, help="prompt length of the sample inputs")
+    parser.add_argument("--max-cache-len", type=int, default=64, help="static cache capacity")
+    parser.add_argument("--layers", type=int, default=None, help="override the number of layers")
+    parser.add_argument(
+        "--attn", default="sdpa", choices=["sdpa", "eager"], help="HF attention implementation"
+    )
+    parser.add_argument("--experts", default="grouped_mm", choices=["grouped_mm", "batched_mm"])
+    parser.add_argument("--codec", default=None, help="codec spec or preset (default: the default preset)")
+    parser.add_argument("--bypass-codec", action="store_true", help="ops swapped, codec an exact passthrough")
+    parser.add_argument("--no-compress-kv", action="store_true")
+    parser.add_argument("--no-swap-attention", action="store_true")
+    parser.add_argument("--no-replace-moe", action="store_true")
+    parser.add_argument("--check-numerics", action="store_true", help="numeric check after every pass")
+
+
+def build_for_dump(args) -> tuple[Any, tuple]:
+    """(capturable model, example args) for the --model choice."""
+    from .models import CONFIGS, build_model
+    from .pipeline import HF_TINY, example_inputs_for, prepare, tiny_hf_model
+
+    name = REFERENCE_ALIASES.get(args.model, args.model)
+    if name in CONFIGS:
+        overrides = {"num_layers": args.layers} if args.layers else {}
+        model = build_model(name, **overrides)
+        model = prepare(model, batch_size=args.batch, max_cache_len=args.max_cache_len)
+    elif name.startswith("hf-tiny-") and name[len("hf-tiny-") :] in HF_TINY:
+        hf = tiny_hf_model(
+            name[len("hf-tiny-") :],
+            attn_implementation=args.attn,
+            experts_implementation=args.experts if "llama" not in name else None,
+            num_layers=args.layers or 2,
+        )
+        model = prepare(hf, batch_size=args.batch, max_cache_len=args.max_cache_len)
+    elif Path(name).exists():
+        model = prepare(_load_hf(Path(name), args), batch_size=args.batch, max_cache_len=args.max_cache_len)
+    else:
+        valid = ["tiny-mixtral", *CONFIGS, *(f"hf-tiny-{k}" for k in HF_TINY)]
+        raise ValueError(
+            f"unknown --model {args.model!r}; valid: {', '.join(valid)}, or an HF config/model path"
+        )
+    example_args, _ = example_inputs_for(model, batch=args.batch, tokens=args.tokens)
+    return model, example_args
+
+
+def _load_hf(path: Path, args):
+    import transformers
+
+    config_path = path if path.is_file() else path / "config.json"
+    if not config_path.exists():
+        raise ValueError(f"{path} is neither an HF config.json nor a model directory with one")
+    config = transformers.AutoConfig.from_pretrained(str(config_path))
+    if args.layers:
+        config.num_hidden_layers = args.layers
+    config._attn_implementation = args.attn
+    has_weights = path.is_dir() and (any(path.glob("*.safetensors")) or any(path.glob("*.bin")))
+    if has_weights:
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            str(path), config=config, attn_implementation=args.attn
+        )
+    else:
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    return model.eval()
+
+
+def main(args) -> int:
+    """Run `wmoe-compile dump`: capture, run every pass, write the dumps; print the report."""
+    from .config import CompileConfig
+    from .pipeline import export
+
+    try:
+        model, example_args = build_for_dump(args)
+    except ValueError as exc:
+        print(f"wmoe-compile dump: {exc}", file=sys.stderr)
+        return 2
+    fields = dict(
+        compress_kv=not args.no_compress_kv,
+        swap_attention=not args.no_swap_attention,
+        replace_moe=not args.no_replace_moe,
+        bypass_codec=args.bypass_codec,
+        check_numerics=args.check_numerics,
+    )
+    if args.codec:
+        fields["codec"] = args.codec
+    program = export(model, example_args, config=CompileConfig(**fields), dump_dir=args.out)
+    print(program.wmoe_report)
+    print(f"open {Path(args.out).resolve() / 'index.html'}")
+    return 0

@@ -246,6 +246,35 @@ def _fake_inputs(gm: fx.GraphModule, mode) -> list:
     return fakes
 
 
+def _warm_op_caches(gm: fx.GraphModule) -> None:
+    """Build the wmoe ops' cached codec tables with real tensors before fake-tensor tracing.
+
+    The ops' fake implementations look the tables up (lru caches); a first lookup under an active
+    FakeTensorMode would read or cache fake tensors and fail (tolist() on a fake tensor).
+    """
+    from .codec import get_codec
+
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or not str(node.target).startswith("wmoe."):
+            continue
+        spec = next((a for a in node.args if isinstance(a, str)), None)
+        first = node.args[0] if node.args else None
+        head_dim = m_shape(first)[-1] if m_shape(first) else None
+        if spec is None or head_dim is None:
+            continue
+        if str(node.target).startswith("wmoe.wavelet_attention"):
+            from .ops.attention import compressed_layout
+
+            compressed_layout(spec, head_dim)
+        elif "kv_decompress" not in str(node.target):  # decompress's first input is codes
+            get_codec(spec, head_dim)
+
+
+def m_shape(node: object) -> tuple[int, ...] | None:
+    value = node.meta.get("val") if isinstance(node, fx.Node) else None
+    return tuple(value.shape) if isinstance(value, torch.Tensor) else None
+
+
 def _verify(gm: fx.GraphModule, pass_name: str) -> None:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -259,6 +288,7 @@ def _verify(gm: fx.GraphModule, pass_name: str) -> None:
         not isinstance(n.meta.get("val"), (torch.Tensor, int, float, bool, type(None))) for n in placeholders
     ):
         return  # no recorded input metadata (e.g. a symbolic_trace graph): nothing to propagate
+    _warm_op_caches(gm)
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     prop = _FakeProp(gm, mode)
     try:
@@ -417,7 +447,10 @@ def _resolve_dump_dir(dump_dir) -> str | None:
 
 
 def _check_aten_level(gm: fx.GraphModule) -> None:
-    modules = [n.name for n in gm.graph.nodes if n.op == "call_module"]
+    # ExportedProgram.module() calls a `_guards_fn` submodule (input checks): not a model layer.
+    modules = [
+        n.name for n in gm.graph.nodes if n.op == "call_module" and not str(n.target).startswith("_guards")
+    ]
     if modules:
         raise ValueError(
             f"the graph is not ATen-level (call_module nodes: {', '.join(modules[:5])}); capture it "
@@ -658,3 +691,62 @@ def example_inputs_for(model: nn.Module, batch: int = 2, tokens: int = 8) -> tup
         ids = torch.randint(1, vocab, (model.batch_size, tokens), device=device)
         return (ids, torch.arange(tokens, device=device)), {}
     raise TypeError(f"no example inputs known for {type(model).__name__}; pass them explicitly")
+
+
+# ----------------------------------------------------------------------------------------------
+# tiny random HF models (tests and `wmoe-compile dump`; built from configs, nothing downloaded)
+
+HF_TINY = ("mixtral", "qwen3-moe", "llama")
+
+
+def tiny_hf_model(
+    kind: str,
+    *,
+    attn_implementation: str = "sdpa",
+    experts_implementation: str | None = None,
+    num_layers: int = 2,
+    seed: int = 0,
+) -> nn.Module:
+    """A randomly initialised transformers 5.x causal LM from a tiny config.
+
+    kind: "mixtral" | "qwen3-moe" | "llama" (dense, SmolLM2-like: only the KV/attention rewrites
+    apply). Hidden 64, 4 query / 2 KV heads of 16, 4 experts top-2 for the MoE kinds.
+    """
+    import transformers
+
+    common = dict(
+        vocab_size=256,
+        hidden_size=64,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=256,
+    )
+    if kind == "mixtral":
+        config = transformers.MixtralConfig(
+            intermediate_size=48, num_local_experts=4, num_experts_per_tok=2, **common
+        )
+        model_class = transformers.MixtralForCausalLM
+    elif kind == "qwen3-moe":
+        config = transformers.Qwen3MoeConfig(
+            intermediate_size=96,
+            moe_intermediate_size=48,
+            num_experts=4,
+            num_experts_per_tok=2,
+            norm_topk_prob=True,
+            **common,
+        )
+        model_class = transformers.Qwen3MoeForCausalLM
+    elif kind == "llama":
+        config = transformers.LlamaConfig(intermediate_size=96, tie_word_embeddings=True, **common)
+        model_class = transformers.LlamaForCausalLM
+    else:
+        raise ValueError(f"unknown tiny HF model {kind!r}; valid: {', '.join(HF_TINY)}")
+    config._attn_implementation = attn_implementation
+    with torch.random.fork_rng():  # seeded weights without resetting the caller's generator
+        torch.manual_seed(seed)
+        model = model_class(config).eval()
+    if experts_implementation is not None:
+        model.set_experts_implementation(experts_implementation)
+    return model
