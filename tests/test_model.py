@@ -74,9 +74,10 @@ def test_low_precision_tracks_fp32(dtype):
         m.setup_cache(2, 6)
     a, b = ref(tokens, torch.arange(6)), low(tokens, torch.arange(6)).float()
     rel = (a - b).norm() / a.norm()
-    # Random-init logits through 2 layers: bf16 (8 mantissa bits) lands near 2-6e-2, fp16 near 5e-3.
-    bound = 1.5e-1 if dtype == torch.bfloat16 else 2e-2
-    assert rel < bound, rel
+    # Typically ~1e-2 (bf16) / ~4e-3 (fp16), but a rounding difference can flip a router's top-k
+    # choice, a discrete jump: over 30 seeds the worst case was 8e-2 for both. A wrong dtype path
+    # (bad RoPE cast, overflow) gives O(1).
+    assert rel < 0.2, rel
 
 
 @pytest.mark.gpu
