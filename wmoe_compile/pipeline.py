@@ -224,8 +224,17 @@ class _FakeProp(fx.Interpreter):
     def run_node(self, n: fx.Node) -> Any:
         self.current = n
         result = super().run_node(n)
-        n.meta["val"] = result
+        if n.op == "get_attr" and isinstance(n.meta.get("val"), torch.Tensor):
+            return result
+        # Module tensors are real, and ops that alias their input (a same-dtype `to`) return them:
+        # record fake metadata, never a reference to a real tensor.
+        n.meta["val"] = pytree.tree_map_only(torch.Tensor, self._fake, result)
         return result
+
+    def _fake(self, tensor: torch.Tensor) -> torch.Tensor:
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        return tensor if isinstance(tensor, FakeTensor) else self.mode.from_tensor(tensor, static_shapes=True)
 
 
 def _fake_inputs(gm: fx.GraphModule, mode) -> list:

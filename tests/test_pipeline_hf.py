@@ -1,0 +1,125 @@
+"""The pipeline on HF transformers 5.x models built from tiny random configs (nothing downloaded).
+
+Mixtral and Qwen3-MoE (MoE) and a dense Llama (SmolLM2-like: only the KV and attention rewrites
+apply); sdpa and eager attention; grouped_mm and batched_mm experts; StaticCache (rewritten) and
+DynamicCache (found, reported, left dense). Ops run their PyTorch references (TRITON_INTERPRET=0):
+the rewriting is under test here, not the kernels.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import wmoe_compile as wc
+from wmoe_compile.pipeline import HFStaticCacheLM, example_inputs_for, tiny_hf_model
+
+pytest.importorskip("transformers")
+
+BATCH, CAPACITY, PROMPT = 2, 16, 5
+
+
+@pytest.fixture(autouse=True)
+def _reference_ops(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+
+
+def reset_cache(wrapped: HFStaticCacheLM) -> None:
+    for name, buffer in wrapped.named_buffers(recurse=False):
+        if name.startswith(("key_cache_", "value_cache_")):
+            buffer.zero_()
+
+
+def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    assert not torch.isnan(got).any()
+    return float((got.double() - want.double()).norm() / want.double().norm())
+
+
+@pytest.mark.parametrize(
+    ("kind", "attention", "experts"),
+    [
+        ("mixtral", "sdpa", "grouped_mm"),
+        ("qwen3-moe", "sdpa", "grouped_mm"),
+        ("llama", "sdpa", None),
+        ("mixtral", "eager", "batched_mm"),
+    ],
+)
+def test_static_cache_models_are_rewritten_and_exact_with_bypass(kind, attention, experts):
+    model = tiny_hf_model(kind, attn_implementation=attention, experts_implementation=experts, num_layers=1)
+    wrapped = wc.prepare(model, batch_size=BATCH, max_cache_len=CAPACITY)
+    args, _ = example_inputs_for(wrapped, tokens=PROMPT)
+    # The per-pass numeric check runs the graph after every pass: once is enough to cover it.
+    check = (kind, attention) == ("mixtral", "sdpa")
+    program = wc.export(wrapped, args, config=wc.CompileConfig(bypass_codec=True, check_numerics=check))
+    report = program.wmoe_report
+    counts = report.counts()
+    assert counts["kv_write"] == {"rewritten": 2}, report
+    assert counts["attention"] == {"rewritten": 1}, report
+    if kind == "llama":
+        assert "moe" not in counts  # dense model: no MoE site
+    else:
+        assert counts["moe"] == {"rewritten": 1}, report
+        (moe,) = report.rewritten("moe")
+        assert moe.module_path.endswith("layers.0.mlp")  # labelled by the block, found by dataflow
+    if check:
+        assert report.numerics["relative_error"] <= report.numerics["bound"] <= 1e-3
+    # Prefill then one decode step on fresh tokens, against the original with a fresh cache.
+    module = program.module()
+    tokens = torch.randint(1, 256, (BATCH, PROMPT))
+    reset_cache(wrapped)
+    with torch.no_grad():
+        got, want = module(tokens, torch.arange(PROMPT)), wrapped(tokens, torch.arange(PROMPT))
+    assert relative_error(got, want) < 1e-5
+
+
+def test_compressed_qwen3_moe_stays_within_the_codec_bound():
+    model = tiny_hf_model("qwen3-moe", num_layers=2)
+    wrapped = wc.prepare(model, batch_size=BATCH, max_cache_len=CAPACITY)
+    args, _ = example_inputs_for(wrapped, tokens=8)
+    config = wc.CompileConfig(codec="default;window=0;sinks=0")
+    program = wc.export(wrapped, args, config=config)
+    report = program.wmoe_report
+    errors = [
+        float(s.reason.split("measured relative error ")[1].split()[0]) for s in report.rewritten("kv_write")
+    ]
+    assert len(errors) == 4
+    bound = config.codec_error_gain * max(errors) * math.sqrt(2)
+    reset_cache(wrapped)
+    tokens = torch.randint(1, 256, (BATCH, 8))
+    with torch.no_grad():
+        err = relative_error(program.module()(tokens, torch.arange(8)), wrapped(tokens, torch.arange(8)))
+    assert 0 < err <= bound, (err, bound)
+
+
+def test_dynamic_cache_is_found_reported_and_left_dense():
+    from transformers import DynamicCache
+    from transformers.integrations.executorch import register_dynamic_cache_export_support
+
+    register_dynamic_cache_export_support()
+    model = tiny_hf_model("mixtral", num_layers=1)
+    ids = torch.randint(1, 256, (1, 4))
+    cache = DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(input_ids=ids[:, :3], cache=cache, use_cache=True)
+        captured = torch.export.export(
+            model, (), dict(input_ids=ids[:, 3:], cache=cache, use_cache=True), strict=False
+        )
+    gm, report = wc.transform(captured.module(), wc.CompileConfig())
+    kv = [s for s in report.sites if s.kind == "kv_write"]
+    assert len(kv) == 2 and all(s.status == "skipped" and "DynamicCache" in s.reason for s in kv)
+    (attention,) = [s for s in report.sites if s.kind == "attention"]
+    assert attention.status == "skipped"
+    assert report.counts()["moe"] == {"rewritten": 1}  # the MoE rewrite does not need a cache
+
+
+def test_prepare_switches_eager_experts_to_a_capturable_implementation():
+    model = tiny_hf_model("mixtral", experts_implementation="eager", num_layers=1)
+    assert model.config._experts_implementation == "eager"
+    prepared = wc.prepare(model)
+    assert prepared is model and model.config._experts_implementation == "grouped_mm"
+    wrapped = wc.prepare(model, batch_size=1, max_cache_len=8)
+    assert isinstance(wrapped, HFStaticCacheLM) and wrapped.key_cache_0.shape[2] == 8
+    with pytest.raises(ValueError, match="both batch_size and max_cache_len"):
+        wc.prepare(model, batch_size=1)
