@@ -15,23 +15,29 @@ The Triton path (``wavelet_attention_triton``) is three launches:
      (``q_w = W (q * s_k) * sm_scale * log2(e)``), stored in fp16 in the kernel's coefficient order;
   2. split kernel (flash-decoding): the compressed positions of each sequence are cut into
      ``num_splits`` ranges, one program per (range, sequence, kv head, row block). A program reads
-     each compressed token's code bytes once for *all* q heads of the group (rows of one tl.dot),
-     dequantizes them in registers and keeps an online softmax and a coefficient-domain accumulator.
-     One more program per (sequence, kv head, row block) handles the exact sink/window tokens in the
-     original domain with its own softmax state;
+     each compressed token's code bytes once for *all* q heads of the group, dequantizes them in
+     registers and keeps an online softmax and a coefficient-domain accumulator. Tokens are the
+     MMAs' M dimension and the few query rows their N (padded only to 8): scores^T = K_plane @ q^T,
+     acc^T += V_plane^T @ p^T. One more program per (sequence, kv head, row block) handles the
+     exact sink/window tokens in the original domain with its own softmax state;
   3. reduce: merges the compressed ranges, applies ``W^T`` and ``s_v`` once, merges the exact part
      under the same softmax, writes the output in q's dtype.
 
-Kernel coefficient order. Codes are loaded as whole byte rows ``[BLOCK_N, n_bytes]`` (wide loads)
-and unpacked with shifts; the field at bit ``j * bits`` of byte ``k`` of a band becomes kernel slot
-``j * n_bytes + k`` (the coefficient ``k * codes_per_byte + j`` of the band). That permutation is
-folded into the rows of W on the host, so no shuffle happens in the kernel.
+Kernel coefficient order. Codes are loaded as whole byte rows ``[BLOCK_N, n_bytes]`` (wide loads,
+cp.async-pipelined); each bit plane (the field at bit ``j * bits`` of every byte of a band) is one
+MMA operand, masked in place. Plane j of byte k is kernel slot ``j * n_bytes + k`` (coefficient
+``k * codes_per_byte + j`` of the band); that permutation is folded into the rows of W on the host,
+so nothing is shuffled in the kernel, and Triton converts the raw bytes (not fp16 values) into the
+MMA operand layout.
 
 Dequantization. A band whose grid is affine in the code (``grid[v] = a + b * v``, e.g. the codec's
-``uniform`` grid) never looks anything up: ``b`` folds into the query (keys) or into the
-probability-times-scale row (values), the code goes into the MMA as a small integer (``MAGIC``
-builds the fp16 ``1024 + code`` with one OR instead of a conversion), and ``a`` (minus 1024) comes
-back as one per-row correction term. Other grids gather from a 2**bits-entry fp16 table.
+``uniform`` grid) never looks anything up: the field, kept in place (``code << (bits * j)``), is
+ORed into the fp16 pattern of 1024 (one PRMT + one LOP3 per fp16 pair with ``use_asm``), giving
+``1024 + field`` exactly. ``b / 2**(bits*j)`` folds into the query (keys) or into the final
+accumulator (values); ``a`` and the 1024 come back as one per-row correction. Values are centred
+to exact small integers before their MMA (see ``_plane``: the fp32 tensor-core accumulation over
+thousands of tokens would otherwise lose precision against the 1024). Other grids gather from a
+2**bits-entry fp16 table (correct, slower).
 
 Long prefill chunks appended to a compressed history use the same kernels with several row blocks
 (64 query rows each, causal per row); the full-precision cache is never materialised.
@@ -405,7 +411,8 @@ class _Plan:
     constexprs: dict[str, int]
     transform_slots: torch.Tensor  # [D, D] fp32, row s = W[coefficient held by slot s]
     col_step: torch.Tensor  # [D] fp32: coefficient = scale * step * (mma value + shift)
-    col_shift: torch.Tensor  # [D] fp32
+    col_shift: torch.Tensor  # [D] fp32, keys (MMA value 1024 + field)
+    col_vshift: torch.Tensor  # [D] fp32, values (MMA value field - mid, see _plane)
     col_band: torch.Tensor  # [D] int32: kernel band of each slot
     lut: torch.Tensor  # [4 * 256] fp16 grids of table (non-affine) bands
 
@@ -422,6 +429,7 @@ def _plan(layout: CompressedLayout, device: torch.device) -> _Plan:
     d = layout.head_dim
     col_step = torch.ones(d, dtype=torch.float64)
     col_shift = torch.zeros(d, dtype=torch.float64)
+    col_vshift = torch.zeros(d, dtype=torch.float64)
     col_band = torch.zeros(d, dtype=torch.int32)
     lut = torch.zeros(MAX_KERNEL_BANDS * 256, dtype=torch.float16)
     constexprs: dict[str, int] = {}
@@ -436,6 +444,7 @@ def _plan(layout: CompressedLayout, device: torch.device) -> _Plan:
                     step = kb.grid_step / 2 ** (kb.bits * j)
                     col_step[plane] = step
                     col_shift[plane] = kb.grid_offset / step - MAGIC_OFFSET
+                    col_vshift[plane] = kb.grid_offset / step + 2 ** (kb.bits * (j + 1) - 1)
             else:
                 lut[i * 256 : i * 256 + len(kb.grid)] = torch.tensor(kb.grid, dtype=torch.float32).half()
             values = (kb.coef_start, kb.size, kb.bits, kb.byte_offset, kb.scale_index, int(kb.affine))
@@ -449,6 +458,7 @@ def _plan(layout: CompressedLayout, device: torch.device) -> _Plan:
         transform_slots=layout.transform.to(torch.float32)[_slot_order(chunks)].contiguous().to(device),
         col_step=col_step.float().to(device),
         col_shift=col_shift.float().to(device),
+        col_vshift=col_vshift.float().to(device),
         col_band=col_band.to(device),
         lut=lut.to(device),
     )
@@ -477,14 +487,19 @@ class LaunchConfig:
     num_warps: int = 1
     num_stages: int = 2
     use_asm: bool = True  # affine planes via one PRMT + LOP3 per fp16 pair (GPU only, not interpreted)
-    ctas_per_sm: float = 4.0  # flash-decoding splits: aim for this many programs per SM
+    ctas_per_sm: float = 16.0  # flash-decoding splits: aim for this many programs per SM ...
+    min_split_tokens: int = 512  # ... but give each split at least this many compressed tokens
     exact_block: int = 64
 
 
-# (head_dim, block_m) -> config, from the tuning sweep in benchmarks/bench_attention.py on an H200.
-# block_m is the number of query rows (q heads of a group x new tokens) per program, padded to a
-# power of two >= 4. Shapes not measured use default_config().
-TUNED_CONFIGS: dict[tuple[int, int], LaunchConfig] = {}
+# (head_dim, block_m) -> config, from the tuning sweep of benchmarks/bench_attention.py on an H200
+# (2026-11-30, see benchmarks/RESULTS.md): one warp, 64-token steps and 2 stages won on all four
+# shapes; 16 programs per SM won for B >= 8, while B = 1 preferred ~500-token splits (64 splits
+# of 8 kv heads), which min_split_tokens reproduces. block_m is the number of query rows (q heads
+# of a group x new tokens) per program, a power of two >= 4. Other shapes use default_config().
+TUNED_CONFIGS: dict[tuple[int, int], LaunchConfig] = {
+    (128, 4): LaunchConfig(block_n=64, num_warps=1, num_stages=2, use_asm=True, ctas_per_sm=16.0),
+}
 
 
 def default_config(head_dim: int, block_m: int) -> LaunchConfig:
@@ -492,7 +507,7 @@ def default_config(head_dim: int, block_m: int) -> LaunchConfig:
     many programs per SM hide latency), more warps for wide heads or many query rows."""
     if block_m <= 8 and head_dim <= 128:
         return LaunchConfig()
-    return LaunchConfig(num_warps=2 if block_m <= 16 else 4, ctas_per_sm=4.0 if block_m <= 16 else 2.0)
+    return LaunchConfig(num_warps=2 if block_m <= 16 else 4, ctas_per_sm=8.0 if block_m <= 16 else 2.0)
 
 
 # Query rows (q heads of a group x new tokens) per program, by size. They are the N dimension of
@@ -522,10 +537,12 @@ def _sm_count(device: torch.device) -> int:
 def choose_num_splits(
     programs: int, capacity: int, layout: CompressedLayout, config: LaunchConfig, device: torch.device
 ) -> int:
-    """Split the compressed range so programs * splits ~ ctas_per_sm * SMs, at most one block each."""
-    max_blocks = max(1, -(-max(capacity - layout.n_exact, 1) // config.block_n))
+    """Split the compressed range so programs * splits ~ ctas_per_sm * SMs, with at least
+    min_split_tokens (and one block) per split. From the capacity, so no host sync on seq_lens."""
+    tokens = max(capacity - layout.n_exact, 1)
     want = round(config.ctas_per_sm * _sm_count(device) / max(programs, 1))
-    return int(min(max(want, 1), max_blocks))
+    cap = min(-(-tokens // max(config.min_split_tokens, 1)), -(-tokens // config.block_n))
+    return int(min(max(want, 1), max(cap, 1)))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -546,6 +563,7 @@ def _magic_asm(mask: int) -> str:
 if HAS_TRITON:
     # finite "no score yet": exp2(_NEG_BIG - _NEG_BIG) stays 1 and never makes a NaN
     _NEG_BIG = tl.constexpr(-1.0e30)
+    _MAGIC = tl.constexpr(MAGIC_OFFSET)
     _ASM_0x0F = tl.constexpr(_magic_asm(0x0F))
     _ASM_0xF0 = tl.constexpr(_magic_asm(0xF0))
     _ASM_0x03 = tl.constexpr(_magic_asm(0x03))
@@ -648,11 +666,20 @@ if HAS_TRITON:
         AFFINE: tl.constexpr,
         LUT_BASE: tl.constexpr,
         USE_ASM: tl.constexpr,
+        CENTER: tl.constexpr,
     ):
-        """fp16 MMA operand of bit plane J of a band's code bytes [BLOCK_N, n_bytes]."""
+        """fp16 MMA operand of bit plane J of a band's code bytes.
+
+        Affine bands: 1024 + field, or with CENTER the exact small integer field - mid (mid = half the
+        field's range). Values accumulate over thousands of tokens (V), and a 1024 offset in every
+        term would cost the fp32 tensor-core accumulator most of its precision; keys are one fresh
+        dot per token and keep the offset (one instruction less per pair)."""
         FIELD: tl.constexpr = (1 << BITS) - 1
         if AFFINE:
             vals = _magic_plane(raw, FIELD << (BITS * J), USE_ASM)
+            if CENTER:
+                MID: tl.constexpr = 1 << (BITS * (J + 1) - 1)
+                vals = vals - (_MAGIC + MID)  # exact: both sides are integers below 2048
         else:
             codes = (raw >> (BITS * J)) & FIELD
             vals = tl.load(lut_ptr + LUT_BASE + codes.to(tl.int32))
@@ -764,12 +791,12 @@ if HAS_TRITON:
         """Transposed scores [BLOCK_N, BLOCK_M] of one band: tokens are the MMA's M dimension (the
         few query rows only pad N to 8), one MMA per bit plane, then scale (and offset)."""
         PER_BYTE: tl.constexpr = 8 // BITS
-        dots = tl.dot(_plane(raw, lut_ptr, 0, BITS, AFFINE, LUT_BASE, USE_ASM), q0)
+        dots = tl.dot(_plane(raw, lut_ptr, 0, BITS, AFFINE, LUT_BASE, USE_ASM, False), q0)
         if PER_BYTE > 1:
-            dots = tl.dot(_plane(raw, lut_ptr, 1, BITS, AFFINE, LUT_BASE, USE_ASM), q1, dots)
+            dots = tl.dot(_plane(raw, lut_ptr, 1, BITS, AFFINE, LUT_BASE, USE_ASM, False), q1, dots)
         if PER_BYTE > 2:
-            dots = tl.dot(_plane(raw, lut_ptr, 2, BITS, AFFINE, LUT_BASE, USE_ASM), q2, dots)
-            dots = tl.dot(_plane(raw, lut_ptr, 3, BITS, AFFINE, LUT_BASE, USE_ASM), q3, dots)
+            dots = tl.dot(_plane(raw, lut_ptr, 2, BITS, AFFINE, LUT_BASE, USE_ASM, False), q2, dots)
+            dots = tl.dot(_plane(raw, lut_ptr, 3, BITS, AFFINE, LUT_BASE, USE_ASM, False), q3, dots)
         if AFFINE:
             dots = dots + qc[None, :]
         return dots * scale[:, None]
@@ -795,12 +822,12 @@ if HAS_TRITON:
         PER_BYTE: tl.constexpr = 8 // BITS
         ps = (p * scale[:, None]).to(tl.float16)
         keep = alpha[None, :]
-        a0 = tl.dot(_plane(raw_t, lut_ptr, 0, BITS, AFFINE, LUT_BASE, USE_ASM), ps, a0 * keep)
+        a0 = tl.dot(_plane(raw_t, lut_ptr, 0, BITS, AFFINE, LUT_BASE, USE_ASM, True), ps, a0 * keep)
         if PER_BYTE > 1:
-            a1 = tl.dot(_plane(raw_t, lut_ptr, 1, BITS, AFFINE, LUT_BASE, USE_ASM), ps, a1 * keep)
+            a1 = tl.dot(_plane(raw_t, lut_ptr, 1, BITS, AFFINE, LUT_BASE, USE_ASM, True), ps, a1 * keep)
         if PER_BYTE > 2:
-            a2 = tl.dot(_plane(raw_t, lut_ptr, 2, BITS, AFFINE, LUT_BASE, USE_ASM), ps, a2 * keep)
-            a3 = tl.dot(_plane(raw_t, lut_ptr, 3, BITS, AFFINE, LUT_BASE, USE_ASM), ps, a3 * keep)
+            a2 = tl.dot(_plane(raw_t, lut_ptr, 2, BITS, AFFINE, LUT_BASE, USE_ASM, True), ps, a2 * keep)
+            a3 = tl.dot(_plane(raw_t, lut_ptr, 3, BITS, AFFINE, LUT_BASE, USE_ASM, True), ps, a3 * keep)
         if AFFINE:
             # sum_n p * scale, times each slot's shift at the end: the (offset - 1024) part
             offset_sum = offset_sum * alpha + tl.sum(ps.to(tl.float32), axis=0)
@@ -812,7 +839,7 @@ if HAS_TRITON:
         acc,
         offset_sum,
         col_step_ptr,
-        col_shift_ptr,
+        shift_ptr,
         row_ok,
         COL0: tl.constexpr,
         NB: tl.constexpr,
@@ -825,7 +852,7 @@ if HAS_TRITON:
         in_plane = tl.arange(0, NBP) < NB
         cols = COL0 + tl.arange(0, NBP)
         if AFFINE:
-            shift = tl.load(col_shift_ptr + cols, mask=in_plane, other=0.0)[:, None]
+            shift = tl.load(shift_ptr + cols, mask=in_plane, other=0.0)[:, None]
             acc = (acc + offset_sum[None, :] * shift) * tl.load(
                 col_step_ptr + cols, mask=in_plane, other=0.0
             )[:, None]
@@ -844,7 +871,7 @@ if HAS_TRITON:
         a3,
         offset_sum,
         col_step_ptr,
-        col_shift_ptr,
+        shift_ptr,
         row_ok,
         START: tl.constexpr,
         SIZE: tl.constexpr,
@@ -856,16 +883,14 @@ if HAS_TRITON:
         """Coefficient sums sum_n p_n c_n of one band into the partial buffer (kernel slot order)."""
         PER_BYTE: tl.constexpr = 8 // BITS
         NB: tl.constexpr = SIZE // PER_BYTE
-        _store_plane(
-            acc_out, a0, offset_sum, col_step_ptr, col_shift_ptr, row_ok, START, NB, AFFINE, BLOCK_M, D
-        )
+        _store_plane(acc_out, a0, offset_sum, col_step_ptr, shift_ptr, row_ok, START, NB, AFFINE, BLOCK_M, D)
         if PER_BYTE > 1:
             _store_plane(
                 acc_out,
                 a1,
                 offset_sum,
                 col_step_ptr,
-                col_shift_ptr,
+                shift_ptr,
                 row_ok,
                 START + NB,
                 NB,
@@ -879,7 +904,7 @@ if HAS_TRITON:
                 a2,
                 offset_sum,
                 col_step_ptr,
-                col_shift_ptr,
+                shift_ptr,
                 row_ok,
                 START + 2 * NB,
                 NB,
@@ -892,7 +917,7 @@ if HAS_TRITON:
                 a3,
                 offset_sum,
                 col_step_ptr,
-                col_shift_ptr,
+                shift_ptr,
                 row_ok,
                 START + 3 * NB,
                 NB,
@@ -985,7 +1010,7 @@ if HAS_TRITON:
         seq_lens_ptr,
         lut_ptr,
         col_step_ptr,
-        col_shift_ptr,
+        col_vshift_ptr,
         m_ptr,
         l_ptr,
         acc_ptr,
@@ -1265,7 +1290,7 @@ if HAS_TRITON:
                 a03,
                 off0,
                 col_step_ptr,
-                col_shift_ptr,
+                col_vshift_ptr,
                 row_ok,
                 KB0_START,
                 KB0_SIZE,
@@ -1283,7 +1308,7 @@ if HAS_TRITON:
                     a13,
                     off1,
                     col_step_ptr,
-                    col_shift_ptr,
+                    col_vshift_ptr,
                     row_ok,
                     KB1_START,
                     KB1_SIZE,
@@ -1301,7 +1326,7 @@ if HAS_TRITON:
                     a23,
                     off2,
                     col_step_ptr,
-                    col_shift_ptr,
+                    col_vshift_ptr,
                     row_ok,
                     KB2_START,
                     KB2_SIZE,
@@ -1319,7 +1344,7 @@ if HAS_TRITON:
                     a33,
                     off3,
                     col_step_ptr,
-                    col_shift_ptr,
+                    col_vshift_ptr,
                     row_ok,
                     KB3_START,
                     KB3_SIZE,
@@ -1530,7 +1555,7 @@ def wavelet_attention_triton(
         seq_lens,
         plan.lut,
         plan.col_step,
-        plan.col_shift,
+        plan.col_vshift,
         m_part,
         l_part,
         acc_part,

@@ -272,3 +272,25 @@ def test_gpu_multi_token_and_prefill(tq):
     codec, args = make_case("default", 2, 8, 4, tq, 128, [2500, tq], 2600, torch.bfloat16, device="cuda")
     got = torch.ops.wmoe.wavelet_attention(*args, codec.spec, 128**-0.5)
     assert rel_err(got, dense_reference(codec, args, 128**-0.5)) <= 1e-2
+
+
+@pytest.mark.gpu
+def test_gpu_long_split_precision():
+    # The benchmark's worst case: random codes (every bit pattern is a valid code), diffuse
+    # attention and one split of 32k tokens. The tensor cores' fp32 accumulation truncates; values
+    # must enter it as small exact integers (see _plane), or the error grows with the split length.
+    codec = get_codec("default", 128)
+    layout = ops.compressed_layout(codec.spec, 128)
+    n, hkv = 32768, 8
+    shape = (1, hkv, n, layout.n_code_bytes)
+    kc, vc = (torch.randint(0, 256, shape, dtype=torch.uint8, device="cuda") for _ in range(2))
+    ks, vs = ((torch.rand(1, hkv, n, 2, device="cuda") + 0.5).half() for _ in range(2))
+    ke, ve = (torch.randn(1, hkv, layout.n_exact, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    q = torch.randn(1, 4 * hkv, 1, 128, device="cuda", dtype=torch.bfloat16)
+    lens = torch.tensor([n], dtype=torch.int32, device="cuda")
+    cs = torch.rand(hkv, 128, device="cuda") + 0.5
+    args = (q, kc, ks, vc, vs, ke, ve, lens, cs, cs)
+    want = K.wavelet_attention_reference(*args, layout, 128**-0.5).double()
+    for splits in (1, 64):
+        got = K.wavelet_attention_triton(*args, layout, 128**-0.5, num_splits=splits)
+        assert rel_err(got, want) <= 1e-2
