@@ -289,7 +289,7 @@ class MixtralModel(nn.Module):
             )
         if self.cache_capacity < total or self.layers[0].attn.k_cache.shape[0] != B:
             self.setup_cache(B, total)
-        step = step_fn or self.forward
+        step = self.forward if step_fn is None else step_fn
         device = prompt.device
         logits = step(prompt, torch.arange(T0, device=device))
         next_token = logits[:, -1].argmax(-1, keepdim=True)  # [B, 1]
