@@ -120,9 +120,14 @@ def wavelet_attention(
     if _use_triton(q):
         reason = _k.triton_support(layout)
         if reason is None:
-            return _k.wavelet_attention_triton(*args, layout, sm_scale, validate=False)
-        _warn_once(f"the Triton kernel does not support {reason}")
-    return _k.wavelet_attention_reference(*args, layout, sm_scale)
+            out = _k.wavelet_attention_triton(*args, layout, sm_scale, validate=False)
+        else:
+            _warn_once(f"the Triton kernel does not support {reason}")
+            out = _k.wavelet_attention_reference(*args, layout, sm_scale)
+    else:
+        out = _k.wavelet_attention_reference(*args, layout, sm_scale)
+    # The fake impl promises a contiguous [B, Hq, Tq, D]; Inductor asserts the strides.
+    return out.contiguous()
 
 
 @wavelet_attention.register_fake
