@@ -686,7 +686,7 @@ def _tolerance(dtype: torch.dtype | None) -> float:
     # Relative Frobenius error allowed between the region and the closed-form mixture: rounding
     # of the compute dtype, with headroom for different summation order.
     eps = torch.finfo(dtype).eps if dtype is not None and dtype.is_floating_point else 1e-7
-    return max(64 * eps, 1e-5)
+    return max(16 * eps, 1e-5)
 
 
 def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
