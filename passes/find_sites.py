@@ -236,6 +236,8 @@ def _match_sdpa(gm: fx.GraphModule, node: fx.Node) -> AttentionSite:
         )
     _attach_kv(gm, site, ((k_arg, node), (v_arg, node)), blockers)
     site.blocker = "; ".join(blockers) or None
+    if site.blocker:
+        report.skip(site.blocker, PASS_NAME)
     return site
 
 
@@ -277,6 +279,8 @@ def _match_eager(gm: fx.GraphModule, pv: fx.Node) -> AttentionSite | None:
         blockers.append(mask_reason)
     _attach_kv(gm, site, ((k_arg, kt), (pv.args[1], pv)), blockers)
     site.blocker = "; ".join(blockers) or None
+    if site.blocker:
+        report.skip(site.blocker, PASS_NAME)
     return site
 
 
@@ -598,7 +602,7 @@ def _closed_nodes(graph: fx.Graph, boundary: set[fx.Node]) -> set[fx.Node]:
     """Nodes computable from `boundary`, module attributes and constants alone."""
     closed: set[fx.Node] = set()
     for node in graph.nodes:
-        if node in boundary or node.op == "get_attr":
+        if node in boundary or node.op == "get_attr" or (node.op == "placeholder" and m.is_param_like(node)):
             closed.add(node)
         elif node.op == "call_function" and all(i in closed for i in node.all_input_nodes):
             closed.add(node)
@@ -639,6 +643,14 @@ def _match_experts(gm: fx.GraphModule, site: MoESite) -> None:
     failures = []
     for output in reversed(candidates[-4:]):
         region = _region(output, boundary)
+        lifted = [n.name for n in region if n.op == "placeholder"]
+        if lifted:
+            site.blocker = (
+                f"expert weights are graph inputs ({', '.join(lifted[:3])}, ...: parameters lifted by "
+                "export/AOTAutograd); the rewrite reads and packs them at compile time, so pass the "
+                "ExportedProgram (or .module()), or freeze parameters"
+            )
+            return
         weight_nodes = [n for n in region if n.op == "get_attr"]
         layouts = _expert_layouts(gm, region, weight_nodes, site)
         if not layouts:

@@ -256,3 +256,19 @@ def test_reference_moe_formula_matches_a_per_token_loop():
             for k, e in enumerate(ids[n].tolist())
         )
         torch.testing.assert_close(got[n], want, rtol=1e-4, atol=1e-4)
+
+
+def test_lifted_graph_reports_why_nothing_can_be_rewritten():
+    # ExportedProgram.graph_module (not .module()): parameters and caches are graph inputs.
+    from wmoe_compile.models import build_model
+
+    model = build_model("tiny", num_layers=1)
+    model.setup_cache(B, S)
+    with torch.no_grad():
+        program = torch.export.export(model, (torch.randint(1, 256, (B, T)), torch.arange(T)))
+    sites = fs.find_sites(program.graph_module)
+    reasons = {r.kind: r.reason for r in sites.reports()}
+    assert {r.status for r in sites.reports()} == {"skipped"}
+    assert "cache is a graph input" in reasons["kv_write"]
+    assert reasons["attention"].startswith("K: cache is a graph input")
+    assert "expert weights are graph inputs" in reasons["moe"]
