@@ -18,6 +18,7 @@ import inspect
 import math
 import os
 import time
+import warnings
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -145,15 +146,35 @@ def _positional(gm: fx.GraphModule, example_inputs: tuple[tuple, dict]) -> tuple
     return tuple(inspect.signature(gm.forward).bind(*args, **kwargs).args)
 
 
+def _mutated_buffers(gm: fx.GraphModule) -> set[str]:
+    """Module tensors the graph writes in place (per the ops' schemas: `Tensor(a!)` arguments)."""
+    names = set()
+    for node in gm.graph.nodes:
+        schema = getattr(node.target, "_schema", None)
+        if node.op != "call_function" or schema is None or not schema.is_mutable:
+            continue
+        for i, argument in enumerate(schema.arguments):
+            if argument.alias_info is None or not argument.alias_info.is_write:
+                continue
+            value = node.args[i] if i < len(node.args) else node.kwargs.get(argument.name)
+            if isinstance(value, fx.Node) and value.op == "get_attr":
+                names.add(str(value.target))
+    return names
+
+
 class _StateGuard:
     """Zero the given buffers (the KV caches: every run starts from an empty cache), run, then
-    restore every buffer, so checks and calibration leave the module's state as they found it."""
+    restore every buffer the graph writes, so checks and calibration leave the module's state as
+    they found it. Only written buffers are copied (not the weights)."""
 
-    def __init__(self, gm: nn.Module, reset: Sequence[str]) -> None:
+    def __init__(self, gm: fx.GraphModule, reset: Sequence[str]) -> None:
         self.gm, self.reset = gm, set(reset)
+        self.keep = self.reset | _mutated_buffers(gm)
 
     def __enter__(self) -> None:
-        self.saved = {name: buf.detach().clone() for name, buf in self.gm.named_buffers()}
+        self.saved = {
+            name: buf.detach().clone() for name, buf in self.gm.named_buffers() if name in self.keep
+        }
         for name, buf in self.gm.named_buffers():
             if name in self.reset:
                 buf.zero_()
@@ -524,6 +545,8 @@ def transform(
             f"{type(graph).__name__}; for an nn.Module use wmoe_compile.export(model, args)"
         )
     _check_aten_level(graph)
+    if config.check_numerics and example_inputs is None:
+        warnings.warn("check_numerics=True but no example_inputs: the numeric check is skipped", stacklevel=2)
     gm = _copy_graph_module(graph)
     report = run_passes(gm, config, example_inputs=example_inputs, dump_dir=dump_dir)
     return gm, report
