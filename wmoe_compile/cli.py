@@ -119,13 +119,19 @@ def _eval(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _export_cli():
+    from .lowering import export_cli
+
+    return export_cli
+
+
 SUBCOMMANDS: dict[str, _Subcommand] = {
     "demo": ("run the reference model end to end and report what was rewritten", _demo_args, _demo),
     "dump": ("dump the graph after every pass", _dump_args, _dump),
     "export": (
         "export a rewritten model (pt2, onnx, onnx-plugin, tensorrt)",
-        _no_args,
-        _not_implemented("export", "issue 6"),
+        lambda parser: _export_cli().add_arguments(parser),
+        lambda args: _export_cli().run(args),
     ),
     "eval": ("measure KV codec quality on a real model", _eval_args, _eval),
     "bench": ("run the GPU benchmarks and write their tables", _bench_args, _bench),

@@ -1,0 +1,173 @@
+"""torch.compile(backend="wmoe"): entry point, options, generate loops without recompiles, state.
+
+CPU compiles of the tiny models take tens of seconds cold; every test here compiles at most one
+model (prefill graph + decode graph).
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+from wmoe_compile.lowering import compile_backend
+from wmoe_compile.models import build_model
+
+
+def _graphs_compiled() -> int:
+    return counters["stats"]["unique_graphs"]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def test_entry_point_registered_without_import(tmp_path):
+    # A fresh interpreter that never imports wmoe_compile finds the backend by name and compiles.
+    code = (
+        "import sys, torch\n"
+        "from importlib.metadata import entry_points\n"
+        "assert 'wmoe' in entry_points(group='torch_dynamo_backends').names\n"
+        "assert 'wmoe_compile' not in sys.modules\n"
+        "f = torch.compile(lambda x: torch.sin(x) * 2 + 1, backend='wmoe')\n"
+        "x = torch.randn(5)\n"
+        "torch.testing.assert_close(f(x), torch.sin(x) * 2 + 1)\n"
+        "print('ok')\n"
+    )
+    env = dict(os.environ)
+    # Run outside the source tree: only the installed package metadata can supply the backend.
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().endswith("ok")
+
+
+def test_unknown_option_lists_valid_ones():
+    with pytest.raises(ValueError) as info:
+        compile_backend.split_options({"bypass_codek": True})
+    message = str(info.value)
+    assert "bypass_codek" in message
+    for name in ("bypass_codec", "codec", "compress_kv", "swap_attention", "replace_moe", "dump_dir"):
+        assert name in message
+
+
+def test_options_map_onto_compile_config():
+    from wmoe_compile.config import CompileConfig
+
+    config, settings = compile_backend.split_options(
+        {"bypass_codec": True, "codec": "default;window=8", "replace_moe": False, "dump_dir": "/tmp/x"}
+    )
+    assert isinstance(config, CompileConfig)
+    assert config.bypass_codec and not config.replace_moe and config.codec.window == 8
+    assert settings["dump_dir"] == "/tmp/x"
+    base = CompileConfig(compress_kv=False)
+    config, _ = compile_backend.split_options({"config": base, "replace_moe": False})
+    assert not config.compress_kv and not config.replace_moe
+    with pytest.raises(TypeError, match="CompileConfig"):
+        compile_backend.split_options({"config": {"bypass_codec": True}})
+    with pytest.raises(TypeError, match="inductor_config"):
+        compile_backend.split_options({"inductor_config": "max_autotune"})
+
+
+def test_bad_option_fails_at_compile_time():
+    model = build_model("tiny", num_layers=1)
+    model.setup_cache(1, 8)
+    compiled = torch.compile(model, backend="wmoe", options={"no_such_option": 1})
+    with pytest.raises(Exception, match="no_such_option"):
+        compiled(torch.randint(0, 256, (1, 3)), torch.arange(3))
+
+
+def test_reference_generate_bypass_identical_and_no_recompiles():
+    # Compression bypassed (the ops run, the codec is exact): the compiled model must generate the
+    # same greedy tokens as the eager model, compile once for prefill and once for decode, and
+    # release the dense caches it no longer reads.
+    model = build_model("tiny", seed=int(torch.randint(0, 1000, ())))
+    prompt = torch.randint(0, model.cfg.vocab_size, (2, 7))
+    new_tokens = 12
+    expected = model.generate(prompt, new_tokens)
+    dense_k = model.layers[0].attn.k_cache
+    compiled = torch.compile(
+        model, backend="wmoe", options={"bypass_codec": True, "release_dense_cache": True}
+    )
+    before = _graphs_compiled()
+    got = model.generate(prompt, new_tokens, step_fn=lambda tokens, positions: compiled(tokens, positions))
+    assert _graphs_compiled() - before == 2, "expected one prefill graph and one decode graph"
+    assert torch.equal(got, expected)
+    # The compressed cache is module state shared by both graphs; the dense cache is released.
+    state = compile_backend.compressed_state(dense_k)
+    assert set(state) >= {"codes", "scales", "exact", "channel_scale"}
+    written = prompt.shape[1] + new_tokens - 1
+    assert state["exact"][:, :, :written].abs().sum() > 0
+    assert dense_k.untyped_storage().nbytes() == 0
+    # A second generation with the same shapes reuses both graphs.
+    again = model.generate(prompt, new_tokens, step_fn=lambda tokens, positions: compiled(tokens, positions))
+    assert _graphs_compiled() - before == 2
+    assert torch.equal(again, expected)
+    report = compile_backend.compile_reports()[-1]
+    kinds = {(site.kind, site.status) for site in report.sites}
+    assert ("kv_write", "rewritten") in kinds
+
+
+def test_reference_generate_compressed_writes_codes():
+    # Compression on: the decode graph reads what the prefill graph compressed (shared state),
+    # codes are written at every generated position, and no step recompiles.
+    model = build_model("tiny", num_layers=1)
+    prompt = torch.randint(0, model.cfg.vocab_size, (1, 9))
+    new_tokens = 6
+    compiled = torch.compile(model, backend="wmoe", options={"codec": "default;window=4;sinks=1"})
+    before = _graphs_compiled()
+    model.setup_cache(1, prompt.shape[1] + new_tokens)
+    dense_v = model.layers[0].attn.v_cache
+    got = model.generate(prompt, new_tokens, step_fn=lambda tokens, positions: compiled(tokens, positions))
+    assert _graphs_compiled() - before == 2
+    assert got.shape == (1, new_tokens) and ((got >= 0) & (got < model.cfg.vocab_size)).all()
+    state = compile_backend.compressed_state(dense_v)
+    written = prompt.shape[1] + new_tokens - 1
+    scales = state["scales"].float()
+    assert torch.isfinite(scales).all()
+    assert (scales[:, :, :written].abs().sum(-1) > 0).all(), "every written position has codes"
+    assert (scales[:, :, written:] == 0).all(), "nothing beyond the written positions"
+    report = compile_backend.compile_reports()[-1]
+    assert {s.kind for s in report.rewritten()} >= {"kv_write", "attention"}
+
+
+def test_hf_generate_static_cache_bypass_identical_and_no_recompiles():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=64,
+    )
+    model = transformers.LlamaForCausalLM(config).eval()
+    prompt = torch.randint(0, config.vocab_size, (1, 6))
+
+    def static_cache():
+        cache = transformers.StaticCache(config, max_cache_len=20)
+        # HF allocates lazily inside the first forward; allocate now so the cache is an input of
+        # every compiled graph (the passes rewrite caches they are given).
+        cache.early_initialization(1, config.num_key_value_heads, config.head_dim, torch.float32, "cpu")
+        return cache
+
+    generate_kwargs = dict(max_new_tokens=10, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        expected = model.generate(prompt, cache=static_cache(), **generate_kwargs)
+        model.forward = torch.compile(model.forward, backend="wmoe", options={"bypass_codec": True})
+        before = _graphs_compiled()
+        cache = static_cache()
+        got = model.generate(prompt, cache=cache, **generate_kwargs)
+        assert _graphs_compiled() - before == 2, "expected one prefill graph and one decode graph"
+        assert torch.equal(got, expected)
+        assert int(cache.layers[0].cumulative_length) == prompt.shape[1] + 10 - 1
+    report = compile_backend.compile_reports()[-1]
+    assert report.rewritten("kv_write"), str(report)

@@ -1,0 +1,609 @@
+"""The `wmoe` ONNX domain: operator schemas and their bodies in standard ONNX ops.
+
+Every wmoe op exported to ONNX becomes one node in the `wmoe` domain (opset version 1) whose
+attributes carry everything that fixes its maths (the codec spec string, head_dim, ...). A
+TensorRT plugin or another runtime can implement the node directly; for everyone else the model
+carries a model-local FunctionProto per node variant, built here from standard ops, so
+onnxruntime runs it and the portable flavour is just these functions inlined.
+
+The bodies follow the PyTorch reference (wmoe_compile/codec.py, kernels/) step by step: the same
+fp32 operations, the scale rounded to fp16 before coding, a code counted as the number of grid
+midpoints strictly below c / scale, the same candidate order for the `mse` scale rule. The only
+expected difference is the summation order inside MatMul / ReduceSum, so a coefficient lying
+within rounding of a decision boundary can land one level over (as between the reference and the
+Triton kernel).
+
+A variant is one distinct attribute set: nodes that share it call one function; different
+variants use FunctionProto overloads (ONNX IR >= 10), so one op name serves every codec.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+from onnx import defs
+
+WMOE_DOMAIN = "wmoe"
+WMOE_OPSET_VERSION = 1
+
+_FLOAT = ir.DataType.FLOAT
+_FLOAT16 = ir.DataType.FLOAT16
+_INT64 = ir.DataType.INT64
+_INT32 = ir.DataType.INT32
+_UINT8 = ir.DataType.UINT8
+_BOOL = ir.DataType.BOOL
+
+_FLOAT_TYPES = ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"]
+
+
+# ----------------------------------------------------------------------------------------------
+# schemas
+
+
+def _schema(
+    name: str,
+    doc: str,
+    inputs: Sequence[tuple[str, str]],
+    outputs: Sequence[tuple[str, str]],
+    attributes: Sequence[tuple[str, defs.OpSchema.AttrType, str]],
+    type_constraints: Sequence[tuple[str, list[str]]],
+) -> defs.OpSchema:
+    return defs.OpSchema(
+        name,
+        WMOE_DOMAIN,
+        WMOE_OPSET_VERSION,
+        doc=doc,
+        inputs=[defs.OpSchema.FormalParameter(n, t) for n, t in inputs],
+        outputs=[defs.OpSchema.FormalParameter(n, t) for n, t in outputs],
+        type_constraints=[(n, types, "") for n, types in type_constraints],
+        attributes=[defs.OpSchema.Attribute(n, kind, d, required=True) for n, kind, d in attributes],
+    )
+
+
+_STR = defs.OpSchema.AttrType.STRING
+_INT = defs.OpSchema.AttrType.INT
+_FLT = defs.OpSchema.AttrType.FLOAT
+_CODEC_ATTRS = [
+    ("codec", _STR, "canonical codec spec (WaveletKVConfig.to_spec())"),
+    ("head_dim", _INT, "head dimension D"),
+]
+
+SCHEMAS: dict[str, defs.OpSchema] = {
+    "KvCompress": _schema(
+        "KvCompress",
+        "wmoe::kv_compress: x [..., Hkv, T, D] -> codes uint8 [..., n_code_bytes], "
+        "scales fp16 [..., n_bands]",
+        [("x", "T"), ("channel_scale", "S")],
+        [("codes", "tensor(uint8)"), ("scales", "tensor(float16)")],
+        _CODEC_ATTRS,
+        [("T", _FLOAT_TYPES), ("S", _FLOAT_TYPES)],
+    ),
+    "KvDecompress": _schema(
+        "KvDecompress",
+        "wmoe::kv_decompress: codes, scales -> x [..., D] in the element type `dtype`",
+        [("codes", "tensor(uint8)"), ("scales", "tensor(float16)"), ("channel_scale", "S")],
+        [("x", "T")],
+        [*_CODEC_ATTRS, ("dtype", _INT, "ONNX element type of the output")],
+        [("T", _FLOAT_TYPES), ("S", _FLOAT_TYPES)],
+    ),
+    "KvCompressIntoCache": _schema(
+        "KvCompressIntoCache",
+        "wmoe::kv_compress_into_cache, functional: returns the updated codes, scales and exact caches",
+        [
+            ("x", "T"),
+            ("codes_cache", "tensor(uint8)"),
+            ("scales_cache", "tensor(float16)"),
+            ("exact_cache", "E"),
+            ("positions", "I"),
+            ("channel_scale", "S"),
+        ],
+        [
+            ("codes_cache_out", "tensor(uint8)"),
+            ("scales_cache_out", "tensor(float16)"),
+            ("exact_cache_out", "E"),
+        ],
+        _CODEC_ATTRS,
+        [
+            ("T", _FLOAT_TYPES),
+            ("E", _FLOAT_TYPES),
+            ("S", _FLOAT_TYPES),
+            ("I", ["tensor(int64)", "tensor(int32)"]),
+        ],
+    ),
+    "WaveletAttention": _schema(
+        "WaveletAttention",
+        "wmoe::wavelet_attention: causal GQA attention of q over the compressed cache plus the exact "
+        "sink/window tokens",
+        [
+            ("q", "T"),
+            ("k_codes", "tensor(uint8)"),
+            ("k_scales", "tensor(float16)"),
+            ("v_codes", "tensor(uint8)"),
+            ("v_scales", "tensor(float16)"),
+            ("k_exact", "E"),
+            ("v_exact", "E"),
+            ("seq_lens", "I"),
+            ("k_channel_scale", "S"),
+            ("v_channel_scale", "S"),
+        ],
+        [("out", "T")],
+        [*_CODEC_ATTRS, ("sm_scale", _FLT, "softmax scale")],
+        [
+            ("T", _FLOAT_TYPES),
+            ("E", _FLOAT_TYPES),
+            ("S", _FLOAT_TYPES),
+            ("I", ["tensor(int64)", "tensor(int32)"]),
+        ],
+    ),
+    "TiledMoe": _schema(
+        "TiledMoe",
+        "wmoe::tiled_moe: top-k SwiGLU experts over packed weights, weighted combine fused",
+        [("hidden", "T"), ("topk_ids", "I"), ("topk_weights", "W"), ("w_gate_up", "T"), ("w_down", "T")],
+        [("out", "T")],
+        [
+            ("layout", _STR, "packed weight layout: tiles64 | rows"),
+            ("num_experts", _INT, "E"),
+            ("ffn_pad", _INT, "expert ffn size rounded up to 64"),
+            ("hidden_pad", _INT, "hidden size rounded up to 64"),
+        ],
+        [("T", _FLOAT_TYPES), ("W", _FLOAT_TYPES), ("I", ["tensor(int64)", "tensor(int32)"])],
+    ),
+}
+
+
+def register_schemas() -> None:
+    """Register the wmoe-domain schemas with onnx.defs (idempotent), so checkers know them."""
+    for name, schema in SCHEMAS.items():
+        if not defs.has(name, WMOE_DOMAIN):
+            defs.register_schema(schema)
+
+
+# ----------------------------------------------------------------------------------------------
+# a small builder over onnx_ir's tape
+
+
+class _Body:
+    """Builds one function body: `op` appends a node, `const` a Constant node."""
+
+    def __init__(self, opset_version: int) -> None:
+        self.tape = ir.tape.Tape()
+        self.opset_version = opset_version
+
+    def op(self, op_type: str, *inputs: ir.Value | None, **attributes: Any) -> ir.Value:
+        return self.tape.op(op_type, list(inputs), attributes or None)
+
+    def ops(
+        self, op_type: str, *inputs: ir.Value | None, num_outputs: int, **attributes: Any
+    ) -> list[ir.Value]:
+        return list(
+            self.tape.op_multi_out(op_type, list(inputs), attributes or None, num_outputs=num_outputs)
+        )
+
+    def const(self, value: Any, dtype: Any = None) -> ir.Value:
+        array = np.asarray(value, dtype=dtype)
+        return self.op("Constant", value=ir.tensor(array))
+
+    def i64(self, *values: int) -> ir.Value:
+        return self.const(list(values), np.int64)
+
+    def range_to(self, count: ir.Value) -> ir.Value:
+        """0, 1, ..., count - 1 for a 1-element int64 tensor `count` (Range takes scalars)."""
+        zero, one = self.const(0, np.int64), self.const(1, np.int64)
+        return self.op("Range", zero, self.op("Squeeze", count, self.i64(0)), one)
+
+    def f32(self, value: Any) -> ir.Value:
+        return self.const(value, np.float32)
+
+    def reshape_last(self, x: ir.Value, last_dims: Sequence[int], drop_last: int = 1) -> ir.Value:
+        """Reshape x keeping all but its `drop_last` trailing dims and appending `last_dims`."""
+        lead = self.op("Shape", x, end=-drop_last)
+        return self.op("Reshape", x, self.op("Concat", lead, self.i64(*last_dims), axis=0))
+
+    def function(
+        self,
+        name: str,
+        overload: str,
+        inputs: Sequence[ir.Value],
+        outputs: Sequence[ir.Value],
+        attribute_names: Sequence[str],
+    ) -> ir.Function:
+        graph = ir.Graph(
+            list(inputs),
+            list(outputs),
+            nodes=self.tape.nodes,
+            opset_imports={"": self.opset_version},
+            name=f"{name}_{overload}",
+        )
+        # The attributes are declared so nodes may carry them (plugins read them); the body has
+        # their values baked in (one overload per distinct attribute set).
+        attributes = [ir.Attr(a, ir.AttributeType.UNDEFINED, None) for a in attribute_names]
+        return ir.Function(WMOE_DOMAIN, name, overload, graph=graph, attributes=attributes)
+
+
+# ----------------------------------------------------------------------------------------------
+# codec maths in ONNX
+
+
+def _codec(spec: str, head_dim: int):
+    from ..codec import get_codec
+
+    return get_codec(spec, head_dim)
+
+
+def _channel_scale_3d(b: _Body, channel_scale: ir.Value, head_dim: int) -> ir.Value:
+    # [Hkv, D], [1, D] or [D] -> [Hkv | 1, 1, D] in fp32, broadcasting against [..., Hkv, T, D].
+    return b.op("Reshape", b.op("Cast", channel_scale, to=_FLOAT), b.i64(-1, 1, head_dim))
+
+
+def _quantize(b: _Body, cb: ir.Value, scale16: ir.Value, mids: np.ndarray) -> ir.Value:
+    """Codes (int64) = number of midpoints strictly below cb / scale; a zero scale codes u = 0."""
+    s = b.op("Cast", scale16, to=_FLOAT)
+    positive = b.op("Greater", s, b.f32(0.0))
+    safe = b.op("Where", positive, s, b.f32(1.0))
+    u = b.op("Where", positive, b.op("Div", cb, safe), b.f32(0.0))
+    below = b.op("Less", b.const(mids, np.float32), b.op("Unsqueeze", u, b.i64(-1)))
+    return b.op("ReduceSum", b.op("Cast", below, to=_INT64), b.i64(-1), keepdims=0)
+
+
+def _to_fp16_scale(b: _Body, scale: ir.Value) -> ir.Value:
+    return b.op("Cast", b.op("Min", scale, b.f32(65504.0)), to=_FLOAT16)
+
+
+def _encode_band(b: _Body, codec, index: int, cb: ir.Value) -> tuple[ir.Value, ir.Value]:
+    """One band [..., size] -> (codes int64 [..., size], scale fp16 [..., 1])."""
+    grid = codec.grids[index].numpy().astype(np.float32)
+    mids = codec.midpoints[index].numpy().astype(np.float32)
+    absmax = b.op("ReduceMax", b.op("Abs", cb), b.i64(-1), keepdims=1)
+    if codec.scale_rules[index] == "absmax":
+        scale16 = _to_fp16_scale(b, absmax)
+        return _quantize(b, cb, scale16, mids), scale16
+    grid_value = b.const(grid, np.float32)
+    best = None
+    for fraction in codec.scale_fractions.numpy().astype(np.float32):
+        scale16 = _to_fp16_scale(b, b.op("Mul", absmax, b.f32(fraction)))
+        codes = _quantize(b, cb, scale16, mids)
+        diff = b.op(
+            "Sub", cb, b.op("Mul", b.op("Gather", grid_value, codes), b.op("Cast", scale16, to=_FLOAT))
+        )
+        err = b.op("ReduceSum", b.op("Mul", diff, diff), b.i64(-1), keepdims=1)
+        if best is None:
+            best = (err, codes, scale16)
+            continue
+        # Strictly better only: ties keep the earlier (larger) scale, as the reference does.
+        better = b.op("Less", err, best[0])
+        best = (
+            b.op("Where", better, err, best[0]),
+            b.op("Where", better, codes, best[1]),
+            b.op("Where", better, scale16, best[2]),
+        )
+    assert best is not None
+    return best[1], best[2]
+
+
+def _pack(b: _Body, codes: ir.Value, size: int, bits: int) -> ir.Value:
+    per_byte = 8 // bits
+    grouped = b.reshape_last(codes, [size // per_byte, per_byte])
+    weights = b.const([1 << (bits * i) for i in range(per_byte)], np.int64)
+    return b.op("Cast", b.op("ReduceSum", b.op("Mul", grouped, weights), b.i64(-1), keepdims=0), to=_UINT8)
+
+
+def _unpack(b: _Body, packed: ir.Value, n_bytes: int, bits: int) -> ir.Value:
+    per_byte = 8 // bits
+    divisors = b.const([1 << (bits * i) for i in range(per_byte)], np.int32)
+    wide = b.op("Unsqueeze", b.op("Cast", packed, to=_INT32), b.i64(-1))
+    values = b.op("Mod", b.op("Div", wide, divisors), b.const(1 << bits, np.int32))
+    return b.reshape_last(values, [n_bytes * per_byte], drop_last=2)
+
+
+def encode(b: _Body, codec, x: ir.Value, channel_scale: ir.Value) -> tuple[ir.Value, ir.Value]:
+    """x [..., D] (any float type) -> (codes uint8 [..., n_code_bytes], scales fp16 [..., n_bands])."""
+    y = b.op("Div", b.op("Cast", x, to=_FLOAT), _channel_scale_3d(b, channel_scale, codec.head_dim))
+    c = b.op("MatMul", y, b.const(codec.transform.numpy().T, np.float32))
+    nonfinite = b.op("Or", b.op("IsNaN", c), b.op("IsInf", c))
+    any_nonfinite = b.op("ReduceMax", b.op("Cast", nonfinite, to=_INT32), b.i64(-1), keepdims=1)
+    finite = b.op("Equal", any_nonfinite, b.const(0, np.int32))  # [..., 1]
+    c = b.op("Where", finite, c, b.f32(0.0))
+    code_parts, scale_parts = [], []
+    for index, band in enumerate(codec.bands):
+        cb = b.op("Slice", c, b.i64(band.start), b.i64(band.start + band.size), b.i64(-1))
+        codes, scale16 = _encode_band(b, codec, index, cb)
+        code_parts.append(_pack(b, codes, band.size, band.bits))
+        scale_parts.append(scale16)
+    codes = code_parts[0] if len(code_parts) == 1 else b.op("Concat", *code_parts, axis=-1)
+    scales = scale_parts[0] if len(scale_parts) == 1 else b.op("Concat", *scale_parts, axis=-1)
+    # A vector with a non-finite coefficient stores codes 0 and NaN scales (decodes to NaN).
+    codes = b.op("Where", finite, codes, b.const(0, np.uint8))
+    scales = b.op("Where", finite, scales, b.const(math.nan, np.float16))
+    return codes, scales
+
+
+def decode(b: _Body, codec, codes: ir.Value, scales: ir.Value, channel_scale: ir.Value) -> ir.Value:
+    """(codes, scales) -> fp32 x [..., D] = (W^T c) * s."""
+    parts = []
+    for index, band in enumerate(codec.bands):
+        offset = codec.band_byte_offsets[index]
+        n_bytes = band.size * band.bits // 8
+        packed = b.op("Slice", codes, b.i64(offset), b.i64(offset + n_bytes), b.i64(-1))
+        levels = _unpack(b, packed, n_bytes, band.bits)
+        grid = b.const(codec.grids[index].numpy(), np.float32)
+        scale = b.op("Cast", b.op("Slice", scales, b.i64(index), b.i64(index + 1), b.i64(-1)), to=_FLOAT)
+        parts.append(b.op("Mul", b.op("Gather", grid, levels), scale))
+    c = parts[0] if len(parts) == 1 else b.op("Concat", *parts, axis=-1)
+    x = b.op("MatMul", c, b.const(codec.transform.numpy(), np.float32))
+    return b.op("Mul", x, _channel_scale_3d(b, channel_scale, codec.head_dim))
+
+
+# ----------------------------------------------------------------------------------------------
+# function bodies, one per op
+
+
+def _kv_compress(b: _Body, attrs: Mapping[str, Any]) -> tuple[list[ir.Value], list[ir.Value]]:
+    codec = _codec(attrs["codec"], attrs["head_dim"])
+    x, channel_scale = ir.Value(name="x"), ir.Value(name="channel_scale")
+    codes, scales = encode(b, codec, x, channel_scale)
+    return [x, channel_scale], [b.op("Identity", codes), b.op("Identity", scales)]
+
+
+def _kv_decompress(b: _Body, attrs: Mapping[str, Any]) -> tuple[list[ir.Value], list[ir.Value]]:
+    codec = _codec(attrs["codec"], attrs["head_dim"])
+    codes, scales, channel_scale = (
+        ir.Value(name="codes"),
+        ir.Value(name="scales"),
+        ir.Value(name="channel_scale"),
+    )
+    x = decode(b, codec, codes, scales, channel_scale)
+    return [codes, scales, channel_scale], [b.op("Cast", x, to=int(attrs["dtype"]))]
+
+
+def _scatter_slots(b: _Body, cache: ir.Value, slots: ir.Value, updates: ir.Value) -> ir.Value:
+    """cache [B, H, S, N] with updates [B, H, T, N] written at slots [B, T] along dim 2."""
+    batch = b.op("Shape", slots, start=0, end=1)
+    steps = b.op("Shape", slots, start=1, end=2)
+    batch_index = b.op(
+        "Expand",
+        b.op("Unsqueeze", b.range_to(batch), b.i64(1)),
+        b.op("Concat", batch, steps, axis=0),
+    )
+    index = b.op(
+        "Concat",
+        b.op("Unsqueeze", batch_index, b.i64(-1)),
+        b.op("Unsqueeze", slots, b.i64(-1)),
+        axis=-1,
+    )  # [B, T, 2]
+    cache_bshn = b.op("Transpose", cache, perm=[0, 2, 1, 3])
+    updates_bthn = b.op("Transpose", updates, perm=[0, 2, 1, 3])
+    written = b.op("ScatterND", cache_bshn, index, updates_bthn)
+    return b.op("Transpose", written, perm=[0, 2, 1, 3])
+
+
+def _kv_compress_into_cache(b: _Body, attrs: Mapping[str, Any]) -> tuple[list[ir.Value], list[ir.Value]]:
+    codec = _codec(attrs["codec"], attrs["head_dim"])
+    sinks, window = codec.config.sinks, codec.config.window
+    names = ("x", "codes_cache", "scales_cache", "exact_cache", "positions", "channel_scale")
+    x, codes_cache, scales_cache, exact_cache, positions, channel_scale = (ir.Value(name=n) for n in names)
+    codes, scales = encode(b, codec, x, channel_scale)
+    # positions [T] or [B, T] -> [B, T] int64
+    batch_steps = b.op("Concat", b.op("Shape", x, start=0, end=1), b.op("Shape", x, start=2, end=3), axis=0)
+    slots = b.op("Expand", b.op("Cast", positions, to=_INT64), batch_steps)
+    new_codes = _scatter_slots(b, codes_cache, slots, codes)
+    new_scales = _scatter_slots(b, scales_cache, slots, scales)
+    new_exact = b.op("Identity", exact_cache)
+    if sinks + window > 0:
+        # Writes that do not apply go to one extra trash slot, cut off afterwards: positions p <
+        # sinks land at slot p; the chunk's last `window` tokens at sinks + p % window.
+        trash = sinks + window
+        xe = b.op("CastLike", x, exact_cache)
+        extended = b.op(
+            "Concat", exact_cache, b.op("Slice", exact_cache, b.i64(0), b.i64(1), b.i64(2)), axis=2
+        )
+        if sinks > 0:
+            sink_slots = b.op("Where", b.op("Less", slots, b.i64(sinks)), slots, b.i64(trash))
+            extended = _scatter_slots(b, extended, sink_slots, xe)
+        if window > 0:
+            n_steps = b.op("Shape", slots, start=1, end=2)
+            step = b.range_to(n_steps)  # [T]
+            in_ring = b.op("GreaterOrEqual", step, b.op("Sub", n_steps, b.i64(window)))
+            ring = b.op("Add", b.op("Mod", slots, b.i64(window)), b.i64(sinks))
+            ring_slots = b.op("Where", in_ring, ring, b.i64(trash))
+            extended = _scatter_slots(b, extended, ring_slots, xe)
+        new_exact = b.op("Slice", extended, b.i64(0), b.i64(trash), b.i64(2))
+    return [x, codes_cache, scales_cache, exact_cache, positions, channel_scale], [
+        new_codes,
+        new_scales,
+        new_exact,
+    ]
+
+
+def _wavelet_attention(b: _Body, attrs: Mapping[str, Any]) -> tuple[list[ir.Value], list[ir.Value]]:
+    codec = _codec(attrs["codec"], attrs["head_dim"])
+    sinks, window = codec.config.sinks, codec.config.window
+    names = (
+        "q",
+        "k_codes",
+        "k_scales",
+        "v_codes",
+        "v_scales",
+        "k_exact",
+        "v_exact",
+        "seq_lens",
+        "k_channel_scale",
+        "v_channel_scale",
+    )
+    inputs = [ir.Value(name=n) for n in names]
+    q, k_codes, k_scales, v_codes, v_scales, k_exact, v_exact, seq_lens, k_cs, v_cs = inputs
+    n_slots = b.op("Shape", k_codes, start=2, end=3)  # [1] = S
+    slot = b.range_to(n_slots)  # [S]
+    lengths = b.op("Reshape", b.op("Cast", seq_lens, to=_INT64), b.i64(-1, 1, 1, 1))  # [B, 1, 1, 1]
+
+    def keys_or_values(codes: ir.Value, scales: ir.Value, exact: ir.Value, cs: ir.Value) -> ir.Value:
+        full = decode(b, codec, codes, scales, cs)  # [B, Hkv, S, D] fp32
+        if sinks + window == 0:
+            return full
+        # Position p is read exactly if p < sinks or p >= seq_len - window (docs/CONTRACTS.md).
+        if window > 0:
+            exact_slot = b.op(
+                "Where",
+                b.op("Less", slot, b.i64(sinks)),
+                slot,
+                b.op("Add", b.op("Mod", slot, b.i64(window)), b.i64(sinks)),
+            )
+        else:
+            exact_slot = b.op("Min", slot, b.i64(sinks - 1))
+        exact_at_slot = b.op("Cast", b.op("Gather", exact, exact_slot, axis=2), to=_FLOAT)
+        slot_4d = b.op("Reshape", slot, b.i64(1, 1, -1, 1))
+        use_exact = b.op("Less", slot_4d, b.i64(sinks))
+        if window > 0:
+            recent = b.op("GreaterOrEqual", slot_4d, b.op("Sub", lengths, b.i64(window)))
+            use_exact = b.op("Or", use_exact, recent)
+        return b.op("Where", use_exact, exact_at_slot, full)
+
+    keys = keys_or_values(k_codes, k_scales, k_exact, k_cs)
+    values = keys_or_values(v_codes, v_scales, v_exact, v_cs)
+    # Grouped-query attention: q head h reads kv head h // G, so [B, Hq, Tq, D] regroups to
+    # [B, Hkv, G * Tq, D] by a plain reshape.
+    q_shape = b.op("Shape", q)
+    n_kv = b.op("Shape", k_codes, start=1, end=2)
+    n_steps = b.op("Shape", q, start=2, end=3)
+    qf = b.op("Cast", q, to=_FLOAT)
+    grouped = b.op("Reshape", qf, b.op("Concat", b.i64(0), n_kv, b.i64(-1, attrs["head_dim"]), axis=0))
+    scores = b.op("MatMul", grouped, b.op("Transpose", keys, perm=[0, 1, 3, 2]))  # [B, Hkv, G*Tq, S]
+    scores = b.op("Mul", scores, b.f32(attrs["sm_scale"]))
+    # Causal over the cache: query t (of Tq new tokens) sees slots p < seq_len - Tq + t + 1.
+    scores = b.op("Reshape", scores, b.op("Concat", b.i64(0, 0, -1), n_steps, n_slots, axis=0))
+    step = b.range_to(n_steps)  # [Tq]
+    relative = b.op("Sub", b.op("Unsqueeze", slot, b.i64(0)), b.op("Unsqueeze", step, b.i64(1)))  # [Tq, S]
+    limit = b.op("Add", b.op("Sub", lengths, n_steps), b.i64(1))  # [B, 1, 1, 1]
+    visible = b.op("Less", relative, b.op("Unsqueeze", limit, b.i64(-1)))  # [B, 1, 1, Tq, S]
+    scores = b.op("Where", visible, scores, b.f32(-math.inf))
+    probs = b.op("Softmax", scores, axis=-1)
+    probs = b.op("Reshape", probs, b.op("Concat", b.i64(0, 0, -1), n_slots, axis=0))
+    out = b.op("MatMul", probs, values)  # [B, Hkv, G*Tq, D]
+    out = b.op("Reshape", out, q_shape)
+    return inputs, [b.op("CastLike", out, q)]
+
+
+def _tiled_moe(b: _Body, attrs: Mapping[str, Any]) -> tuple[list[ir.Value], list[ir.Value]]:
+    """Every expert on every token (dense, static shapes), combined with the routing weights:
+    the portable form of the grouped GEMM; in fp32 like the reference."""
+    names = ("hidden", "topk_ids", "topk_weights", "w_gate_up", "w_down")
+    inputs = [ir.Value(name=n) for n in names]
+    hidden, topk_ids, topk_weights, w_gate_up, w_down = inputs
+    experts, ffn_pad, hidden_pad = attrs["num_experts"], attrs["ffn_pad"], attrs["hidden_pad"]
+    tile = 64
+    if attrs["layout"] == "rows":
+        blocks = b.op("Reshape", w_gate_up, b.i64(experts, ffn_pad // tile, 2, tile, hidden_pad))
+        down = w_down
+    elif attrs["layout"] == "tiles64":
+        # [E, F/64, H/64, 2, 64, 64] -> [E, F/64, 2, 64, H/64, 64] -> [E, F/64, 2, 64, H]
+        blocks = b.op("Transpose", w_gate_up, perm=[0, 1, 3, 4, 2, 5])
+        blocks = b.op("Reshape", blocks, b.i64(experts, ffn_pad // tile, 2, tile, hidden_pad))
+        # [E, H/64, F/64, 64, 64] -> [E, H/64, 64, F/64, 64] -> [E, H, F]
+        down = b.op("Transpose", w_down, perm=[0, 1, 3, 2, 4])
+        down = b.op("Reshape", down, b.i64(experts, hidden_pad, ffn_pad))
+    else:
+        raise ValueError(f"unknown packed layout {attrs['layout']!r}; valid: tiles64, rows")
+
+    def half(index: int) -> ir.Value:  # gate (0) or up (1) rows, [E, F_PAD, H_PAD] fp32
+        part = b.op("Slice", blocks, b.i64(index), b.i64(index + 1), b.i64(2))
+        return b.op("Cast", b.op("Reshape", part, b.i64(experts, ffn_pad, hidden_pad)), to=_FLOAT)
+
+    x = b.op("Cast", hidden, to=_FLOAT)
+    hidden_size = b.op("Shape", hidden, start=1, end=2)
+    padding = b.op("Concat", b.i64(0, 0, 0), b.op("Sub", b.i64(hidden_pad), hidden_size), axis=0)
+    x = b.op("Pad", x, padding)  # [T, H_PAD]
+    gate = b.op("MatMul", x, b.op("Transpose", half(0), perm=[0, 2, 1]))  # [E, T, F_PAD]
+    up = b.op("MatMul", x, b.op("Transpose", half(1), perm=[0, 2, 1]))
+    act = b.op("Mul", b.op("Mul", gate, b.op("Sigmoid", gate)), up)
+    y = b.op("MatMul", act, b.op("Transpose", b.op("Cast", down, to=_FLOAT), perm=[0, 2, 1]))  # [E, T, H]
+    # Routing weight of (token, expert): sum over the k slots that chose the expert; ids outside
+    # [0, E) match no expert and contribute nothing, as in the op.
+    expert_ids = b.op("Range", b.const(0, np.int64), b.const(experts, np.int64), b.const(1, np.int64))
+    chosen = b.op("Equal", b.op("Unsqueeze", b.op("Cast", topk_ids, to=_INT64), b.i64(-1)), expert_ids)
+    weights = b.op(
+        "Mul",
+        b.op("Cast", chosen, to=_FLOAT),
+        b.op("Unsqueeze", b.op("Cast", topk_weights, to=_FLOAT), b.i64(-1)),
+    )
+    per_expert = b.op("ReduceSum", weights, b.i64(1), keepdims=0)  # [T, E]
+    per_expert = b.op("Unsqueeze", b.op("Transpose", per_expert, perm=[1, 0]), b.i64(-1))  # [E, T, 1]
+    out = b.op("ReduceSum", b.op("Mul", y, per_expert), b.i64(0), keepdims=0)  # [T, H_PAD]
+    out = b.op("Slice", out, b.i64(0), hidden_size, b.i64(1))
+    return inputs, [b.op("CastLike", out, hidden)]
+
+
+BODIES: dict[str, Callable[[_Body, Mapping[str, Any]], tuple[list[ir.Value], list[ir.Value]]]] = {
+    "KvCompress": _kv_compress,
+    "KvDecompress": _kv_decompress,
+    "KvCompressIntoCache": _kv_compress_into_cache,
+    "WaveletAttention": _wavelet_attention,
+    "TiledMoe": _tiled_moe,
+}
+
+
+# ----------------------------------------------------------------------------------------------
+# attaching functions to a model
+
+
+def _attribute_values(node: ir.Node) -> dict[str, Any]:
+    return {name: attr.value for name, attr in node.attributes.items()}
+
+
+def variant_key(op_type: str, attributes: Mapping[str, Any]) -> str:
+    """Overload name of a node variant: readable head_dim plus a hash of all attributes."""
+    text = op_type + "|" + "|".join(f"{k}={attributes[k]!r}" for k in sorted(attributes))
+    digest = hashlib.sha1(text.encode()).hexdigest()[:10]
+    head_dim = attributes.get("head_dim")
+    return f"d{head_dim}_{digest}" if head_dim is not None else digest
+
+
+def _all_nodes(graph: ir.Graph):
+    yield from ir.traversal.RecursiveGraphIterator(graph)
+
+
+def attach_functions(model: ir.Model) -> int:
+    """Give every wmoe-domain node an overload and the model a FunctionProto for it.
+
+    Returns the number of functions attached.
+    """
+    opset_version = model.opset_imports.get("", 18)
+    made = 0
+    for node in _all_nodes(model.graph):
+        if node.domain != WMOE_DOMAIN:
+            continue
+        if node.op_type not in BODIES:
+            raise ValueError(f"no ONNX body for wmoe-domain op {node.op_type!r}; known: {sorted(BODIES)}")
+        attributes = _attribute_values(node)
+        overload = variant_key(node.op_type, attributes)
+        node.overload = overload
+        if (WMOE_DOMAIN, node.op_type, overload) in model.functions:
+            continue
+        body = _Body(opset_version)
+        inputs, outputs = BODIES[node.op_type](body, attributes)
+        for index, value in enumerate(outputs):
+            value.name = f"{node.op_type.lower()}_out_{index}"
+        function = body.function(node.op_type, overload, inputs, outputs, list(attributes))
+        model.functions[function.identifier()] = function
+        made += 1
+    model.opset_imports.setdefault(WMOE_DOMAIN, WMOE_OPSET_VERSION)
+    return made
+
+
+def inline_functions(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """The portable flavour: wmoe-domain function calls inlined into standard ops."""
+    import onnx.inliner
+
+    inlined = onnx.inliner.inline_local_functions(proto)
+    leftover = {n.domain for n in inlined.graph.node if n.domain not in ("", "ai.onnx")}
+    if leftover:
+        raise RuntimeError(f"portable ONNX still has nodes of domain(s) {sorted(leftover)} after inlining")
+    kept = [o for o in inlined.opset_import if o.domain in ("", "ai.onnx")]
+    del inlined.opset_import[:]
+    inlined.opset_import.extend(kept)
+    del inlined.functions[:]
+    return inlined
