@@ -272,3 +272,18 @@ def test_lifted_graph_reports_why_nothing_can_be_rewritten():
     assert "cache is a graph input" in reasons["kv_write"]
     assert reasons["attention"].startswith("K: cache is a graph input")
     assert "expert weights are graph inputs" in reasons["moe"]
+
+
+class FusedCpuAttention(nn.Module):
+    """Attention through the fused CPU flash kernel op: a variant the passes do not rewrite."""
+
+    def forward(self, q, k, v):
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v)[0]
+
+
+def test_unknown_attention_op_is_reported_with_its_name():
+    q, k, v = (torch.randn(B, HQ, T, D) for _ in range(3))
+    (attention,) = fs.find_sites(capture(FusedCpuAttention(), q, k, v)).attention
+    assert attention.report.status == "skipped"
+    assert "_scaled_dot_product_flash_attention_for_cpu" in attention.report.reason
+    assert "not supported" in attention.report.reason
