@@ -35,12 +35,11 @@ class PassContext:
     sites: Sites
     # Sample inputs (args, kwargs) when the caller gave them: used for calibration and checks.
     example_inputs: tuple[tuple, dict] | None = None
-    # Values of nodes recorded on the sample inputs before any rewrite (node name -> tensor),
-    # filled on demand by `record` (e.g. K/V written to each cache, for calibration).
-    recorded: dict[str, torch.Tensor] = field(default_factory=dict)
     # Buffers the rewrites created (qualified names): state the numeric check resets.
     state_buffers: list[str] = field(default_factory=list)
-    record: Any = None  # callable(list[fx.Node]) -> dict[str, Tensor], set by the pass manager
+    # Set by the pass manager when there are sample inputs: record(nodes) runs the current graph
+    # on them (from an empty cache) and returns {node name: value} (e.g. K/V for calibration).
+    record: Any = None
     # get_attr targets read before the pipeline ran (cleanup deletes those no longer read).
     initial_attrs: set[str] = field(default_factory=set)
     # One dict per pass already run: {"pass": name, "expected_error": float | None, ...}.

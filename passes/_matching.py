@@ -381,10 +381,6 @@ def _is_mutating(node: fx.Node) -> bool:
     return bool(schema is not None and schema.is_mutable)
 
 
-def users_excluding(node: fx.Node, allowed: set[fx.Node]) -> list[fx.Node]:
-    return [u for u in node.users if u not in allowed]
-
-
 def describe(node: fx.Node) -> str:
     """Short human label: `name = op(...)`."""
     if node.op == "call_function":

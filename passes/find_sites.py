@@ -20,7 +20,6 @@ Module names (`nn_module_stack`) are used only for the report's labels.
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -354,9 +353,18 @@ def _classify_kv(
         report.skip("attention operand is a constant", PASS_NAME)
         return KVWriteSite(role, "unsupported", site.node, site.node, report, blocker=report.reason)
     write = source
-    if source.op == "get_attr":  # attention reads the buffer; find the in-place write before it
-        write = _last_inplace_write(source) or source
     kv = KVWriteSite(role, "none", source, source, report)
+    if source.op == "get_attr":
+        # Traced graphs read a cache after its in-place write through the write's result; a
+        # direct read of the buffer node has no write ordered before it in the dataflow.
+        kv.cache_kind = "unsupported"
+        report.detail = f"{role} cache read directly"
+        kv.blocker = (
+            f"attention reads buffer {source.target} directly, not the result of a cache write; "
+            "expected index_copy_(cache, 2, positions, k) feeding the attention"
+        )
+        report.skip(kv.blocker, PASS_NAME)
+        return kv
     if m.is_op(write, aten.index_copy_, aten.index_copy):
         kv.cache_kind, kv.write = "static", write
         buffer, dim, index, value = write.args[:4]
@@ -392,19 +400,6 @@ def _classify_kv(
     if kv.blocker:
         report.skip(kv.blocker, PASS_NAME)
     return kv
-
-
-def _last_inplace_write(buffer: fx.Node) -> fx.Node | None:
-    graph = buffer.graph
-    writes = [
-        n
-        for n in graph.nodes
-        if m.is_op(n, aten.index_copy_)
-        and isinstance(n.args[0], fx.Node)
-        and n.args[0].op == "get_attr"
-        and n.args[0].target == buffer.target
-    ]
-    return writes[-1] if writes else None
 
 
 def _static_write_blocker(
@@ -656,12 +651,16 @@ def _match_experts(gm: fx.GraphModule, site: MoESite) -> None:
         if not layouts:
             failures.append(f"{output.name}: no expert weights in a known layout")
             continue
-        samples = _sample_inputs(hidden, ids, weights, site)
-        got = _evaluate_region(gm, region, output, samples)
+        # Two routings: random, and every token on the same experts (a dispatch with a
+        # per-expert capacity would drop tokens there, and must not pass as a plain mixture).
+        sample_sets = [_sample_inputs(hidden, ids, weights, site, concentrated=c) for c in (False, True)]
+        results = [_evaluate_region(gm, region, output, samples) for samples in sample_sets]
         for label, getter in layouts:
             w_gate, w_up, w_down = getter()
-            want = reference_moe(samples[hidden], samples[ids], samples[weights], w_gate, w_up, w_down)
-            err = _rel_err(got, want)
+            err = max(
+                _rel_err(got, reference_moe(sm[hidden], sm[ids], sm[weights], w_gate, w_up, w_down))
+                for sm, got in zip(sample_sets, results, strict=True)
+            )
             if err <= _tolerance(m.dtype(output)):
                 site.output, site.expert_weights = output, getter
                 # Label: the module around router and experts (the topk sits in the router).
@@ -670,7 +669,7 @@ def _match_experts(gm: fx.GraphModule, site: MoESite) -> None:
                 )
                 site.weight_nodes = weight_nodes
                 site.report.detail = label
-                site.report.nodes.update(output=output.name, weights=",".join(n.name for n in weight_nodes))
+                site.report.nodes.update(output=output.name, weights=f"{len(weight_nodes)} tensors")
                 return
             failures.append(f"{output.name} as {label}: relative error {err:.2e}")
     site.blocker = (
@@ -726,14 +725,19 @@ def reference_moe(
 
 
 def _sample_inputs(
-    hidden: fx.Node, ids: fx.Node, weights: fx.Node, site: MoESite
+    hidden: fx.Node, ids: fx.Node, weights: fx.Node, site: MoESite, *, concentrated: bool
 ) -> dict[fx.Node, torch.Tensor]:
-    gen = torch.Generator().manual_seed(1234)
+    """Random hidden states and routing weights; distinct expert ids per token, drawn at random
+    or (concentrated) the same k experts for every token."""
+    gen = torch.Generator().manual_seed(1234 + concentrated)
     n_tokens, width = m.shape(hidden)
     k, experts = m.shape(ids)[-1], site.num_experts
     device = m.val(hidden).device
     x = torch.randn(n_tokens, width, generator=gen).to(device=device, dtype=m.dtype(hidden))
-    chosen = torch.stack([torch.randperm(experts, generator=gen)[:k] for _ in range(n_tokens)])
+    if concentrated:
+        chosen = torch.randperm(experts, generator=gen)[:k].expand(n_tokens, k).contiguous()
+    else:
+        chosen = torch.stack([torch.randperm(experts, generator=gen)[:k] for _ in range(n_tokens)])
     w = torch.rand(n_tokens, k, generator=gen) + 0.1
     w = (w / w.sum(-1, keepdim=True)).to(device=device, dtype=m.dtype(weights))
     samples = {n: x for n in _hidden_aliases(hidden)}
@@ -863,7 +867,3 @@ def _expert_index_of(expert_out: fx.Node, ids: fx.Node) -> int | None:
 def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
     """Relative Frobenius error in fp64 (used by the pass manager's numeric check as well)."""
     return _rel_err(got, want)
-
-
-def sdpa_default_scale(head_dim: int) -> float:
-    return 1.0 / math.sqrt(head_dim)

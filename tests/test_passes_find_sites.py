@@ -168,12 +168,15 @@ E, K, FF = 4, 2, 24
 class StackedMoE(nn.Module):
     """HF-style experts: gate_up_proj [E, 2F, H], down_proj [E, H, F], gathered per token pair.
 
-    router: "softmax" | "sigmoid"; act: "silu" | "gelu"; transposed: store [E, H, 2F] / [E, F, H].
+    router: "softmax" | "sigmoid"; act: "silu" | "gelu"; transposed: store [E, H, 2F] / [E, F, H];
+    capacity: per-expert token limit (tokens past it are dropped), 0 = none.
     """
 
-    def __init__(self, router: str = "softmax", act: str = "silu", transposed: bool = False) -> None:
+    def __init__(
+        self, router: str = "softmax", act: str = "silu", transposed: bool = False, capacity: int = 0
+    ) -> None:
         super().__init__()
-        self.router, self.act, self.transposed = router, act, transposed
+        self.router, self.act, self.transposed, self.capacity = router, act, transposed, capacity
         self.gate = nn.Linear(H, E, bias=False)
         gate_up = torch.randn(E, 2 * FF, H) / H**0.5
         down = torch.randn(E, H, FF) / FF**0.5
@@ -188,6 +191,10 @@ class StackedMoE(nn.Module):
         probs = torch.softmax(logits, -1) if self.router == "softmax" else torch.sigmoid(logits)
         weights, ids = torch.topk(probs, K, dim=-1)
         weights = weights / weights.sum(-1, keepdim=True)
+        if self.capacity:  # Switch-style capacity: an expert takes its first `capacity` tokens only
+            onehot = F.one_hot(ids, E).sum(1)  # [N, E]
+            earlier = torch.cumsum(onehot, 0) - onehot
+            weights = weights * (earlier.gather(1, ids) < self.capacity).to(weights.dtype)
         tokens = flat.repeat_interleave(K, dim=0)
         gate_up = self.gate_up_proj[ids.reshape(-1)]
         down = self.down_proj[ids.reshape(-1)]
@@ -237,6 +244,7 @@ def test_reference_model_dense_loop_is_found():
     [
         (dict(act="gelu"), "does not match a top-k SwiGLU mixture"),
         (dict(router="sigmoid"), "sigmoid router"),
+        (dict(capacity=2), "does not match a top-k SwiGLU mixture"),
     ],
 )
 def test_moe_that_is_not_softmax_topk_swiglu_is_skipped(kwargs, reason):

@@ -291,7 +291,7 @@ def _warm_op_caches(gm: fx.GraphModule) -> None:
             continue
         spec = next((a for a in node.args if isinstance(a, str)), None)
         first = node.args[0] if node.args else None
-        head_dim = m_shape(first)[-1] if m_shape(first) else None
+        head_dim = _node_shape(first)[-1] if _node_shape(first) else None
         if spec is None or head_dim is None:
             continue
         if str(node.target).startswith("wmoe.wavelet_attention"):
@@ -302,7 +302,7 @@ def _warm_op_caches(gm: fx.GraphModule) -> None:
             get_codec(spec, head_dim)
 
 
-def m_shape(node: object) -> tuple[int, ...] | None:
+def _node_shape(node: object) -> tuple[int, ...] | None:
     value = node.meta.get("val") if isinstance(node, fx.Node) else None
     return tuple(value.shape) if isinstance(value, torch.Tensor) else None
 
