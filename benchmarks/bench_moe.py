@@ -2,7 +2,8 @@
 torch._grouped_mm (HF transformers 5's "grouped_mm" experts) and, when its source is present in
 third_party/vllm_fused_moe (git-ignored), vLLM's fused_moe Triton kernel with its H200 configs.
 
-    python benchmarks/bench_moe.py --out DIR [--sweep] [--precompile]
+    python benchmarks/bench_moe.py --out DIR [--sweep [--sweep-tokens T ...]] [--precompile]
+    python benchmarks/bench_moe.py --prewarm-offline DIR   # on a machine without a GPU, see below
 
 Shapes: Mixtral-8x7B (H 4096, F 14336, E 8, k 2) and fine-grained (H 2048, F 1408, E 64, k 8);
 T in {1, 8, 64, 256, 1024, 4096}; bf16. Routing: softmax over random router logits, top-k,
@@ -13,8 +14,18 @@ in this run; FLOPs = 2 * T * k * 3 * H * F over the bf16 matmul rate measured in
 
 --sweep times candidate launch configs per kernel (gate_up, down) for every shape and T and
 prints the per-bucket winners (the CONFIG_TABLE entries of kernels/tiled_moe.py); the benchmark
-then uses them. --precompile compiles every candidate first in parallel worker processes
-(Triton's on-disk cache then serves the timing process).
+then uses them; --sweep-tokens limits the sweep to some T (the others keep CONFIG_TABLE's entry).
+--precompile compiles every candidate first in parallel worker processes (Triton's on-disk cache
+then serves the timing process). Before the shapes, the three token-grouping routes of
+kernels/moe_align.py are timed alone at the benchmark's large pair counts, each also run under
+torch.cuda.set_sync_debug_mode("error") to show whether it synchronises with the host.
+
+--prewarm-offline DIR compiles, for an sm_90 target and with no GPU present, every kernel variant
+the GPU run will launch (tests/test_tiled_moe.py's GPU tests, the sweep, the benchmark) into the
+Triton cache DIR, and prints each kernel's registers, spills and shared memory. It fails here, at
+no device time, on a config that does not compile. With --triton-key-of PATH (an unpacked triton
+wheel for the GPU machine's Python), the cache entries carry that machine's cache key, so the GPU
+run can load them instead of compiling (a miss just compiles, as without the cache).
 """
 
 from __future__ import annotations
@@ -30,6 +41,7 @@ import pathlib
 import sys
 import time
 import traceback
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
@@ -46,7 +58,15 @@ SHAPES = {
     "mixtral": dict(num_experts=8, hidden=4096, ffn=14336, top_k=2),
     "fine": dict(num_experts=64, hidden=2048, ffn=1408, top_k=8),
 }
+SHAPES_REAL = dict(SHAPES)  # SHAPES itself shrinks under --smoke
 TOKENS = (1, 8, 64, 256, 1024, 4096)
+SWEEP_TOKENS = (256, 1024, 4096)  # the prefill buckets; decode configs stay as CONFIG_TABLE has them
+# (T, k, E) of the grouping-route comparison (the benchmark's pair counts above 4096), and of the GPU
+# grouping test in tests/test_tiled_moe.py (keep in step); the single-launch route is timed up to
+# SINGLE_LAUNCH_TIMED_UP_TO pairs (its cost grows as P^2).
+GROUPING_CASES = ((4096, 2, 8), (1024, 8, 64), (4096, 8, 64))
+TEST_GROUPING_CASES = ((3000, 2, 8), (4096, 8, 64), (16384, 8, 256))
+SINGLE_LAUNCH_TIMED_UP_TO = 8192
 ROTATE = 4
 DEV = "cuda"  # --smoke runs the whole script on the CPU (Triton interpreter, tiny shapes, fake timings)
 
@@ -68,10 +88,12 @@ MID_M = dict(
     up=((64, 128, 4, 4), (128, 128, 4, 3), (64, 64, 4, 4), (128, 64, 4, 4)),
     down=((64, 128, 2, 4, 4), (64, 128, 1, 4, 4), (128, 64, 1, 4, 4), (128, 128, 2, 4, 3)),
 )
+# Large M (prefill): gate_up candidates carry a fifth field, 1 = gate and up as one dot of 2 * up_n
+# columns (one N = 256 wgmma at up_n = 128, as vLLM's BLOCK_N 256), 0 = two dots of up_n.
 LARGE_M = dict(
     block_m=(64, 128),
-    up=((128, 64, 8, 3), (128, 64, 8, 4), (64, 64, 4, 4), (128, 128, 8, 2)),
-    down=((128, 64, 1, 8, 4), (128, 128, 1, 8, 3), (256, 64, 1, 8, 3), (64, 64, 1, 4, 4)),
+    up=((128, 64, 8, 4, 1), (128, 64, 8, 3, 1), (64, 64, 4, 4, 1), (128, 64, 8, 4, 0), (128, 64, 8, 3, 0)),
+    down=((256, 64, 1, 8, 3), (256, 64, 1, 8, 4), (128, 64, 1, 8, 4), (128, 128, 1, 8, 3)),
 )
 
 
@@ -80,7 +102,8 @@ def candidates_for(m: int) -> dict:
 
 
 def make_config(block_m: int, up: tuple, down: tuple, group_m: int = 8) -> tm.MoEConfig:
-    return tm.MoEConfig(block_m, *up, *down, group_m=group_m)
+    fused = bool(up[4]) if len(up) > 4 else False
+    return tm.MoEConfig(block_m, *up[:4], *down, group_m=group_m, fused=fused)
 
 
 def bench_ms(fn, warmup: int = 25, rep: int = 100) -> float:
@@ -177,22 +200,203 @@ def precompile(tasks, workers: int) -> dict:
     return failed
 
 
-def all_tasks(shapes, tokens) -> list:
+def all_tasks(shapes, tokens, sweep_tokens) -> list:
     tasks = set()
     for shape in shapes.values():
         e, h, f, k = shape["num_experts"], shape["hidden"], shape["ffn"], shape["top_k"]
         hp, fp = tm.round_up(h), tm.round_up(f)
         for t in tokens:
+            table_cfg = tm.lookup_config(t, k, e, hp, fp)
+            tasks.add((table_cfg, "tiles64"))
+            tasks.add((table_cfg, "rows"))
+            if t not in sweep_tokens:
+                continue
             cands = candidates_for(tm.pairs_per_expert(t, k, e))
             for bm in cands["block_m"]:
                 ups, downs = cands["up"], cands["down"]
                 for i in range(max(len(ups), len(downs))):
                     cfg = make_config(bm, ups[min(i, len(ups) - 1)], downs[min(i, len(downs) - 1)])
                     tasks.add((cfg.fitted(fp, hp), "tiles64"))
-            table_cfg = tm.lookup_config(t, k, e, hp, fp)
-            tasks.add((table_cfg, "tiles64"))
-            tasks.add((table_cfg, "rows"))
     return sorted(tasks, key=str)
+
+
+# ------------------------------------------------------------------ offline prewarm (no GPU here)
+
+
+class _OfflineCudaDriver:
+    """Stands in for Triton's CUDA driver without a GPU: kernels compile for sm_90, nothing launches."""
+
+    def __init__(self):
+        from triton.backends.compiler import GPUTarget
+
+        self.target = GPUTarget("cuda", 90, 32)
+
+    def get_current_target(self):
+        return self.target
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+    def get_active_torch_device(self):
+        return torch.device("cpu")
+
+
+def triton_key_of(triton_dir: pathlib.Path) -> str:
+    """triton.runtime.cache.triton_key() as computed by the Triton installed at `triton_dir`.
+
+    Same recipe (Triton's own Python sources, then libtriton, then triton.language), with the files
+    read from `triton_dir`: the wheel for another Python differs only in its shared libraries.
+    """
+    import hashlib
+    import pkgutil
+
+    import triton.runtime.cache as cache
+
+    local = pathlib.Path(cache.__file__).resolve().parent.parent
+
+    def digest(origin) -> str:
+        return hashlib.sha256(
+            (triton_dir / pathlib.Path(origin).resolve().relative_to(local)).read_bytes()
+        ).hexdigest()
+
+    contents = [digest(cache.__file__)]
+    for sub, prefix in (("compiler", "triton.compiler."), ("backends", "triton.backends.")):
+        for lib in pkgutil.walk_packages([str(local / sub)], prefix=prefix):
+            contents.append(digest(lib.module_finder.find_spec(lib.name).origin))
+    contents.append(digest(local / "_C" / "libtriton.so"))
+    for lib in pkgutil.walk_packages([str(local / "language")], prefix="triton.language."):
+        contents.append(digest(lib.module_finder.find_spec(lib.name).origin))
+    return f"{triton.__version__}" + "-".join(contents)
+
+
+def _resource_usage(kernel) -> str:
+    import re
+    import subprocess
+    import tempfile
+
+    tool = pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        res = subprocess.run([str(tool), "-res-usage", f.name], capture_output=True, text=True).stdout
+        sass = subprocess.run([str(tool), "-sass", f.name], capture_output=True, text=True).stdout
+    m = re.search(r"REG:(\d+) STACK:(\d+) SHARED:\d+ LOCAL:(\d+)", res)
+    regs = f"regs {m.group(1)} stack {m.group(2)} local {m.group(3)}" if m else "regs ?"
+    return f"{regs}, smem {kernel.metadata.shared} B, HGMMA {sass.count('HGMMA')}"
+
+
+def offline_cases(shapes, tokens, sweep_tokens):
+    """What the GPU run launches: (label, shape, T, dtype, layout, config or None = table lookup)."""
+    mixtral, fine = SHAPES_REAL["mixtral"], SHAPES_REAL["fine"]
+    bf16 = torch.bfloat16
+    # tests/test_tiled_moe.py's GPU tests (keep in step with them).
+    cases = [("test", mixtral, t, bf16, "tiles64", None) for t in (1, 64, 300)]
+    cases += [("test", fine, t, bf16, "tiles64", None) for t in (1, 4096)]
+    cases += [("test", mixtral, 40, torch.float16, "rows", None), ("test", fine, 1024, bf16, "rows", None)]
+    prefill = tm.lookup_config(1000, 2, 8, 4096, 14336)
+    cases += [("test", mixtral, 1000, bf16, "tiles64", replace(prefill, fused=f)) for f in (True, False)]
+    # The benchmark: CONFIG_TABLE entries (both layouts), and every sweep composition.
+    for shape in shapes.values():
+        e, k = shape["num_experts"], shape["top_k"]
+        for t in tokens:
+            cases += [("bench", shape, t, bf16, layout, None) for layout in ("tiles64", "rows")]
+            if t not in sweep_tokens:
+                continue
+            cands = candidates_for(tm.pairs_per_expert(t, k, e))
+            for bm in cands["block_m"]:
+                for up in cands["up"]:
+                    cases.append(("sweep", shape, t, bf16, "tiles64", make_config(bm, up, cands["down"][0])))
+                for down in cands["down"]:
+                    cases.append(("sweep", shape, t, bf16, "tiles64", make_config(bm, cands["up"][0], down)))
+    return cases
+
+
+def prewarm_offline(cache_dir: str, shapes, tokens, sweep_tokens, foreign_triton: str | None) -> int:
+    """Compile every kernel variant of the GPU run for sm_90 into `cache_dir`; print resources."""
+    import hashlib
+
+    import triton.runtime.cache as cache
+    from triton.runtime.driver import driver
+    from triton.runtime.jit import JITFunction
+
+    os.environ["TRITON_CACHE_DIR"] = cache_dir
+    pathlib.Path(cache_dir).mkdir(parents=True, exist_ok=True)
+    own_key = cache.triton_key()
+    if foreign_triton:
+        local = pathlib.Path(cache.__file__).resolve().parent.parent
+        assert triton_key_of(local) == own_key, "triton_key_of does not reproduce triton_key()"
+        key = triton_key_of(pathlib.Path(foreign_triton))
+        cache.triton_key = lambda: key  # get_cache_key reads the module global at call time
+    else:
+        key = own_key
+    (pathlib.Path(cache_dir) / "triton_key.sha256").write_text(
+        hashlib.sha256(key.encode()).hexdigest() + "\n"
+    )
+    driver.set_active(_OfflineCudaDriver())
+    compiled = {}
+
+    def compile_only(self, grid):
+        def launch(*args, **kwargs):
+            kernel = self.run(*args, grid=grid, warmup=True, **kwargs)
+            consts = {k: v for k, v in kwargs.items() if k.isupper()}
+            compiled.setdefault(kernel.hash, (self.__name__, consts, kernel))
+
+        return launch
+
+    JITFunction.__getitem__ = compile_only
+    torch.cuda.get_device_name = lambda *a: "NVIDIA H200"  # vLLM's config lookup asks for it
+    vllm = load_vllm()
+    failures = 0
+    t0 = time.time()
+    seen = set()
+    for label, shape, t, dtype, layout, cfg in offline_cases(shapes, tokens, sweep_tokens):
+        e, h, f, k = shape["num_experts"], shape["hidden"], shape["ffn"], shape["top_k"]
+        key_case = (tuple(shape.values()), t, dtype, layout, cfg)
+        if key_case in seen:
+            continue
+        seen.add(key_case)
+        hp, fp = tm.round_up(h), tm.round_up(f)
+        if layout == "tiles64":
+            w_gate_up = torch.empty(e, fp // 64, hp // 64, 2, 64, 64, dtype=dtype)
+            w_down = torch.empty(e, hp // 64, fp // 64, 64, 64, dtype=dtype)
+        else:
+            w_gate_up = torch.empty(e, 2 * fp, hp, dtype=dtype)
+            w_down = torch.empty(e, hp, fp, dtype=dtype)
+        x = torch.empty(t, h, dtype=dtype)
+        ids = torch.stack([torch.randperm(e)[:k] for _ in range(t)])
+        weights = torch.rand(t, k)
+        try:
+            run_cfg = cfg or tm.lookup_config(t, k, e, hp, fp)
+            tm.tiled_moe_triton(x, ids, weights, w_gate_up, w_down, config=run_cfg)
+            # The grouping route the GPU takes for this many pairs (the CPU op above took torch's).
+            if t * k <= moe_align.TRITON_MAX_PAIRS:
+                moe_align.group_by_expert_triton(ids, e, run_cfg.block_m)
+            else:
+                moe_align.group_by_expert_blocked(ids, e, run_cfg.block_m)
+            if label == "bench" and layout == "tiles64" and vllm is not None:
+                gate_up_proj = torch.empty(e, 2 * f, h, dtype=dtype)
+                down_proj = torch.empty(e, h, f, dtype=dtype)
+                prepared = vllm.prepare(ids, gate_up_proj, down_proj)
+                vllm.fused_experts(x, gate_up_proj, down_proj, weights, ids, prepared)
+        except Exception as exc:  # noqa: BLE001  (report every failing variant, then fail)
+            failures += 1
+            print(
+                f"FAILED {label} E={e} T={t} {dtype} {layout} {cfg}: {type(exc).__name__}: {str(exc)[:400]}"
+            )
+    # The grouping comparison before the shapes, and the grouping GPU test, run these routes too.
+    for t, k, e in GROUPING_CASES + TEST_GROUPING_CASES:
+        ids = torch.stack([torch.randperm(e)[:k] for _ in range(t)])
+        moe_align.group_by_expert_blocked(ids, e, 128)
+        if t * k <= SINGLE_LAUNCH_TIMED_UP_TO:
+            moe_align.group_by_expert_triton(ids, e, 128)
+    print(f"compiled {len(compiled)} kernels for sm_90 in {time.time() - t0:.0f} s into {cache_dir}")
+    for name, consts, kernel in sorted(compiled.values(), key=lambda c: (c[0], str(c[1]))):
+        if name.startswith(("_gate_up", "_down", "fused_moe")):
+            print(f"  {name} {consts}: {_resource_usage(kernel)}")
+    return 1 if failures else 0
 
 
 # ------------------------------------------------------------------ per-shape work
@@ -440,6 +644,68 @@ def bench_shape(prob: Problem, tokens, bw, flops_rate, vllm, configs, log, layou
     return rows
 
 
+def random_ids(num_tokens: int, top_k: int, num_experts: int) -> torch.Tensor:
+    """Distinct experts per token (top-k of random scores), int64 as torch.topk returns them."""
+    return torch.rand(num_tokens, num_experts, device=DEV).topk(top_k, dim=-1).indices
+
+
+def synchronises(fn) -> bool:
+    """Whether fn makes a host synchronisation (torch's sync debug mode raises on one)."""
+    if DEV != "cuda":
+        return False
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        fn()
+        return False
+    except RuntimeError:
+        return True
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+
+
+def bench_grouping(log) -> list[dict]:
+    """Time the grouping routes of moe_align alone at the benchmark's pair counts above 4096."""
+    rows = []
+    for t, k, e in GROUPING_CASES:
+        sets = [random_ids(t, k, e) for _ in range(ROTATE)]
+        block_m = 128
+        routes = {
+            "torch": moe_align.group_by_expert_torch,
+            "blocked": moe_align.group_by_expert_blocked,
+        }
+        if t * k <= SINGLE_LAUNCH_TIMED_UP_TO:
+            routes["single"] = moe_align.group_by_expert_triton
+        row = dict(T=t, k=k, E=e, pairs=t * k)
+        ref = moe_align.group_by_expert_torch(sets[0], e, block_m)
+        for name, route in routes.items():
+            got = route(sets[0], e, block_m)
+            row[f"{name}_equal"] = bool(
+                torch.equal(got.sorted_pairs, ref.sorted_pairs) and torch.equal(got.tiles, ref.tiles)
+            )
+            args = [(ids, e, block_m) for ids in sets]
+            row[f"{name}_syncs"] = synchronises(lambda route=route, args=args: route(*args[1]))
+            row[f"{name}_us"] = 1e3 * bench_ms(timed_rotation(route, args))
+        log(f"  grouping {row}")
+        rows.append(row)
+    return rows
+
+
+def grouping_markdown(rows) -> str:
+    lines = [
+        "| T | k | E | pairs | torch route us (syncs?) | single-launch us | blocked us | blocked == torch |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        single = f"{r['single_us']:.1f}" if "single_us" in r else "-"
+        lines.append(
+            f"| {r['T']} | {r['k']} | {r['E']} | {r['pairs']} | {r['torch_us']:.1f} "
+            f"({'yes' if r['torch_syncs'] else 'no'}) | {single} | {r['blocked_us']:.1f} "
+            f"| {'yes' if r['blocked_equal'] else 'NO'} |"
+        )
+    return "\n".join(lines)
+
+
 def markdown(rows, has_vllm, layouts) -> str:
     head = (
         "| shape | T | experts hit | weight MB | floor ms (bytes / flops) | ours ms | TB/s | x floor "
@@ -490,12 +756,16 @@ def measure_ceilings() -> tuple[float, float]:
 
 
 def main() -> int:
-    global DEV, SHAPES
+    global DEV, SHAPES, GROUPING_CASES
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--out", default="benchmarks/out")
     parser.add_argument("--sweep", action="store_true", help="tune launch configs per bucket first")
+    parser.add_argument("--sweep-tokens", nargs="*", type=int, default=list(SWEEP_TOKENS))
+    parser.add_argument("--no-grouping", action="store_true", help="skip the grouping-route comparison")
+    parser.add_argument("--prewarm-offline", metavar="CACHE_DIR", help="compile for sm_90 without a GPU")
+    parser.add_argument("--triton-key-of", metavar="TRITON_DIR", help="with --prewarm-offline: see above")
     parser.add_argument("--precompile", action="store_true", help="compile all configs in worker processes")
     parser.add_argument("--precompile-only", action="store_true")
     parser.add_argument("--workers", type=int, default=14)
@@ -505,8 +775,14 @@ def main() -> int:
     parser.add_argument("--no-vllm", action="store_true")
     parser.add_argument("--smoke", action="store_true", help="CPU + TRITON_INTERPRET=1 check of this script")
     args = parser.parse_args()
+    shapes = {k: SHAPES[k] for k in args.shapes}
+    if args.prewarm_offline:
+        return prewarm_offline(
+            args.prewarm_offline, shapes, args.tokens, set(args.sweep_tokens), args.triton_key_of
+        )
     if args.smoke:
         DEV = "cpu"
+        GROUPING_CASES = ((700, 8, 16),)
         SHAPES = {
             "mixtral": dict(num_experts=8, hidden=128, ffn=192, top_k=2),
             "fine": dict(num_experts=16, hidden=64, ffn=64, top_k=4),
@@ -523,9 +799,10 @@ def main() -> int:
         log_lines.append(msg)
 
     shapes = {k: SHAPES[k] for k in args.shapes}
+    sweep_tokens = [t for t in args.tokens if t in args.sweep_tokens]
     failed = {}
     if args.precompile or args.precompile_only:
-        failed = precompile(all_tasks(shapes, args.tokens), args.workers)
+        failed = precompile(all_tasks(shapes, args.tokens, sweep_tokens if args.sweep else []), args.workers)
         if args.precompile_only:
             return 0
 
@@ -543,14 +820,36 @@ def main() -> int:
 
     vllm = None if args.no_vllm else load_vllm()
     log(f"vLLM fused_moe peer: {'present' if vllm else 'absent'}")
-    all_rows, chosen_all, sweeps = [], {}, {}
+    all_rows, chosen_all, sweeps, grouping_rows = [], {}, {}, []
+
+    def save():  # after every part, so a run cut short still leaves its numbers
+        result = dict(
+            info=info,
+            grouping=grouping_rows,
+            rows=all_rows,
+            sweep=sweeps,
+            chosen={str(k): str(v) for k, v in chosen_all.items()},
+        )
+        (out / "bench_moe.json").write_text(json.dumps(result, indent=1, default=str))
+        text = markdown(all_rows, vllm is not None, args.layouts) if all_rows else ""
+        if grouping_rows:
+            text += "\n\nGrouping routes alone:\n\n" + grouping_markdown(grouping_rows)
+        (out / "bench_moe.md").write_text(text + "\n")
+        (out / "bench_moe.log").write_text("\n".join(log_lines) + "\n")
+
+    if not args.no_grouping:
+        try:
+            grouping_rows = bench_grouping(log)
+        except Exception:  # noqa: BLE001
+            log(traceback.format_exc())
+        save()
     for name, shape in shapes.items():
         t0 = time.time()
         prob = Problem(name, shape, layouts=tuple(args.layouts))
         chosen = {}
         if args.sweep:
             try:
-                sweep = sweep_shape(prob, args.tokens, failed, log)
+                sweep = sweep_shape(prob, sweep_tokens, failed, log)
                 sweeps[name] = {str(t): {str(k): v for k, v in r.items()} for t, r in sweep.items()}
                 chosen = choose_bucket_configs(prob, sweep)
                 chosen_all.update(chosen)
@@ -561,17 +860,13 @@ def main() -> int:
         except Exception:  # noqa: BLE001
             log(traceback.format_exc())
         log(f"{name}: {time.time() - t0:.0f} s")
+        save()
         del prob
         if DEV == "cuda":
             torch.cuda.empty_cache()
 
     table = markdown(all_rows, vllm is not None, args.layouts)
-    result = dict(
-        info=info, rows=all_rows, sweep=sweeps, chosen={str(k): str(v) for k, v in chosen_all.items()}
-    )
-    (out / "bench_moe.json").write_text(json.dumps(result, indent=1, default=str))
-    (out / "bench_moe.md").write_text(table + "\n")
-    (out / "bench_moe.log").write_text("\n".join(log_lines) + "\n")
+    save()
     if chosen_all:
         print("\nCONFIG_TABLE entries from this sweep:")
         for key, cfg in sorted(chosen_all.items(), key=str):
@@ -583,6 +878,8 @@ def main() -> int:
         f"copy {info['copy_TBps']:.2f} TB/s  bf16 {info['bf16_TFLOPs']:.0f} TFLOP/s"
     )
     print(table)
+    if grouping_rows:
+        print(grouping_markdown(grouping_rows))
     return 0
 
 

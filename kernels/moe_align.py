@@ -16,9 +16,22 @@ Output, `ExpertGrouping`:
 - tiles int32 [3, max_tiles]: per tile slot, (expert or -1, first row, one past last row), rows
   indexing sorted_pairs.
 
-Two implementations with identical results: one Triton launch for up to TRITON_MAX_PAIRS pairs
-(decode and small prefill, where the six to ten small torch kernels of the sort/histc/cumsum
-route would cost more than the grouping itself), and the torch route for larger batches.
+Three implementations with identical results (on the GPU none synchronises with the host):
+- `group_by_expert_triton`, one Triton launch for up to TRITON_MAX_PAIRS pairs (decode and small
+  prefill): every pair counts the pairs sorted before it, O(P^2) compares spread over P / 64
+  programs, and program 0 also builds the tile table. At 4096 pairs that is 16M compares, a few
+  microseconds; at 32768 it would be 1G compares and program 0 alone would count all P pairs
+  per expert, so it does not scale.
+- `group_by_expert_blocked`, two Triton launches for any P: a per-block histogram (the pairs cut
+  into NB <= 64 blocks), then a scatter in which each block's program sums the block histograms
+  (O(NB * bins), from L2) into its own starting row per expert, ranks its pairs within the block
+  and writes them to their sorted positions; program 0 also builds the tile table. Work is
+  O(P * block + NB^2 * bins), the grid is NB, both from shapes alone.
+- `group_by_expert_torch`, torch ops only (sort, scatter_add, cumsum, searchsorted): the
+  reference, and the route for CPU tensors outside the interpreter. It was the GPU route for
+  P > 4096 until the blocked kernels replaced it: about 15 small kernels, each launched from the
+  host, and the op then measured 110-740 us above its GEMMs on the H200 (benchmarks/RESULTS.md
+  compares the routes).
 """
 
 from __future__ import annotations
@@ -30,12 +43,20 @@ import torch
 import triton
 import triton.language as tl
 
-# The Triton route compares every pair with every other (O(P^2) work spread over P / PAIR_BLOCK
-# programs); at 4096 pairs that is 16M compares, a few microseconds, still cheaper than torch.sort.
+# Single-launch route: O(P^2) compares (see the module docstring); at 4096 pairs still a few us.
 TRITON_MAX_PAIRS = 4096
 _PAIR_BLOCK = 64
 _SCAN_BLOCK = 64
 _SLOT_BLOCK = 32
+# Blocked route: at most _MAX_BLOCKS blocks of at least _MIN_BLOCK_PAIRS pairs. Every scatter program
+# re-reads all block histograms (NB * bins ints), so NB stays small; the block then grows with P,
+# and ranking within a block costs O(block^2 / 2) compares per program. Every 2-D intermediate
+# (pairs x bins, pairs x pairs, blocks x bins) is kept at <= _MATRIX_ELEMENTS elements.
+_MAX_BLOCKS = 64
+_MIN_BLOCK_PAIRS = 256
+_RANK_CHUNK = 64
+_BLOCK_ROWS = 16
+_MATRIX_ELEMENTS = 4096
 
 
 @dataclass(frozen=True)
@@ -134,26 +155,121 @@ def _align_kernel(
             hit = (other_ids[None, :] == experts[:, None]) & other_in[None, :]
             counts += tl.sum(hit.to(tl.int32), axis=1)
         counts = tl.where(experts < num_experts, counts, 0)
-        tiles_per_expert = (counts + BLOCK_M - 1) // BLOCK_M
-        slot_end = tl.cumsum(tiles_per_expert, 0)
-        slot_begin = slot_end - tiles_per_expert
-        row_end = tl.cumsum(counts, 0)
-        row_begin = row_end - counts
-        for s0 in range(0, n_slots, SLOT_BLOCK):
-            slots = s0 + tl.arange(0, SLOT_BLOCK)
-            # owner[s, e]: slot s is one of expert e's tiles (at most one e per slot).
-            owner = (slot_begin[None, :] <= slots[:, None]) & (slots[:, None] < slot_end[None, :])
-            used = tl.sum(owner.to(tl.int32), axis=1) > 0
-            expert = tl.sum(tl.where(owner, experts[None, :], 0), axis=1)
-            first_slot = tl.sum(tl.where(owner, slot_begin[None, :], 0), axis=1)
-            expert_row_begin = tl.sum(tl.where(owner, row_begin[None, :], 0), axis=1)
-            expert_row_end = tl.sum(tl.where(owner, row_end[None, :], 0), axis=1)
-            start = expert_row_begin + (slots - first_slot) * BLOCK_M
-            end = tl.minimum(start + BLOCK_M, expert_row_end)
-            slot_in = slots < n_slots
-            tl.store(tiles_ptr + slots, tl.where(used, expert, -1), mask=slot_in)
-            tl.store(tiles_ptr + n_slots + slots, tl.where(used, start, 0), mask=slot_in)
-            tl.store(tiles_ptr + 2 * n_slots + slots, tl.where(used, end, 0), mask=slot_in)
+        _write_tile_table(tiles_ptr, counts, n_slots, BLOCK_M, EXPERT_BLOCK, SLOT_BLOCK)
+
+
+@triton.jit
+def _write_tile_table(
+    tiles_ptr, counts, n_slots, block_m, EXPERT_BLOCK: tl.constexpr, SLOT_BLOCK: tl.constexpr
+):
+    """tiles[:, s] = (expert, first row, one past last row) for every slot s < n_slots.
+
+    counts [EXPERT_BLOCK]: pairs per expert (0 past the last expert). Expert e owns the
+    ceil(counts[e] / block_m) slots after those of experts < e; later slots get (-1, 0, 0).
+    """
+    experts = tl.arange(0, EXPERT_BLOCK)
+    tiles_per_expert = (counts + block_m - 1) // block_m
+    slot_end = tl.cumsum(tiles_per_expert, 0)
+    slot_begin = slot_end - tiles_per_expert
+    row_end = tl.cumsum(counts, 0)
+    row_begin = row_end - counts
+    for s0 in range(0, n_slots, SLOT_BLOCK):
+        slots = s0 + tl.arange(0, SLOT_BLOCK)
+        # owner[s, e]: slot s is one of expert e's tiles (at most one e per slot).
+        owner = (slot_begin[None, :] <= slots[:, None]) & (slots[:, None] < slot_end[None, :])
+        used = tl.sum(owner.to(tl.int32), axis=1) > 0
+        expert = tl.sum(tl.where(owner, experts[None, :], 0), axis=1)
+        first_slot = tl.sum(tl.where(owner, slot_begin[None, :], 0), axis=1)
+        expert_row_begin = tl.sum(tl.where(owner, row_begin[None, :], 0), axis=1)
+        expert_row_end = tl.sum(tl.where(owner, row_end[None, :], 0), axis=1)
+        start = expert_row_begin + (slots - first_slot) * block_m
+        end = tl.minimum(start + block_m, expert_row_end)
+        slot_in = slots < n_slots
+        tl.store(tiles_ptr + slots, tl.where(used, expert, -1), mask=slot_in)
+        tl.store(tiles_ptr + n_slots + slots, tl.where(used, start, 0), mask=slot_in)
+        tl.store(tiles_ptr + 2 * n_slots + slots, tl.where(used, end, 0), mask=slot_in)
+
+
+@triton.jit
+def _sort_keys(ids_ptr, pairs, pair_in, num_experts, PAD_KEY: tl.constexpr):
+    """Sort key per pair: its expert, num_experts for ids outside [0, E), PAD_KEY past the end."""
+    ids = tl.load(ids_ptr + pairs, mask=pair_in, other=0)
+    keys = tl.where((ids >= 0) & (ids < num_experts), ids, num_experts).to(tl.int32)
+    return tl.where(pair_in, keys, PAD_KEY)
+
+
+@triton.jit(do_not_specialize=["num_pairs", "num_experts"])
+def _block_histogram_kernel(
+    ids_ptr,
+    block_counts_ptr,  # [num_blocks, BINS] out
+    num_pairs,
+    num_experts,
+    BLOCK_P: tl.constexpr,
+    BINS: tl.constexpr,  # power of 2 > num_experts: bins 0..E-1 experts, bin E invalid ids
+    CHUNK: tl.constexpr,
+):
+    block = tl.program_id(0)
+    bins = tl.arange(0, BINS)
+    counts = tl.zeros([BINS], dtype=tl.int32)
+    for c0 in range(0, BLOCK_P, CHUNK):
+        pairs = block * BLOCK_P + c0 + tl.arange(0, CHUNK)
+        keys = _sort_keys(ids_ptr, pairs, pairs < num_pairs, num_experts, BINS)
+        counts += tl.sum((keys[:, None] == bins[None, :]).to(tl.int32), axis=0)
+    tl.store(block_counts_ptr + block * BINS + bins, counts)
+
+
+@triton.jit(do_not_specialize=["num_pairs", "num_experts", "num_blocks", "n_slots", "block_m"])
+def _block_scatter_kernel(
+    ids_ptr,
+    block_counts_ptr,  # [num_blocks, BINS] from _block_histogram_kernel
+    sorted_pairs_ptr,
+    tiles_ptr,
+    num_pairs,
+    num_experts,
+    num_blocks,
+    n_slots,
+    block_m,
+    BLOCK_P: tl.constexpr,
+    BINS: tl.constexpr,
+    ROWS: tl.constexpr,
+    CHUNK: tl.constexpr,  # this block's pairs handled CHUNK at a time ([CHUNK, BINS] gathers)
+    OTHERS: tl.constexpr,  # compared against OTHERS pairs at a time ([CHUNK, OTHERS] compares)
+    SLOT_BLOCK: tl.constexpr,
+):
+    block = tl.program_id(0)
+    bins = tl.arange(0, BINS)
+    # 1. Totals per bin, and this block's start per bin: the pairs of that bin in earlier blocks.
+    totals = tl.zeros([BINS], dtype=tl.int32)
+    earlier = tl.zeros([BINS], dtype=tl.int32)
+    for r0 in range(0, num_blocks, ROWS):
+        rows = r0 + tl.arange(0, ROWS)
+        row_in = (rows < num_blocks)[:, None]
+        counts = tl.load(block_counts_ptr + rows[:, None] * BINS + bins[None, :], mask=row_in, other=0)
+        totals += tl.sum(counts, axis=0)
+        earlier += tl.sum(tl.where((rows < block)[:, None], counts, 0), axis=0)
+    # Sorted order is by bin (invalid ids, bin E, after every expert), then by pair index.
+    start = tl.cumsum(totals, 0) - totals + earlier
+
+    # 2. Each pair's sorted position: its bin's start + pairs of its bin before it in this block.
+    block_first = block * BLOCK_P
+    for m0 in range(0, BLOCK_P, CHUNK):
+        mine = block_first + m0 + tl.arange(0, CHUNK)
+        mine_in = mine < num_pairs
+        keys = _sort_keys(ids_ptr, mine, mine_in, num_experts, BINS)
+        same_bin = keys[:, None] == bins[None, :]
+        position = tl.sum(tl.where(same_bin, start[None, :], 0), axis=1)
+        for o0 in range(0, m0 + CHUNK, OTHERS):
+            others = block_first + o0 + tl.arange(0, OTHERS)
+            other_keys = _sort_keys(ids_ptr, others, others < num_pairs, num_experts, BINS)
+            before = (other_keys[None, :] == keys[:, None]) & (others[None, :] < mine[:, None])
+            position += tl.sum(before.to(tl.int32), axis=1)
+        tl.store(sorted_pairs_ptr + position, mine, mask=mine_in)
+
+    # 3. Program 0 also builds the tile table (bins past the last expert hold no tiles).
+    if block == 0:
+        _write_tile_table(
+            tiles_ptr, tl.where(bins < num_experts, totals, 0), n_slots, block_m, BINS, SLOT_BLOCK
+        )
 
 
 def group_by_expert_triton(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> ExpertGrouping:
@@ -183,12 +299,56 @@ def group_by_expert_triton(topk_ids: torch.Tensor, num_experts: int, block_m: in
     return ExpertGrouping(sorted_pairs, tiles, block_m)
 
 
+def blocked_layout(num_pairs: int) -> tuple[int, int]:
+    """(pairs per block, number of blocks) of the blocked route, from the pair count alone."""
+    block = max(_MIN_BLOCK_PAIRS, triton.next_power_of_2(triton.cdiv(num_pairs, _MAX_BLOCKS)))
+    return block, triton.cdiv(num_pairs, block)
+
+
+def group_by_expert_blocked(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> ExpertGrouping:
+    """Two Triton launches (histogram, scatter), no host sync; scales to any number of pairs."""
+    flat = topk_ids.reshape(-1)
+    if not flat.is_contiguous():
+        flat = flat.contiguous()
+    num_pairs = flat.numel()
+    n_slots = max_tiles(num_pairs, num_experts, block_m)
+    block_pairs, num_blocks = blocked_layout(num_pairs)
+    bins = triton.next_power_of_2(num_experts + 1)  # + 1: the bin of ids outside [0, E)
+    device = flat.device
+    block_counts = torch.empty(num_blocks, bins, dtype=torch.int32, device=device)
+    sorted_pairs = torch.empty(num_pairs, dtype=torch.int32, device=device)
+    tiles = torch.empty(3, n_slots, dtype=torch.int32, device=device)
+    # Many bins: fewer pairs per chunk keeps the [chunk, bins] matrices at <= 4096 elements (registers).
+    chunk = max(8, min(_RANK_CHUNK, _MATRIX_ELEMENTS // bins))
+    _block_histogram_kernel[(num_blocks,)](
+        flat, block_counts, num_pairs, num_experts, BLOCK_P=block_pairs, BINS=bins, CHUNK=chunk, num_warps=4
+    )
+    _block_scatter_kernel[(num_blocks,)](
+        flat,
+        block_counts,
+        sorted_pairs,
+        tiles,
+        num_pairs,
+        num_experts,
+        num_blocks,
+        n_slots,
+        block_m,
+        BLOCK_P=block_pairs,
+        BINS=bins,
+        ROWS=max(1, min(_BLOCK_ROWS, _MATRIX_ELEMENTS // bins)),
+        CHUNK=chunk,
+        OTHERS=_MATRIX_ELEMENTS // chunk,
+        SLOT_BLOCK=max(1, min(_SLOT_BLOCK, _MATRIX_ELEMENTS // bins)),
+        num_warps=4,
+    )
+    return ExpertGrouping(sorted_pairs, tiles, block_m)
+
+
 def group_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> ExpertGrouping:
     """Group routed pairs by expert into tiles of at most `block_m` pairs, on topk_ids' device."""
     num_pairs = topk_ids.numel()
-    if num_pairs == 0:
+    if num_pairs == 0 or not (topk_ids.is_cuda or interpreting()):
         return group_by_expert_torch(topk_ids, num_experts, block_m)
-    triton_can_run = topk_ids.is_cuda or interpreting()
-    if triton_can_run and num_pairs <= TRITON_MAX_PAIRS:
+    if num_pairs <= TRITON_MAX_PAIRS:
         return group_by_expert_triton(topk_ids, num_experts, block_m)
-    return group_by_expert_torch(topk_ids, num_experts, block_m)
+    return group_by_expert_blocked(topk_ids, num_experts, block_m)

@@ -48,6 +48,7 @@ that the weight read at T = 1 is spread over more programs than the GPU has SMs.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, replace
 
@@ -229,6 +230,7 @@ class MoEConfig:
     down_warps: int
     down_stages: int
     group_m: int = 8  # M tiles per program-order group (L2 reuse of weight tiles across M tiles)
+    fused: bool = False  # gate_up: gate and up as one dot of 2 * up_n columns (else two dots)
 
     def fitted(self, ffn_pad: int, hidden_pad: int) -> MoEConfig:
         """Shrink block sizes that do not divide the padded dims (weight loads are unmasked)."""
@@ -248,8 +250,8 @@ class MoEConfig:
         )
 
 
-def _cfg(bm, un, uk, uw, us, dn, dk, ds, dw, dst, gm=8) -> MoEConfig:
-    return MoEConfig(bm, un, uk, uw, us, dn, dk, ds, dw, dst, gm)
+def _cfg(bm, un, uk, uw, us, dn, dk, ds, dw, dst, gm=8, fused=False) -> MoEConfig:
+    return MoEConfig(bm, un, uk, uw, us, dn, dk, ds, dw, dst, gm, fused)
 
 
 # Shape class: "large" experts (H * F >= 2^24, e.g. Mixtral 4096 x 14336) or "small" (fine-grained,
@@ -264,15 +266,15 @@ CONFIG_TABLE: dict[tuple[str, int], MoEConfig] = {
     ("large", 8): _cfg(16, 128, 128, 4, 3, 64, 256, 4, 4, 3),  # copied from ("large", 2)
     ("large", 32): _cfg(32, 128, 128, 4, 3, 128, 64, 1, 4, 4),
     ("large", 128): _cfg(128, 128, 64, 8, 3, 256, 64, 1, 8, 3),
-    ("large", 512): _cfg(128, 128, 64, 8, 3, 256, 64, 1, 8, 3),
-    ("large", 1 << 62): _cfg(128, 128, 64, 8, 4, 256, 64, 1, 8, 3),
+    ("large", 512): _cfg(128, 128, 64, 8, 4, 256, 64, 1, 8, 3, fused=True),
+    ("large", 1 << 62): _cfg(128, 128, 64, 8, 4, 256, 64, 1, 8, 3, fused=True),
     ("small", 1): _cfg(16, 64, 256, 4, 3, 64, 128, 4, 4, 4),
     ("small", 2): _cfg(16, 64, 256, 4, 3, 64, 128, 4, 4, 4),  # copied from ("small", 1)
     ("small", 8): _cfg(16, 32, 256, 4, 3, 64, 128, 2, 4, 4),
     ("small", 32): _cfg(32, 128, 64, 4, 4, 128, 64, 1, 4, 4),
-    ("small", 128): _cfg(128, 128, 64, 8, 4, 256, 64, 1, 8, 3),
-    ("small", 512): _cfg(128, 128, 64, 8, 4, 256, 64, 1, 8, 3),
-    ("small", 1 << 62): _cfg(128, 128, 64, 8, 4, 256, 64, 1, 8, 3),  # copied from ("small", 512)
+    ("small", 128): _cfg(128, 128, 64, 8, 4, 256, 64, 1, 8, 3, fused=True),
+    ("small", 512): _cfg(128, 128, 64, 8, 4, 256, 64, 1, 8, 3, fused=True),
+    ("small", 1 << 62): _cfg(128, 128, 64, 8, 4, 256, 64, 1, 8, 3, fused=True),  # copied from ("small", 512)
 }
 BUCKETS = sorted({bucket for _, bucket in CONFIG_TABLE})
 
@@ -289,7 +291,13 @@ def pairs_per_expert(num_tokens: int, top_k: int, num_experts: int) -> int:
 def lookup_config(num_tokens: int, top_k: int, num_experts: int, hidden_pad: int, ffn_pad: int) -> MoEConfig:
     m = pairs_per_expert(num_tokens, top_k, num_experts)
     bucket = next(b for b in BUCKETS if m <= b)
-    return CONFIG_TABLE[(shape_class(hidden_pad, ffn_pad), bucket)].fitted(ffn_pad, hidden_pad)
+    return _fitted(CONFIG_TABLE[(shape_class(hidden_pad, ffn_pad), bucket)], ffn_pad, hidden_pad)
+
+
+@functools.lru_cache(maxsize=256)
+def _fitted(config: MoEConfig, ffn_pad: int, hidden_pad: int) -> MoEConfig:
+    # Cached: the op looks its config up on every call, and at decode host time is the budget.
+    return config.fitted(ffn_pad, hidden_pad)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -307,6 +315,27 @@ def _tile_coords(pid, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
     pid_m = first_pid_m + (pid % num_pid_in_group) % group_size_m
     pid_n = (pid % num_pid_in_group) // group_size_m
     return pid_m, pid_n
+
+
+@triton.jit
+def _gate_up_offsets(ffn_col, is_up, ks, hidden_pad, TILED: tl.constexpr):
+    """[K, N] element offsets, within one expert's packed w_gate_up, of the gate (is_up 0) or up
+    (is_up 1) weights of ffn columns `ffn_col` [N] at reduction indices `ks` [K]."""
+    if TILED:  # [F/64, H/64, 2, 64, 64]
+        tile_index = (ffn_col[None, :] // 64) * (hidden_pad // 64) + ks[:, None] // 64
+        offsets = tile_index * (2 * 64 * 64) + (ffn_col[None, :] % 64) * 64 + ks[:, None] % 64
+        return offsets + is_up * (64 * 64)
+    else:  # rows [2 F, H]: 64-row blocks gate, up, gate, ...
+        rows = (ffn_col[None, :] // 64) * 128 + is_up * 64 + ffn_col[None, :] % 64
+        return rows * hidden_pad + ks[:, None]
+
+
+@triton.jit
+def _load_x(x_ptrs, row_in, k_in, EVEN_H: tl.constexpr):
+    if EVEN_H:
+        return tl.load(x_ptrs, mask=row_in[:, None], other=0.0)
+    else:
+        return tl.load(x_ptrs, mask=row_in[:, None] & k_in[None, :], other=0.0)
 
 
 # Integer args that change with the routing or T are not specialised (Triton would otherwise compile
@@ -330,6 +359,7 @@ def _gate_up_kernel(
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
     EVEN_H: tl.constexpr,
+    FUSED: tl.constexpr,
     DOT_FP32: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
@@ -349,37 +379,54 @@ def _gate_up_kernel(
 
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # ffn columns of this program
     w_base = w_ptr + expert.to(tl.int64) * (2 * ffn_pad) * hidden_pad
-    # [BLOCK_K, BLOCK_N] offsets of the gate tile; the up tile sits one 64-block further.
     if TILED:
-        tile_index = (cols[None, :] // 64) * (hidden_pad // 64) + ks[:, None] // 64
-        gate_ptrs = w_base + tile_index * (2 * 64 * 64) + (cols[None, :] % 64) * 64 + ks[:, None] % 64
-        up_delta = 64 * 64
         k_step = (BLOCK_K // 64) * (2 * 64 * 64)
     else:
-        gate_rows = (cols[None, :] // 64) * 128 + cols[None, :] % 64
-        gate_ptrs = w_base + gate_rows * hidden_pad + ks[:, None]
-        up_delta = 64 * hidden_pad
         k_step = BLOCK_K
-    up_ptrs = gate_ptrs + up_delta
 
-    acc_gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, hidden_pad, BLOCK_K):
-        if EVEN_H:
-            x = tl.load(x_ptrs, mask=row_in[:, None], other=0.0)
+    if FUSED:
+        # One [BLOCK_K, 2 * BLOCK_N] weight tile per k step, columns [0, BLOCK_N) gate and
+        # [BLOCK_N, 2 * BLOCK_N) up, and one tensor-core dot of twice the width: one wgmma of
+        # N = 256 instead of two of N = 128 at BLOCK_N = 128 (the A operand read once, not twice).
+        both = tl.arange(0, 2 * BLOCK_N)
+        is_up = both // BLOCK_N
+        ffn_col = pid_n * BLOCK_N + both % BLOCK_N
+        w_ptrs = w_base + _gate_up_offsets(ffn_col, is_up, ks, hidden_pad, TILED)
+        acc = tl.zeros((BLOCK_M, 2 * BLOCK_N), dtype=tl.float32)
+        for k0 in range(0, hidden_pad, BLOCK_K):
+            x = _load_x(x_ptrs, row_in, k0 + ks < hidden_size, EVEN_H)
+            w = tl.load(w_ptrs)
+            if DOT_FP32:  # the interpreter's bf16 dot is wrong; exact fp32 there
+                x = x.to(tl.float32)
+                w = w.to(tl.float32)
+            acc = tl.dot(x, w, acc, input_precision=PRECISION)
+            x_ptrs += BLOCK_K
+            w_ptrs += k_step
+        # [BLOCK_M, (gate | up), BLOCK_N] -> gate, up: column bit log2(BLOCK_N) of the wgmma
+        # accumulator is a register index within each thread, so the split moves no data.
+        acc_gate, acc_up = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N)), (0, 2, 1)))
+    else:
+        # Two dots of BLOCK_N: the gate tile, and the up tile one 64-block further.
+        gate_ptrs = w_base + _gate_up_offsets(cols, 0, ks, hidden_pad, TILED)
+        if TILED:
+            up_ptrs = gate_ptrs + 64 * 64
         else:
-            x = tl.load(x_ptrs, mask=row_in[:, None] & (k0 + ks < hidden_size)[None, :], other=0.0)
-        w_gate = tl.load(gate_ptrs)
-        w_up = tl.load(up_ptrs)
-        if DOT_FP32:  # the interpreter's bf16 dot is wrong; exact fp32 there
-            x = x.to(tl.float32)
-            w_gate = w_gate.to(tl.float32)
-            w_up = w_up.to(tl.float32)
-        acc_gate = tl.dot(x, w_gate, acc_gate, input_precision=PRECISION)
-        acc_up = tl.dot(x, w_up, acc_up, input_precision=PRECISION)
-        x_ptrs += BLOCK_K
-        gate_ptrs += k_step
-        up_ptrs += k_step
+            up_ptrs = gate_ptrs + 64 * hidden_pad
+        acc_gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(0, hidden_pad, BLOCK_K):
+            x = _load_x(x_ptrs, row_in, k0 + ks < hidden_size, EVEN_H)
+            w_gate = tl.load(gate_ptrs)
+            w_up = tl.load(up_ptrs)
+            if DOT_FP32:
+                x = x.to(tl.float32)
+                w_gate = w_gate.to(tl.float32)
+                w_up = w_up.to(tl.float32)
+            acc_gate = tl.dot(x, w_gate, acc_gate, input_precision=PRECISION)
+            acc_up = tl.dot(x, w_up, acc_up, input_precision=PRECISION)
+            x_ptrs += BLOCK_K
+            gate_ptrs += k_step
+            up_ptrs += k_step
 
     h = acc_gate * tl.sigmoid(acc_gate) * acc_up
     h_ptrs = h_ptr + rows.to(tl.int64)[:, None] * ffn_pad + cols[None, :]
@@ -496,6 +543,7 @@ def launch_gate_up(
         BLOCK_K=cfg.up_k,
         GROUP_M=cfg.group_m,
         EVEN_H=hidden.shape[1] % cfg.up_k == 0,
+        FUSED=cfg.fused,
         DOT_FP32=interpreting(),
         PRECISION=_precision(hidden.dtype),
         num_warps=cfg.up_warps,
@@ -559,9 +607,10 @@ def tiled_moe_triton(
     top_k = topk_ids.shape[1]
     if num_tokens == 0:
         return hidden.new_zeros(0, hidden_size)
-    cfg = (
-        config or lookup_config(num_tokens, top_k, dims.num_experts, dims.hidden_pad, dims.ffn_pad)
-    ).fitted(dims.ffn_pad, dims.hidden_pad)
+    if config is None:
+        cfg = lookup_config(num_tokens, top_k, dims.num_experts, dims.hidden_pad, dims.ffn_pad)
+    else:
+        cfg = _fitted(config, dims.ffn_pad, dims.hidden_pad)
     hidden = hidden if hidden.stride(1) == 1 else hidden.contiguous()
     grouping = group_by_expert(topk_ids, dims.num_experts, cfg.block_m)
     h = launch_gate_up(hidden, w_gate_up, grouping, dims, top_k, cfg)

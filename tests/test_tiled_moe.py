@@ -6,6 +6,7 @@ Every numeric check compares against a plain per-expert loop in fp32 on unpacked
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import pytest
 import torch
@@ -197,6 +198,57 @@ def test_triton_grouping_matches_torch(num_tokens, top_k, num_experts, block_m):
     assert len(expert) == moe_align.max_tiles(flat.numel(), num_experts, block_m)
 
 
+def assert_same_grouping(got, ref):
+    assert torch.equal(got.sorted_pairs, ref.sorted_pairs), "sorted pairs differ from the torch route"
+    assert torch.equal(got.tiles, ref.tiles), "tile table differs from the torch route"
+
+
+@pytest.mark.parametrize(
+    "num_tokens,top_k,num_experts,block_m",
+    [
+        (700, 8, 64, 128),  # 5600 pairs: above TRITON_MAX_PAIRS, 22 blocks of 256
+        (2100, 2, 8, 64),  # 4200 pairs, few experts
+        (9, 1, 4, 16),  # one partial block
+    ],
+)
+def test_blocked_grouping_matches_torch(num_tokens, top_k, num_experts, block_m):
+    ids, _ = random_routing(num_tokens, top_k, num_experts, device=DEVICE)
+    ids[2, 0] = num_experts + 3  # ids outside [0, E) sort last and land in no tile
+    ids[5 % num_tokens, -1] = -1
+    got = moe_align.group_by_expert_blocked(ids, num_experts, block_m)
+    assert_same_grouping(got, moe_align.group_by_expert_torch(ids, num_experts, block_m))
+
+
+def test_blocked_grouping_many_blocks_many_bins(monkeypatch):
+    # Small blocks so 2400 pairs span 5 blocks; E = 256 gives 512 bins and the narrowest chunks.
+    monkeypatch.setattr(moe_align, "_MIN_BLOCK_PAIRS", 64)
+    monkeypatch.setattr(moe_align, "_MAX_BLOCKS", 8)
+    assert moe_align.blocked_layout(2400) == (512, 5)
+    ids, _ = random_routing(300, 8, 256, device=DEVICE)
+    ids[7, 3] = 999
+    got = moe_align.group_by_expert_blocked(ids, 256, 16)
+    assert_same_grouping(got, moe_align.group_by_expert_torch(ids, 256, 16))
+
+
+def test_blocked_layout_bounds_blocks_and_grows_block():
+    for num_pairs in (1, 4097, 32768, 131072, 1 << 20):
+        block, blocks = moe_align.blocked_layout(num_pairs)
+        assert blocks <= moe_align._MAX_BLOCKS and block >= moe_align._MIN_BLOCK_PAIRS
+        assert (blocks - 1) * block < num_pairs <= blocks * block
+
+
+def test_grouping_dispatch_by_pair_count(monkeypatch):
+    routes = []
+    for name in ("group_by_expert_triton", "group_by_expert_blocked", "group_by_expert_torch"):
+        real = getattr(moe_align, name)
+        monkeypatch.setattr(moe_align, name, lambda *a, name=name, real=real: routes.append(name) or real(*a))
+    monkeypatch.setattr(moe_align, "TRITON_MAX_PAIRS", 16)
+    for num_tokens in (8, 9):  # 16 pairs: single launch; 18 pairs: blocked
+        ids, _ = random_routing(num_tokens, 2, 8, device=DEVICE)
+        moe_align.group_by_expert(ids, 8, 16)
+    assert routes == ["group_by_expert_triton", "group_by_expert_blocked"]
+
+
 def test_decode_grid_has_no_dead_tiles():
     # T = 1: exactly k tiles, each one pair; nothing launched for padding.
     ids, _ = random_routing(1, 2, 8, device=DEVICE)
@@ -231,20 +283,32 @@ def test_experts_without_tokens_and_all_tokens_on_one_expert():
 
 
 @pytest.mark.parametrize(
-    "config",
+    "config,layout",
     [
-        tm.MoEConfig(16, 32, 64, 4, 2, 32, 64, 3, 4, 2),  # split-K 3 over 3 K blocks
-        tm.MoEConfig(16, 64, 128, 4, 2, 64, 64, 2, 4, 2, group_m=1),  # uneven split (3 blocks / 2)
-        tm.MoEConfig(32, 128, 64, 4, 2, 128, 128, 1, 4, 2),  # wider tiles than the packed 64
+        (tm.MoEConfig(16, 32, 64, 4, 2, 32, 64, 3, 4, 2), "tiles64"),  # split-K 3 over 3 K blocks
+        (tm.MoEConfig(16, 64, 128, 4, 2, 64, 64, 2, 4, 2, group_m=1), "tiles64"),  # uneven split (3 / 2)
+        (tm.MoEConfig(32, 128, 64, 4, 2, 128, 128, 1, 4, 2), "tiles64"),  # wider tiles than the packed 64
+        # gate and up as one dot of 2 * up_n columns: 128 (two 64-column sub-tiles each), 64, and 32
+        # (half a packed sub-tile), in both layouts.
+        (tm.MoEConfig(32, 128, 64, 4, 2, 64, 64, 1, 4, 2, fused=True), "tiles64"),
+        (tm.MoEConfig(16, 64, 128, 4, 2, 64, 64, 1, 4, 2, fused=True), "rows"),
+        (tm.MoEConfig(16, 32, 64, 4, 2, 32, 64, 3, 4, 2, fused=True), "tiles64"),
     ],
 )
-def test_explicit_launch_configs(config):
-    run_case(37, 2, 8, 128, 192, torch.float32, "tiles64", config=config)
+def test_explicit_launch_configs(config, layout):
+    run_case(37, 2, 8, 128, 192, torch.float32, layout, config=config)
 
 
-def test_torch_grouping_route_for_large_batches(monkeypatch):
+def test_blocked_grouping_route_for_large_batches(monkeypatch):
     monkeypatch.setattr(moe_align, "TRITON_MAX_PAIRS", 8)
     run_case(20, 2, 8, 64, 64, torch.float32, "tiles64")
+
+
+@pytest.mark.parametrize("layout,dtype", [("tiles64", torch.float32), ("rows", torch.float16)])
+def test_op_above_single_launch_grouping(layout, dtype):
+    # T k = 4800 > TRITON_MAX_PAIRS: the blocked grouping and the prefill (large-M) config of the table.
+    assert 600 * 8 > moe_align.TRITON_MAX_PAIRS
+    run_case(600, 8, 64, 64, 64, dtype, layout)
 
 
 def test_zero_tokens():
@@ -332,13 +396,16 @@ MIXTRAL = dict(num_experts=8, hidden=4096, ffn=14336, top_k=2)
 FINE_GRAINED = dict(num_experts=64, hidden=2048, ffn=1408, top_k=8)
 
 
-def gpu_case(shape, num_tokens, dtype=torch.bfloat16, layout="tiles64", allowed=None):
+def gpu_case(shape, num_tokens, dtype=torch.bfloat16, layout="tiles64", allowed=None, config=None):
     e, h, f, k = shape["num_experts"], shape["hidden"], shape["ffn"], shape["top_k"]
     gate, up, down = random_experts(e, h, f, device="cuda")
     packed = pack_expert_weights(w1=gate, w3=up, w2=down, dtype=dtype, layout=layout)
     x = torch.randn(num_tokens, h, device="cuda")
     ids, weights = random_routing(num_tokens, k, e, device="cuda", allowed=allowed)
-    got = packed(x.to(dtype), ids, weights)
+    if config is None:
+        got = packed(x.to(dtype), ids, weights)
+    else:
+        got = tm.tiled_moe_triton(x.to(dtype), ids, weights, packed.w_gate_up, packed.w_down, config=config)
     ref = tm.moe_reference(
         x.to(dtype).float(), ids, weights, *(w.to(dtype).float() for w in (gate, up, down))
     )
@@ -356,6 +423,31 @@ def test_gpu_mixtral_shapes(num_tokens):
 @pytest.mark.parametrize("num_tokens", [1, 4096])
 def test_gpu_fine_grained_shapes(num_tokens):
     gpu_case(FINE_GRAINED, num_tokens)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fused", [True, False])
+def test_gpu_prefill_gate_up_one_dot_and_two_dots(fused):
+    # The prefill config of T = 1000 with gate and up as one dot of 2 * up_n columns, or as two.
+    config = replace(tm.lookup_config(1000, 2, 8, 4096, 14336), fused=fused)
+    gpu_case(MIXTRAL, 1000, config=config)
+
+
+@pytest.mark.gpu
+def test_gpu_fine_grained_rows_layout_blocked_grouping():
+    gpu_case(FINE_GRAINED, 1024, layout="rows")  # 8192 pairs: the blocked grouping route
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_tokens,top_k,num_experts", [(3000, 2, 8), (4096, 8, 64), (16384, 8, 256)])
+def test_gpu_blocked_grouping_matches_torch(num_tokens, top_k, num_experts):
+    # (T, k, E) as TEST_GROUPING_CASES in benchmarks/bench_moe.py (its offline prewarm compiles them).
+    ids = torch.rand(num_tokens, num_experts, device="cuda").topk(top_k, dim=-1).indices
+    ids[10, 0] = num_experts
+    ids[-1, -1] = -5
+    for block_m in (64, 128):
+        got = moe_align.group_by_expert(ids, num_experts, block_m)
+        assert_same_grouping(got, moe_align.group_by_expert_torch(ids, num_experts, block_m))
 
 
 @pytest.mark.gpu
