@@ -212,19 +212,42 @@ def _channel_scale_or_ones(channel_scale: Any, head_dim: int) -> Any:
     return channel_scale
 
 
+def _head_dim_for(codec: str, n_code_bytes: int) -> int:
+    """The head dimension whose packed width under `codec` is n_code_bytes (width grows with D)."""
+    from ..codec import get_codec
+
+    for head_dim in range(4, 4097, 4):
+        try:
+            width = get_codec(codec, head_dim).n_code_bytes
+        except ValueError:
+            continue
+        if width == n_code_bytes:
+            return head_dim
+        if width > n_code_bytes:
+            break
+    raise ValueError(f"no head_dim gives {n_code_bytes} code bytes under codec {codec!r}")
+
+
+def _canonical(codec: str) -> str:
+    """Nodes carry the canonical spec (every field), not a preset name: a plugin needs no table."""
+    from ..codec import WaveletKVConfig
+
+    return WaveletKVConfig.from_spec(codec).to_spec()
+
+
 def _translate_kv_compress(x, channel_scale, codec: str):
     head_dim = _static_dim(x, -1, "kv_compress x")
     wmoe = _wmoe_opset()
-    return wmoe.KvCompress(x, _channel_scale_or_ones(channel_scale, head_dim), codec=codec, head_dim=head_dim)
+    return wmoe.KvCompress(
+        x, _channel_scale_or_ones(channel_scale, head_dim), codec=_canonical(codec), head_dim=head_dim
+    )
 
 
 def _translate_kv_decompress(codes, scales, channel_scale, codec: str, dtype: int):
-    from ..ops.kv_codec import _head_dim_from_codes
-
-    head_dim = _head_dim_from_codes(codec, _static_dim(codes, -1, "kv_decompress codes"))
+    head_dim = _head_dim_for(codec, _static_dim(codes, -1, "kv_decompress codes"))
     wmoe = _wmoe_opset()
     cs = _channel_scale_or_ones(channel_scale, head_dim)
-    out = wmoe.KvDecompress(codes, scales, cs, codec=codec, head_dim=head_dim, dtype=int(dtype))
+    out = wmoe.KvDecompress(codes, scales, cs, codec=_canonical(codec), head_dim=head_dim, dtype=int(dtype))
     # The output type is fixed by an attribute, which type inference of a custom op cannot see.
     out.dtype = ir.DataType(int(dtype))
     return out
@@ -237,7 +260,7 @@ def _translate_kv_compress_into_cache(
     wmoe = _wmoe_opset()
     cs = _channel_scale_or_ones(channel_scale, head_dim)
     return wmoe.KvCompressIntoCache(
-        x, codes_cache, scales_cache, exact_cache, positions, cs, codec=codec, head_dim=head_dim
+        x, codes_cache, scales_cache, exact_cache, positions, cs, codec=_canonical(codec), head_dim=head_dim
     )
 
 
@@ -268,7 +291,7 @@ def _translate_wavelet_attention(
         seq_lens,
         _channel_scale_or_ones(k_cs, head_dim),
         _channel_scale_or_ones(v_cs, head_dim),
-        codec=codec,
+        codec=_canonical(codec),
         head_dim=head_dim,
         sm_scale=float(sm_scale),
     )

@@ -259,11 +259,34 @@ def _encode_band(b: _Body, codec, index: int, cb: ir.Value) -> tuple[ir.Value, i
     """One band [..., size] -> (codes int64 [..., size], scale fp16 [..., 1])."""
     grid = codec.grids[index].numpy().astype(np.float32)
     mids = codec.midpoints[index].numpy().astype(np.float32)
-    absmax = b.op("ReduceMax", b.op("Abs", cb), b.i64(-1), keepdims=1)
-    if codec.scale_rules[index] == "absmax":
-        scale16 = _to_fp16_scale(b, absmax)
-        return _quantize(b, cb, scale16, mids), scale16
+    rule = codec.scale_rules[index]
+    if rule not in ("absmax", "mse", "absmax-ub", "mse-ub"):
+        raise NotImplementedError(f"ONNX export: scale rule {rule!r} has no ONNX body yet")
     grid_value = b.const(grid, np.float32)
+    absmax = b.op("ReduceMax", b.op("Abs", cb), b.i64(-1), keepdims=1)
+    if rule.startswith("absmax"):
+        scale16 = _to_fp16_scale(b, absmax)
+        codes = _quantize(b, cb, scale16, mids)
+    else:
+        codes, scale16 = _mse_search(b, codec, cb, grid_value, absmax, mids)
+    if rule.endswith("-ub"):
+        scale16 = _unbiased_scale(b, cb, b.op("Gather", grid_value, codes), scale16)
+    return codes, scale16
+
+
+def _unbiased_scale(b: _Body, cb: ir.Value, levels: ir.Value, scale16: ir.Value) -> ir.Value:
+    """scale = |c|^2 / <grid[code], c> (no gain bias), the coding scale when <grid[code], c> <= 0."""
+    energy = b.op("ReduceSum", b.op("Mul", cb, cb), b.i64(-1), keepdims=1)
+    projection = b.op("ReduceSum", b.op("Mul", levels, cb), b.i64(-1), keepdims=1)
+    positive = b.op("Greater", projection, b.f32(0.0))
+    ratio = b.op("Div", energy, b.op("Where", positive, projection, b.f32(1.0)))
+    return b.op("Where", positive, _to_fp16_scale(b, ratio), scale16)
+
+
+def _mse_search(
+    b: _Body, codec, cb: ir.Value, grid_value: ir.Value, absmax: ir.Value, mids: np.ndarray
+) -> tuple[ir.Value, ir.Value]:
+    """Candidate scales absmax * f (f in SCALE_FRACTIONS, largest first): keep the least error."""
     best = None
     for fraction in codec.scale_fractions.numpy().astype(np.float32):
         scale16 = _to_fp16_scale(b, b.op("Mul", absmax, b.f32(fraction)))
