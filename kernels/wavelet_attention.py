@@ -466,6 +466,271 @@ def _plan(layout: CompressedLayout, device: torch.device) -> _Plan:
     return plan
 
 
+# ------------------------------------------------------------------------------------------------
+# v2 plan: int16 element views, one MMA operand per bit field (see the module docstring)
+
+# Operand encodings of a code field (kernel constexpr MODE, one asm table row per mode)
+_MODE_SUBNORMAL = 0  # fp16 bits = field in place: value field * 2**-24 (keys and values)
+_MODE_MAGIC = 1  # fp16 bits = 0x6400 | field: value 1024 + field (keys)
+_MODE_MAGIC_CENTRED = 2  # 1024 + field - (1024 + mid): exact small integers (values)
+SUBNORMAL_UNIT = 2.0**-24  # the fp16 value of bit pattern 1
+_FIELD_BITS = (2, 4, 8)
+
+
+def field_layout(bits: int, field_index: int) -> tuple[int, int]:
+    """(shift, pos) of field `field_index` of an int16 code element: fields are read as
+    ``(x >> shift) & (mask << pos)``, and pos + bits stays <= 10 so the field lies inside the fp16
+    mantissa (the magic 1024 exponent and the subnormal encodings both need that)."""
+    offset = field_index * bits
+    if offset + bits <= 10:
+        return 0, offset
+    return 8, offset - 8
+
+
+def _field_asm(mode: int, bits: int, field_index: int) -> str:
+    """PTX for one field of two packed int16 elements -> two fp16 (one or two ALU ops)."""
+    shift, pos = field_layout(bits, field_index)
+    pair_mask = (((1 << bits) - 1) << pos) * 0x10001
+    src, pre = "$1", ""
+    if shift:
+        pre, src = f"shr.u32 s, $1, {shift}; ", "s"
+    if mode == _MODE_SUBNORMAL:
+        body = f"and.b32 $0, {src}, {pair_mask:#x};"
+    elif mode == _MODE_MAGIC:
+        body = f"lop3.b32 $0, {src}, {pair_mask:#x}, 0x64006400, 0xEA;"
+    else:
+        centre = torch.tensor(MAGIC_OFFSET + (1 << (pos + bits - 1)), dtype=torch.float16)
+        pair = int(centre.view(torch.int16).item()) * 0x10001
+        body = (
+            f"lop3.b32 t, {src}, {pair_mask:#x}, 0x64006400, 0xEA; mov.b32 c, {pair:#x}; sub.f16x2 $0, t, c;"
+        )
+    return "{ .reg .b32 s, t, c; " + pre + body + " }"
+
+
+def _field_table_index(mode: int, bits: int, field_index: int) -> int:
+    base = {2: 0, 4: 8, 8: 12}[bits]
+    return mode * 14 + base + field_index
+
+
+_FIELD_ASMS = tuple(
+    _field_asm(mode, bits, f) for mode in range(3) for bits in _FIELD_BITS for f in range(16 // bits)
+)
+
+
+def _byte_field_asm(mode: int, bits: int, field_index: int) -> str:
+    """PTX for one field of four packed code bytes -> four fp16 (keys of narrow chunks): spread the
+    bytes to 16-bit lanes (two PRMT, shared by the fields after ptxas CSE), mask each pair."""
+    pair_mask = (((1 << bits) - 1) << (field_index * bits)) * 0x10001
+    if mode == _MODE_SUBNORMAL:
+        ops = [f"and.b32 $0, t0, {pair_mask:#x};", f"and.b32 $1, t1, {pair_mask:#x};"]
+    else:
+        ops = [
+            f"lop3.b32 $0, t0, {pair_mask:#x}, 0x64006400, 0xEA;",
+            f"lop3.b32 $1, t1, {pair_mask:#x}, 0x64006400, 0xEA;",
+        ]
+    return (
+        "{ .reg .b32 t0, t1, z; mov.b32 z, 0; prmt.b32 t0, $2, z, 0x4140; prmt.b32 t1, $2, z, 0x4342; "
+        + " ".join(ops)
+        + " }"
+    )
+
+
+_BYTE_FIELD_ASMS = tuple(
+    _byte_field_asm(mode, bits, f) for mode in range(2) for bits in _FIELD_BITS for f in range(8 // bits)
+)
+
+
+@dataclass(frozen=True)
+class _FieldChunk:
+    """A power-of-two run of int16 code elements of one band. Values: each bit field of the int16
+    elements is one MMA operand of max(n_elems, 16) slots (narrow chunks zero-padded to the MMA's
+    16). Keys: the same for chunks of >= 16 elements; narrower chunks are read as bytes instead
+    (one operand per field of the 2 * n_elems bytes), which fills the MMA without padding."""
+
+    elem_offset: int  # first int16 element of the chunk in the code row
+    n_elems: int
+    bits: int
+    scale_index: int
+    k_slot0: int  # first key slot
+    v_slot0: int  # first value slot
+    coef_start: int  # coefficient held by field 0 of byte 0
+    grid_step: float
+    grid_offset: float
+
+    @property
+    def v_fields(self) -> int:
+        return 16 // self.bits
+
+    @property
+    def v_padded(self) -> int:
+        return max(self.n_elems, 16)
+
+    @property
+    def k_bytes(self) -> bool:
+        return self.n_elems < 16
+
+    @property
+    def k_fields(self) -> int:
+        return 8 // self.bits if self.k_bytes else 16 // self.bits
+
+    @property
+    def k_padded(self) -> int:
+        return max(2 * self.n_elems, 16) if self.k_bytes else self.n_elems
+
+    def coef_of_byte_field(self, byte: int, bit_offset: int) -> int:
+        return self.coef_start + byte * (8 // self.bits) + bit_offset // self.bits
+
+    def v_slots(self):
+        """(slot, coefficient, pos) of each value slot: field f of int16 element e."""
+        for f in range(self.v_fields):
+            _, pos = field_layout(self.bits, f)
+            offset = f * self.bits
+            for e in range(self.n_elems):
+                coef = self.coef_of_byte_field(2 * e + offset // 8, offset % 8)
+                yield self.v_slot0 + f * self.v_padded + e, coef, pos
+
+    def k_slots(self):
+        """(slot, coefficient, pos) of each key slot."""
+        if not self.k_bytes:  # >= 16 elements: the value layout (flat field planes)
+            for slot, coef, pos in self.v_slots():
+                yield slot - self.v_slot0 + self.k_slot0, coef, pos
+            return
+        for f in range(self.k_fields):
+            for byte in range(2 * self.n_elems):
+                pos = f * self.bits
+                yield self.k_slot0 + f * self.k_padded + byte, self.coef_of_byte_field(byte, pos), pos
+
+
+def _field_chunks(layout: CompressedLayout) -> list[_FieldChunk]:
+    """Cut the layout into v2 chunks; UnsupportedLayout when v2 cannot run it (v1 then does)."""
+    if layout.head_dim not in SUPPORTED_HEAD_DIMS:
+        raise UnsupportedLayout(f"head_dim {layout.head_dim} (the kernel supports {SUPPORTED_HEAD_DIMS})")
+    chunks: list[_FieldChunk] = []
+    k_slot = v_slot = 0
+    for index, ((start, size, bits), offset) in enumerate(
+        zip(layout.bands, layout.band_byte_offsets, strict=True)
+    ):
+        affine, step, grid_offset = _is_affine(layout.grids[index])
+        if not affine:
+            raise UnsupportedLayout(f"band {index}: grid is not affine (v2 needs code * step + offset)")
+        n_bytes = size * bits // 8
+        if offset % 2 or n_bytes % 2:
+            raise UnsupportedLayout(
+                f"band {index}: bytes [{offset}, {offset + n_bytes}) are not int16-aligned"
+            )
+        remaining, elem, coef = n_bytes // 2, offset // 2, start
+        while remaining:
+            n = 1 << (remaining.bit_length() - 1)
+            chunk = _FieldChunk(elem, n, bits, index, k_slot, v_slot, coef, step, grid_offset)
+            chunks.append(chunk)
+            k_slot += chunk.k_fields * chunk.k_padded
+            v_slot += chunk.v_fields * chunk.v_padded
+            remaining -= n
+            elem += n
+            coef += 2 * n * (8 // bits)
+    if len(chunks) > MAX_KERNEL_BANDS:
+        raise UnsupportedLayout(f"{len(chunks)} int16 chunks, the v2 kernel handles {MAX_KERNEL_BANDS}")
+    return chunks
+
+
+@dataclass
+class _PlanV2:
+    chunks: list[_FieldChunk]
+    chunk_constexpr: tuple  # per chunk (see _split_kernel_v2's CHUNKS)
+    k_slots: int
+    v_slots: int
+    transform_slots: torch.Tensor  # [k_slots, D] fp32, row s = W[coefficient of key slot s] (0: padding)
+    k_factor: torch.Tensor  # [k_slots]: q slot = (W q)[coef] * qk_scale * k_factor
+    k_shift: torch.Tensor  # [k_slots]: per-chunk score offset = sum_s q_slot * k_shift
+    slot_chunk: torch.Tensor  # [k_slots] int32
+    v_step: torch.Tensor  # [v_slots]: coefficient sum = v_step * (acc + v_shift * sum(p * scale))
+    v_shift: torch.Tensor  # [v_slots]
+    slot_coef: torch.Tensor  # [v_slots] int32, -1 for padding
+    transform: torch.Tensor  # [D, D] fp32 W (the reduce's inverse transform)
+
+
+_PLANS_V2: dict[tuple, _PlanV2] = {}
+
+
+def _plan_v2(layout: CompressedLayout, device: torch.device, subnormal: bool) -> _PlanV2:
+    cache_key = (layout.key or id(layout), str(device), subnormal)
+    plan = _PLANS_V2.get(cache_key)
+    if plan is not None:
+        return plan
+    chunks = _field_chunks(layout)
+    k_slots = sum(c.k_fields * c.k_padded for c in chunks)
+    v_slots = sum(c.v_fields * c.v_padded for c in chunks)
+    d = layout.head_dim
+    transform = layout.transform.to(torch.float64)
+    rows = torch.zeros(k_slots, d, dtype=torch.float64)
+    k_factor = torch.zeros(k_slots, dtype=torch.float64)
+    k_shift = torch.zeros(k_slots, dtype=torch.float64)
+    slot_chunk = torch.zeros(k_slots, dtype=torch.int32)
+    v_step = torch.zeros(v_slots, dtype=torch.float64)
+    v_shift = torch.zeros(v_slots, dtype=torch.float64)
+    slot_coef = torch.full((v_slots,), -1, dtype=torch.int32)
+    # the MMA sees unit * code * 2**pos (subnormal), or 1024 + code * 2**pos (keys) and
+    # code * 2**pos - mid (values) in magic mode; coefficient = scale * (offset + step * code)
+    unit = SUBNORMAL_UNIT if subnormal else 1.0
+    for ci, c in enumerate(chunks):
+        slot_chunk[c.k_slot0 : c.k_slot0 + c.k_fields * c.k_padded] = ci
+        for slot, coef, pos in c.k_slots():
+            rows[slot] = transform[coef]
+            k_factor[slot] = c.grid_step / 2**pos
+            if subnormal:  # score = scale / unit * (dot + sum_s q_s * k_shift_s)
+                k_shift[slot] = c.grid_offset * unit * 2**pos / c.grid_step
+            else:  # score = scale * (dot + sum_s q_s * k_shift_s)
+                k_shift[slot] = c.grid_offset * 2**pos / c.grid_step - MAGIC_OFFSET
+        for slot, coef, pos in c.v_slots():
+            per_value = c.grid_step / (2**pos * unit)
+            slot_coef[slot] = coef
+            v_step[slot] = per_value
+            if subnormal:
+                v_shift[slot] = c.grid_offset / per_value
+            else:
+                v_shift[slot] = 2 ** (pos + c.bits - 1) + c.grid_offset / per_value
+    plan = _PlanV2(
+        chunks=chunks,
+        chunk_constexpr=tuple(
+            (
+                c.elem_offset,
+                c.n_elems,
+                c.bits,
+                c.scale_index,
+                c.k_slot0,
+                c.v_slot0,
+                c.v_padded,
+                int(c.k_bytes),
+                c.k_padded,
+            )
+            for c in chunks
+        ),
+        k_slots=k_slots,
+        v_slots=v_slots,
+        transform_slots=rows.float().contiguous().to(device),
+        k_factor=k_factor.float().to(device),
+        k_shift=k_shift.float().to(device),
+        slot_chunk=slot_chunk.to(device),
+        v_step=v_step.float().to(device),
+        v_shift=v_shift.float().to(device),
+        slot_coef=slot_coef.to(device),
+        transform=layout.transform.to(torch.float32).contiguous().to(device),
+    )
+    _PLANS_V2[cache_key] = plan
+    return plan
+
+
+def _v2_reason(layout: CompressedLayout, k_codes: torch.Tensor, k_scales: torch.Tensor) -> str | None:
+    """None when the v2 kernel can run this layout and these cache strides, else why not."""
+    try:
+        _field_chunks(layout)
+    except UnsupportedLayout as exc:
+        return str(exc)
+    if any(st % 2 for st in k_codes.stride()[:3]) or k_codes.data_ptr() % 2:
+        return "code cache strides are not int16-aligned"
+    return None
+
+
 def triton_support(layout: CompressedLayout) -> str | None:
     """None when the Triton kernel handles `layout`, else the reason it does not."""
     if not HAS_TRITON:
@@ -486,10 +751,13 @@ class LaunchConfig:
     block_n: int = 64  # compressed tokens per loop step
     num_warps: int = 1
     num_stages: int = 2
-    use_asm: bool = True  # affine planes via one PRMT + LOP3 per fp16 pair (GPU only, not interpreted)
+    use_asm: bool = True  # field extraction in inline PTX (GPU only, never interpreted)
     ctas_per_sm: float = 16.0  # flash-decoding splits: aim for this many programs per SM ...
     min_split_tokens: int = 512  # ... but give each split at least this many compressed tokens
     exact_block: int = 64
+    kernel: str = "v2"  # "v2": int16 field planes (affine layouts; else v1 runs), "v1": byte planes
+    subnormal: bool = True  # v2: fields as fp16 subnormals (no offset); False: 1024-offset magic
+    lazy_rescale: bool = True  # v2: rescale accumulators only when a running max grows
 
 
 # (head_dim, block_m) -> config, from the tuning sweep of benchmarks/bench_attention.py on an H200
@@ -591,10 +859,12 @@ if HAS_TRITON:
         n_row_blocks,
         qk_scale,
         D: tl.constexpr,
+        S: tl.constexpr,
         BLOCK_M: tl.constexpr,
         D_CHUNK: tl.constexpr,
     ):
-        """q_w = W_slots (q * s_k) * qk_scale * step in fp16, and each band's score offset
+        """q_w = W_slots (q * s_k) * qk_scale * step in fp16 ([BLOCK_M, S] per program: S kernel
+        slots, D for v1, padded field planes for v2), and each band's score offset
         sum_s q_w[s] * shift[s], per (sequence, kv head, row block)."""
         pid = tl.program_id(0)
         row_block = pid % n_row_blocks
@@ -613,12 +883,12 @@ if HAS_TRITON:
         c1 = tl.zeros([BLOCK_M], tl.float32)
         c2 = tl.zeros([BLOCK_M], tl.float32)
         c3 = tl.zeros([BLOCK_M], tl.float32)
-        for chunk in tl.static_range(D // D_CHUNK):
+        for chunk in tl.static_range(S // D_CHUNK):
             cols = chunk * D_CHUNK + tl.arange(0, D_CHUNK)
             w = tl.load(transform_ptr + cols[:, None] * D + d[None, :])
             qw = tl.dot(q, tl.trans(w), input_precision="ieee")
             qw16 = (qw * (tl.load(col_step_ptr + cols) * qk_scale)[None, :]).to(tl.float16)
-            tl.store(qw_ptr + pid * BLOCK_M * D + local[:, None] * D + cols[None, :], qw16)
+            tl.store(qw_ptr + pid * BLOCK_M * S + local[:, None] * S + cols[None, :], qw16)
             band = tl.load(col_band_ptr + cols)[None, :]
             # the offset uses the fp16-rounded query, exactly what the MMA multiplies
             shifted = qw16.to(tl.float32) * tl.load(col_shift_ptr + cols)[None, :]
@@ -978,6 +1248,91 @@ if HAS_TRITON:
         tl.store(m_out + local, m_i, mask=row_ok)
         tl.store(l_out + local, l_i, mask=row_ok)
         tl.store(acc_out + local[:, None] * D + d[None, :], acc, mask=row_ok[:, None])
+
+    @triton.jit
+    def _split_dot(a, b, acc, SPLIT_B: tl.constexpr):
+        """a @ b + acc; b is fp32. SPLIT_B: a is 16-bit, b enters as hi + lo parts of a's dtype
+        (two MMAs, ~fp32 accuracy); else fp32 operands through 3xTF32."""
+        if SPLIT_B:
+            hi = b.to(a.dtype)
+            lo = (b - hi.to(tl.float32)).to(a.dtype)
+            out = tl.dot(a, lo, tl.dot(a, hi, acc))
+        else:
+            out = tl.dot(a.to(tl.float32), b, acc, input_precision="tf32x3")
+        return out
+
+    @triton.jit
+    def _exact_part_t(
+        q_rows,
+        ke_base,
+        ve_base,
+        ke_stride_s,
+        ve_stride_s,
+        seq_len,
+        limit,
+        row_ok,
+        qk_scale,
+        m_out,
+        l_out,
+        acc_out,
+        D: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        EXACT_BLOCK: tl.constexpr,
+        SINKS: tl.constexpr,
+        WINDOW: tl.constexpr,
+        SPLIT_B: tl.constexpr,
+    ):
+        """_exact_part with tokens on the MMA's M (scores^T, acc^T) and head_dim cut into 32-wide
+        pieces, like the compressed loop: the few query rows only pad N and the exact tokens stay
+        in their 16-bit dtype (query and p split hi + lo), so this path needs fewer registers than
+        the compressed loop and does not raise the kernel's register budget."""
+        DC: tl.constexpr = 32
+        dc = tl.arange(0, DC)
+        local = tl.arange(0, BLOCK_M)
+        m_i = tl.full([BLOCK_M], _NEG_BIG, tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc_t = ()
+        for _c in tl.static_range(D // DC):
+            acc_t = acc_t + (tl.zeros([DC, BLOCK_M], tl.float32),)
+        ring_base = seq_len - WINDOW
+        ring_lo = tl.maximum(ring_base, SINKS)
+        for start in range(0, SINKS + WINDOW, EXACT_BLOCK):
+            slot = start + tl.arange(0, EXACT_BLOCK)
+            in_sinks = slot < SINKS
+            if WINDOW > 0:
+                # ring slot r holds the position p in [seq_len - window, seq_len) with p % window == r
+                ring_pos = ring_base + (((slot - SINKS - ring_base) % WINDOW) + WINDOW) % WINDOW
+            else:
+                ring_pos = slot * 0 - 1
+            pos = tl.where(in_sinks, slot, ring_pos)
+            valid = (slot < SINKS + WINDOW) & (in_sinks | (pos >= ring_lo)) & (pos >= 0)
+            s = tl.zeros([EXACT_BLOCK, BLOCK_M], tl.float32)
+            for c in tl.static_range(D // DC):
+                cols = c * DC + dc
+                k = tl.load(
+                    ke_base + slot[:, None] * ke_stride_s + cols[None, :], mask=valid[:, None], other=0.0
+                )
+                q_t = tl.load(q_rows[None, :] + cols[:, None], mask=row_ok[None, :], other=0.0).to(tl.float32)
+                s = _split_dot(k, q_t * qk_scale, s, SPLIT_B)
+            s = tl.where(valid[:, None] & (pos[:, None] < limit[None, :]), s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=0))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[None, :])
+            l_i = l_i * alpha + tl.sum(p, axis=0)
+            new_acc = ()
+            for c in tl.static_range(D // DC):
+                cols = c * DC + dc
+                v_t = tl.load(
+                    ve_base + slot[None, :] * ve_stride_s + cols[:, None], mask=valid[None, :], other=0.0
+                )
+                new_acc = new_acc + (_split_dot(v_t, p, acc_t[c] * alpha[None, :], SPLIT_B),)
+            acc_t = new_acc
+            m_i = m_new
+        tl.store(m_out + local, m_i, mask=row_ok)
+        tl.store(l_out + local, l_i, mask=row_ok)
+        for c in tl.static_range(D // DC):
+            cols = c * DC + dc
+            tl.store(acc_out + local[None, :] * D + cols[:, None], acc_t[c], mask=row_ok[None, :])
 
     @triton.jit
     def _split_kernel(
@@ -1354,6 +1709,404 @@ if HAS_TRITON:
                     D,
                 )
 
+    _FIELD_ASM_TABLE = tl.constexpr(_FIELD_ASMS)
+    _BYTE_FIELD_ASM_TABLE = tl.constexpr(_BYTE_FIELD_ASMS)
+
+    @triton.jit
+    def _byte_field_operand(
+        raw, BITS: tl.constexpr, F: tl.constexpr, MODE: tl.constexpr, USE_ASM: tl.constexpr
+    ):
+        """fp16 MMA operand of bit field F (in place) of every code byte in raw (keys, narrow chunks)."""
+        MASK: tl.constexpr = ((1 << BITS) - 1) << (F * BITS)
+        if USE_ASM:
+            if BITS == 2:
+                BASE: tl.constexpr = 0
+            elif BITS == 4:
+                BASE: tl.constexpr = 4
+            else:
+                BASE: tl.constexpr = 6
+            ASM: tl.constexpr = _BYTE_FIELD_ASM_TABLE[MODE * 7 + BASE + F]
+            vals = tl.inline_asm_elementwise(
+                asm=ASM, constraints="=r,=r,r", args=[raw], dtype=tl.float16, is_pure=True, pack=4
+            )
+        else:
+            x = (raw & MASK).to(tl.int16)
+            if MODE == 0:
+                vals = x.to(tl.float16, bitcast=True)
+            else:
+                vals = (x | 0x6400).to(tl.float16, bitcast=True)
+        return vals
+
+    @triton.jit
+    def _field_operand(R, BITS: tl.constexpr, F: tl.constexpr, MODE: tl.constexpr, USE_ASM: tl.constexpr):
+        """fp16 MMA operand of bit field F of every int16 code element in R (see field_layout)."""
+        OFFSET: tl.constexpr = F * BITS
+        if OFFSET + BITS <= 10:
+            SHIFT: tl.constexpr = 0
+        else:
+            SHIFT: tl.constexpr = 8
+        POS: tl.constexpr = OFFSET - SHIFT
+        MASK: tl.constexpr = ((1 << BITS) - 1) << POS
+        if USE_ASM:
+            if BITS == 2:
+                BASE: tl.constexpr = 0
+            elif BITS == 4:
+                BASE: tl.constexpr = 8
+            else:
+                BASE: tl.constexpr = 12
+            ASM: tl.constexpr = _FIELD_ASM_TABLE[MODE * 14 + BASE + F]
+            vals = tl.inline_asm_elementwise(
+                asm=ASM, constraints="=r,r", args=[R], dtype=tl.float16, is_pure=True, pack=2
+            )
+        else:
+            x = (R >> SHIFT) & MASK
+            if MODE == 0:
+                vals = x.to(tl.float16, bitcast=True)
+            elif MODE == 1:
+                vals = (x | 0x6400).to(tl.float16, bitcast=True)
+            else:
+                MID: tl.constexpr = 1 << (POS + BITS - 1)
+                vals = (x | 0x6400).to(tl.float16, bitcast=True) - (_MAGIC + MID)
+        return vals
+
+    @triton.jit
+    def _chunk_init(
+        qw_rows,
+        K_SLOT0: tl.constexpr,
+        K_FIELDS: tl.constexpr,
+        KNP: tl.constexpr,
+        V_FIELDS: tl.constexpr,
+        NEP: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+    ):
+        """Loop invariants of one chunk: per key field its query slice [KNP, BLOCK_M] (transposed:
+        slots x query rows); per value field a zero accumulator [NEP, BLOCK_M]."""
+        e = tl.arange(0, KNP)[:, None]
+        q_fields = ()
+        for f in tl.static_range(K_FIELDS):
+            q_fields = q_fields + (tl.load(qw_rows + K_SLOT0 + f * KNP + e),)
+        acc_fields = ()
+        for _f in tl.static_range(V_FIELDS):
+            acc_fields = acc_fields + (tl.zeros([NEP, BLOCK_M], tl.float32),)
+        return q_fields, acc_fields
+
+    @triton.jit
+    def _chunk_scores(
+        rows_ptr,
+        n_ok,
+        q_fields,
+        E0: tl.constexpr,
+        NE: tl.constexpr,
+        BITS: tl.constexpr,
+        K_BYTES: tl.constexpr,
+        KNP: tl.constexpr,
+        MODE: tl.constexpr,
+        USE_ASM: tl.constexpr,
+    ):
+        """sum over fields of field[token, slot] @ q[slot, row]: [BLOCK_N, BLOCK_M] (tokens on M).
+        rows_ptr: uint8 pointers to the tokens' code rows."""
+        e = tl.arange(0, KNP)[None, :]
+        if K_BYTES:
+            ptrs = rows_ptr[:, None] + 2 * E0 + e
+            if KNP == 2 * NE:
+                raw = tl.load(ptrs, mask=n_ok[:, None], other=0)
+            else:
+                raw = tl.load(ptrs, mask=n_ok[:, None] & (e < 2 * NE), other=0)
+            dots = tl.dot(_byte_field_operand(raw, BITS, 0, MODE, USE_ASM), q_fields[0])
+            for f in tl.static_range(1, 8 // BITS):
+                dots = tl.dot(_byte_field_operand(raw, BITS, f, MODE, USE_ASM), q_fields[f], dots)
+        else:
+            ptrs = rows_ptr.to(tl.pointer_type(tl.int16), bitcast=True)[:, None] + E0 + e
+            raw = tl.load(ptrs, mask=n_ok[:, None], other=0)
+            dots = tl.dot(_field_operand(raw, BITS, 0, MODE, USE_ASM), q_fields[0])
+            for f in tl.static_range(1, 16 // BITS):
+                dots = tl.dot(_field_operand(raw, BITS, f, MODE, USE_ASM), q_fields[f], dots)
+        return dots
+
+    @triton.jit
+    def _chunk_values(
+        rows_ptr,
+        n_ok,
+        ps,
+        acc_fields,
+        E0: tl.constexpr,
+        NE: tl.constexpr,
+        NEP: tl.constexpr,
+        BITS: tl.constexpr,
+        MODE: tl.constexpr,
+        USE_ASM: tl.constexpr,
+    ):
+        """acc_f[slot, row] += field_f[slot, token] @ ps[token, row] (slots on M, tokens on K).
+        rows_ptr: uint8 pointers to the tokens' code rows, read as int16 elements."""
+        e = tl.arange(0, NEP)[:, None]
+        ptrs = rows_ptr.to(tl.pointer_type(tl.int16), bitcast=True)[None, :] + E0 + e
+        if NE >= 16:
+            raw = tl.load(ptrs, mask=n_ok[None, :], other=0)
+        else:
+            raw = tl.load(ptrs, mask=n_ok[None, :] & (e < NE), other=0)
+        out = ()
+        for f in tl.static_range(16 // BITS):
+            out = out + (tl.dot(_field_operand(raw, BITS, f, MODE, USE_ASM), ps, acc_fields[f]),)
+        return out
+
+    @triton.jit
+    def _chunk_rescale(acc_fields, alpha):
+        out = ()
+        for f in tl.static_range(len(acc_fields)):
+            out = out + (acc_fields[f] * alpha[None, :],)
+        return out
+
+    @triton.jit
+    def _chunk_store(
+        acc_out,
+        acc_fields,
+        psum,
+        v_step_ptr,
+        v_shift_ptr,
+        slot_coef_ptr,
+        row_ok,
+        SLOT0: tl.constexpr,
+        NEP: tl.constexpr,
+        BITS: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        D: tl.constexpr,
+    ):
+        """Coefficient sums of one chunk, scattered from kernel slots to coefficient order."""
+        local = tl.arange(0, BLOCK_M)
+        for f in tl.static_range(len(acc_fields)):
+            slots = SLOT0 + f * NEP + tl.arange(0, NEP)
+            coef = tl.load(slot_coef_ptr + slots)
+            step = tl.load(v_step_ptr + slots)
+            shift = tl.load(v_shift_ptr + slots)
+            values = (acc_fields[f] + shift[:, None] * psum[None, :]) * step[:, None]
+            tl.store(
+                acc_out + local[None, :] * D + coef[:, None],
+                values,
+                mask=(coef >= 0)[:, None] & row_ok[None, :],
+            )
+
+    @triton.jit
+    def _split_kernel_v2(
+        qw_ptr,
+        qc_ptr,
+        q_ptr,
+        q_stride_b,
+        q_stride_h,
+        q_stride_t,
+        kc_ptr,
+        kc_stride_b,
+        kc_stride_h,
+        ks_ptr,
+        ks_stride_b,
+        ks_stride_h,
+        vc_ptr,
+        vc_stride_b,
+        vc_stride_h,
+        vs_ptr,
+        vs_stride_b,
+        vs_stride_h,
+        ke_ptr,
+        ke_stride_b,
+        ke_stride_h,
+        ke_stride_s,
+        ve_ptr,
+        ve_stride_b,
+        ve_stride_h,
+        ve_stride_s,
+        seq_lens_ptr,
+        v_step_ptr,
+        v_shift_ptr,
+        slot_coef_ptr,
+        m_ptr,
+        l_ptr,
+        acc_ptr,
+        n_kv_heads,
+        group,
+        n_new,
+        n_row_blocks,
+        num_splits,
+        qk_scale,
+        CODE_STRIDE: tl.constexpr,
+        SCALE_STRIDE: tl.constexpr,
+        N_SCALES: tl.constexpr,
+        D: tl.constexpr,
+        S: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        EXACT_BLOCK: tl.constexpr,
+        SINKS: tl.constexpr,
+        WINDOW: tl.constexpr,
+        USE_ASM: tl.constexpr,
+        SUBNORMAL: tl.constexpr,
+        LAZY_RESCALE: tl.constexpr,
+        CHUNKS: tl.constexpr,
+        EXACT_SPLIT: tl.constexpr,
+    ):
+        """One (split, sequence, kv head, row block) of the v2 kernel: code rows read as int16
+        elements (narrow key chunks as bytes), one MMA per bit field; keys put tokens on the MMA's
+        M, values put slots on M and tokens on K (int16 elements let ldmatrix.trans deliver token
+        pairs, no byte gathers). S: key slots. Last split: the exact tokens."""
+        split = tl.program_id(0)
+        pid = tl.program_id(1)
+        row_block = pid % n_row_blocks
+        kv_head = (pid // n_row_blocks) % n_kv_heads
+        batch = pid // (n_row_blocks * n_kv_heads)
+        local = tl.arange(0, BLOCK_M)
+        rows = row_block * BLOCK_M + local
+        row_ok = rows < group * n_new
+        token = rows % n_new
+        seq_len = tl.load(seq_lens_ptr + batch).to(tl.int32)
+        limit = tl.where(row_ok, seq_len - n_new + token + 1, 0)
+        part = pid * (num_splits + 1) + split
+        m_out = m_ptr + part * BLOCK_M
+        l_out = l_ptr + part * BLOCK_M
+        acc_out = acc_ptr + part * BLOCK_M * D
+        if split == num_splits:
+            head = kv_head * group + rows // n_new
+            q_rows = q_ptr + batch * q_stride_b + head * q_stride_h + token * q_stride_t
+            _exact_part_t(
+                q_rows,
+                ke_ptr + batch * ke_stride_b + kv_head * ke_stride_h,
+                ve_ptr + batch * ve_stride_b + kv_head * ve_stride_h,
+                ke_stride_s,
+                ve_stride_s,
+                seq_len,
+                limit,
+                row_ok,
+                qk_scale,
+                m_out,
+                l_out,
+                acc_out,
+                D,
+                BLOCK_M,
+                EXACT_BLOCK,
+                SINKS,
+                WINDOW,
+                EXACT_SPLIT,
+            )
+        else:
+            if SUBNORMAL:
+                K_MODE: tl.constexpr = 0
+                V_MODE: tl.constexpr = 0
+                K_MUL: tl.constexpr = 16777216.0  # 1 / SUBNORMAL_UNIT
+            else:
+                K_MODE: tl.constexpr = 1
+                V_MODE: tl.constexpr = 2
+                K_MUL: tl.constexpr = 1.0
+            comp_hi = tl.minimum(tl.maximum(seq_len - WINDOW, SINKS), tl.max(limit, axis=0))
+            chunk = tl.cdiv(tl.cdiv(tl.maximum(comp_hi - SINKS, 0), num_splits), BLOCK_N) * BLOCK_N
+            lo = SINKS + split * chunk
+            hi = tl.minimum(lo + chunk, comp_hi)
+            row_hi = tl.minimum(limit, hi)
+            qw_rows = qw_ptr + pid * BLOCK_M * S + local[None, :] * S
+            kc_base = kc_ptr + batch * kc_stride_b + kv_head * kc_stride_h
+            ks_base = ks_ptr + batch * ks_stride_b + kv_head * ks_stride_h
+            vc_base = vc_ptr + batch * vc_stride_b + kv_head * vc_stride_h
+            vs_base = vs_ptr + batch * vs_stride_b + kv_head * vs_stride_h
+            # CHUNKS[c] = (E0, NE, BITS, SCALE, K_SLOT0, V_SLOT0, NEP, K_BYTES, KNP): first int16
+            # element, int16 elements, bits, scale index, first key / value slot, value slots per
+            # operand, keys read as bytes, key slots per operand.
+            qs = ()
+            accs = ()
+            qcs = ()
+            psum_accs = ()
+            for c in tl.static_range(len(CHUNKS)):
+                q_fields, acc_fields = _chunk_init(
+                    qw_rows,
+                    CHUNKS[c][4],
+                    (8 if CHUNKS[c][7] else 16) // CHUNKS[c][2],
+                    CHUNKS[c][8],
+                    16 // CHUNKS[c][2],
+                    CHUNKS[c][6],
+                    BLOCK_M,
+                )
+                qs = qs + (q_fields,)
+                accs = accs + (acc_fields,)
+                qcs = qcs + (tl.load(qc_ptr + pid * BLOCK_M * 4 + local * 4 + c),)
+                psum_accs = psum_accs + (tl.zeros([16, BLOCK_M], tl.float32),)
+            # sums over tokens come out of the tensor cores: ones[16, tokens] @ p (every row alike)
+            ones = tl.full([16, BLOCK_N], 1.0, tl.float16)
+            l_acc = tl.zeros([16, BLOCK_M], tl.float32)
+            m_i = tl.full([BLOCK_M], _NEG_BIG, tl.float32)
+            for start in range(lo, hi, BLOCK_N):
+                offs_n = start + tl.arange(0, BLOCK_N)
+                n_ok = offs_n < hi
+                kc_rows = kc_base + offs_n * CODE_STRIDE
+                ks_rows = ks_base + offs_n * SCALE_STRIDE
+                s = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+                for c in tl.static_range(len(CHUNKS)):
+                    dots = _chunk_scores(
+                        kc_rows,
+                        n_ok,
+                        qs[c],
+                        CHUNKS[c][0],
+                        CHUNKS[c][1],
+                        CHUNKS[c][2],
+                        CHUNKS[c][7],
+                        CHUNKS[c][8],
+                        K_MODE,
+                        USE_ASM,
+                    )
+                    scale = tl.load(ks_rows + CHUNKS[c][3], mask=n_ok, other=0.0).to(tl.float32) * K_MUL
+                    s += (dots + qcs[c][None, :]) * scale[:, None]
+                s = tl.where(offs_n[:, None] < row_hi[None, :], s, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(s, axis=0))
+                # LAZY_RESCALE: touch the accumulators only when some row's running max grew
+                if (not LAZY_RESCALE) or tl.max(m_new - m_i, axis=0) > 0:
+                    alpha = tl.exp2(m_i - m_new)
+                    l_acc = l_acc * alpha[None, :]
+                    new_accs = ()
+                    new_psums = ()
+                    for c in tl.static_range(len(CHUNKS)):
+                        new_accs = new_accs + (_chunk_rescale(accs[c], alpha),)
+                        new_psums = new_psums + (psum_accs[c] * alpha[None, :],)
+                    accs = new_accs
+                    psum_accs = new_psums
+                    m_i = m_new
+                p = tl.exp2(s - m_i[None, :]).to(tl.float16)
+                l_acc = tl.dot(ones, p, l_acc)
+                vc_rows = vc_base + offs_n * CODE_STRIDE
+                vs_rows = vs_base + offs_n * SCALE_STRIDE
+                new_accs = ()
+                new_psums = ()
+                for c in tl.static_range(len(CHUNKS)):
+                    ps = p * tl.load(vs_rows + CHUNKS[c][3], mask=n_ok, other=0.0)[:, None]
+                    new_accs = new_accs + (
+                        _chunk_values(
+                            vc_rows,
+                            n_ok,
+                            ps,
+                            accs[c],
+                            CHUNKS[c][0],
+                            CHUNKS[c][1],
+                            CHUNKS[c][6],
+                            CHUNKS[c][2],
+                            V_MODE,
+                            USE_ASM,
+                        ),
+                    )
+                    new_psums = new_psums + (tl.dot(ones, ps, psum_accs[c]),)
+                accs = new_accs
+                psum_accs = new_psums
+            l_i = tl.max(l_acc, axis=0)
+            tl.store(m_out + local, m_i, mask=row_ok)
+            tl.store(l_out + local, l_i, mask=row_ok)
+            for c in tl.static_range(len(CHUNKS)):
+                _chunk_store(
+                    acc_out,
+                    accs[c],
+                    tl.max(psum_accs[c], axis=0),
+                    v_step_ptr,
+                    v_shift_ptr,
+                    slot_coef_ptr,
+                    row_ok,
+                    CHUNKS[c][5],
+                    CHUNKS[c][6],
+                    CHUNKS[c][2],
+                    BLOCK_M,
+                    D,
+                )
+
     @triton.jit
     def _reduce_kernel(
         m_ptr,
@@ -1485,7 +2238,6 @@ def wavelet_attention_triton(
             raise ValueError(f"{name} must be contiguous in its last dimension, got strides {t.stride()}")
     if k_codes.stride(2) != v_codes.stride(2) or k_scales.stride(2) != v_scales.stride(2):
         raise ValueError("k and v caches must share their per-token strides")
-    plan = _plan(layout, q.device)
     batch, hq, tq, d = q.shape
     hkv, capacity = k_codes.shape[1], k_codes.shape[2]
     group = hq // hkv
@@ -1494,11 +2246,34 @@ def wavelet_attention_triton(
     n_row_blocks = -(-rows // block_m)
     if config is None:
         config = TUNED_CONFIGS.get((d, block_m)) or default_config(d, block_m)
+    if config.kernel not in ("v1", "v2"):
+        raise ValueError(f"LaunchConfig.kernel must be 'v1' or 'v2', got {config.kernel!r}")
+    use_v2 = config.kernel == "v2" and _v2_reason(layout, k_codes, k_scales) is None
     programs = batch * hkv * n_row_blocks
     if num_splits is None:
         num_splits = choose_num_splits(programs, capacity, layout, config, q.device)
     device = q.device
-    qw = torch.empty(programs, block_m, d, device=device, dtype=torch.float16)
+    if use_v2:
+        plan2 = _plan_v2(layout, device, config.subnormal)
+        n_slots = plan2.k_slots
+        slot_rows, slot_factor, slot_shift, slot_band = (
+            plan2.transform_slots,
+            plan2.k_factor,
+            plan2.k_shift,
+            plan2.slot_chunk,
+        )
+        inverse = plan2.transform
+    else:
+        plan = _plan(layout, device)
+        n_slots = d
+        slot_rows, slot_factor, slot_shift, slot_band = (
+            plan.transform_slots,
+            plan.col_step,
+            plan.col_shift,
+            plan.col_band,
+        )
+        inverse = plan.transform_slots
+    qw = torch.empty(programs, block_m, n_slots, device=device, dtype=torch.float16)
     qc = torch.empty(programs, block_m, 4, device=device, dtype=torch.float32)
     m_part = torch.empty(programs, num_splits + 1, block_m, device=device, dtype=torch.float32)
     l_part = torch.empty_like(m_part)
@@ -1513,10 +2288,10 @@ def wavelet_attention_triton(
         q.stride(1),
         q.stride(2),
         k_cs,
-        plan.transform_slots,
-        plan.col_step,
-        plan.col_shift,
-        plan.col_band,
+        slot_rows,
+        slot_factor,
+        slot_shift,
+        slot_band,
         qw,
         qc,
         hkv,
@@ -1525,65 +2300,121 @@ def wavelet_attention_triton(
         n_row_blocks,
         qk_scale,
         D=d,
+        S=n_slots,
         BLOCK_M=block_m,
-        D_CHUNK=min(d, 64),
+        D_CHUNK=min(64, n_slots & -n_slots),  # a power of two dividing the slot count
         num_warps=4,
     )
-    _split_kernel[(num_splits + 1, programs)](
-        qw,
-        qc,
-        q,
-        q.stride(0),
-        q.stride(1),
-        q.stride(2),
-        k_codes,
-        k_codes.stride(0),
-        k_codes.stride(1),
-        k_scales,
-        k_scales.stride(0),
-        k_scales.stride(1),
-        v_codes,
-        v_codes.stride(0),
-        v_codes.stride(1),
-        v_scales,
-        v_scales.stride(0),
-        v_scales.stride(1),
+    common_exact = (
         k_exact,
         *k_exact.stride()[:3],
         v_exact,
         *v_exact.stride()[:3],
         seq_lens,
-        plan.lut,
-        plan.col_step,
-        plan.col_vshift,
-        m_part,
-        l_part,
-        acc_part,
-        hkv,
-        group,
-        tq,
-        n_row_blocks,
-        num_splits,
-        qk_scale,
-        CODE_STRIDE=k_codes.stride(2),
-        SCALE_STRIDE=k_scales.stride(2),
-        N_SCALES=layout.n_bands,
-        D=d,
-        BLOCK_M=block_m,
-        BLOCK_N=config.block_n,
-        EXACT_BLOCK=config.exact_block,
-        SINKS=layout.sinks,
-        WINDOW=layout.window,
-        USE_ASM=config.use_asm and not interpreting,
-        num_warps=config.num_warps,
-        num_stages=config.num_stages,
-        **plan.constexprs,
     )
+    if use_v2:
+        _split_kernel_v2[(num_splits + 1, programs)](
+            qw,
+            qc,
+            q,
+            q.stride(0),
+            q.stride(1),
+            q.stride(2),
+            k_codes,
+            k_codes.stride(0),
+            k_codes.stride(1),
+            k_scales,
+            k_scales.stride(0),
+            k_scales.stride(1),
+            v_codes,
+            v_codes.stride(0),
+            v_codes.stride(1),
+            v_scales,
+            v_scales.stride(0),
+            v_scales.stride(1),
+            *common_exact,
+            plan2.v_step,
+            plan2.v_shift,
+            plan2.slot_coef,
+            m_part,
+            l_part,
+            acc_part,
+            hkv,
+            group,
+            tq,
+            n_row_blocks,
+            num_splits,
+            qk_scale,
+            CODE_STRIDE=k_codes.stride(2),
+            SCALE_STRIDE=k_scales.stride(2),
+            N_SCALES=layout.n_bands,
+            D=d,
+            S=n_slots,
+            BLOCK_M=block_m,
+            BLOCK_N=config.block_n,
+            EXACT_BLOCK=config.exact_block,
+            SINKS=layout.sinks,
+            WINDOW=layout.window,
+            USE_ASM=config.use_asm and not interpreting,
+            SUBNORMAL=config.subnormal,
+            LAZY_RESCALE=config.lazy_rescale,
+            CHUNKS=plan2.chunk_constexpr,
+            EXACT_SPLIT=k_exact.dtype in (torch.float16, torch.bfloat16) and not interpreting,
+            num_warps=config.num_warps,
+            num_stages=config.num_stages,
+        )
+    else:
+        _split_kernel[(num_splits + 1, programs)](
+            qw,
+            qc,
+            q,
+            q.stride(0),
+            q.stride(1),
+            q.stride(2),
+            k_codes,
+            k_codes.stride(0),
+            k_codes.stride(1),
+            k_scales,
+            k_scales.stride(0),
+            k_scales.stride(1),
+            v_codes,
+            v_codes.stride(0),
+            v_codes.stride(1),
+            v_scales,
+            v_scales.stride(0),
+            v_scales.stride(1),
+            *common_exact,
+            plan.lut,
+            plan.col_step,
+            plan.col_vshift,
+            m_part,
+            l_part,
+            acc_part,
+            hkv,
+            group,
+            tq,
+            n_row_blocks,
+            num_splits,
+            qk_scale,
+            CODE_STRIDE=k_codes.stride(2),
+            SCALE_STRIDE=k_scales.stride(2),
+            N_SCALES=layout.n_bands,
+            D=d,
+            BLOCK_M=block_m,
+            BLOCK_N=config.block_n,
+            EXACT_BLOCK=config.exact_block,
+            SINKS=layout.sinks,
+            WINDOW=layout.window,
+            USE_ASM=config.use_asm and not interpreting,
+            num_warps=config.num_warps,
+            num_stages=config.num_stages,
+            **plan.constexprs,
+        )
     _reduce_kernel[(programs,)](
         m_part,
         l_part,
         acc_part,
-        plan.transform_slots,
+        inverse,
         v_cs,
         out,
         out.stride(0),
