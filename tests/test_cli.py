@@ -24,9 +24,15 @@ def test_console_script_installed():
     assert subprocess.run([exe, "--help"], capture_output=True).returncode == 0
 
 
-def test_demo_runs_on_cpu(capsys):
-    assert main(["demo", "--device", "cpu", "--new-tokens", "4"]) == 0
-    assert "tokens/s" in capsys.readouterr().out
+def test_demo_runs_on_cpu(capsys, tmp_path):
+    dumps = tmp_path / "dumps"
+    assert main(["demo", "--device", "cpu", "--new-tokens", "4", "--dump-dir", str(dumps)]) == 0
+    out = capsys.readouterr().out
+    assert "tokens/s" in out and "B per vector" in out
+    # every site of the decode graph was rewritten, and the dumps exist
+    assert out.count("rewritten [layers.") == 8, out
+    assert "skipped" not in out
+    assert list(dumps.glob("*/index.html"))
 
 
 def test_unimplemented_subcommand_fails_clearly(capsys):

@@ -27,10 +27,21 @@ def _no_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _demo_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="tiny", help="reference model config (default: tiny)")
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="reference model config (default: tiny on CPU, mixtral-8x7b shapes on a GPU)",
+    )
+    parser.add_argument("--layers", type=int, default=2, help="layers for mixtral-8x7b shapes (default 2)")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument(
+        "--codec",
+        default=None,
+        help="KV codec spec or preset (default: 'default', with a 16-token window on tiny)",
+    )
+    parser.add_argument("--dump-dir", default="wmoe_dumps", help="where the per-pass dumps go")
 
 
 def _demo(args: argparse.Namespace) -> int:
