@@ -9,10 +9,12 @@ Shapes: x [B, Hkv, T, D] (any strides, fp16 / bf16 / fp32), channel_scale broadc
 Triton vs reference: the Triton kernel follows the reference's rules step by step (fp32 maths,
 scale rounded to fp16 before coding, correctly rounded division, the same midpoint comparisons
 and candidate order). One difference is allowed: the transform's fp32 sums run in a different
-order (tl.dot vs torch.matmul), so a coefficient can differ by a few ulp. A code then differs
-(by one level) only where the coefficient lies within that rounding of a decision boundary, and
-an `mse` scale choice differs only between two candidates whose errors tie to rounding. Tests
-check codes equal on all but such boundary cases and reconstruction errors equal to rounding.
+order (tl.dot vs torch.matmul; tl.sum vs torch.sum for band errors and `-ub` projections), so a
+coefficient or a sum can differ by a few ulp. A code then differs (by one level) only where the
+coefficient lies within that rounding of a decision boundary, an `mse` scale choice differs only
+between two candidates whose errors tie to rounding, and an `-ub` scale only where the ratio sits
+on an fp16 rounding boundary (one fp16 ulp). Tests check codes equal on all but such boundary
+cases and reconstruction errors equal to rounding.
 
 Cache writes: codes/scales go to slot positions[b, t] of [B, Hkv, S, ...] caches; the exact
 cache [B, Hkv, sinks + window, D] receives position p < sinks at slot p and, for the last
@@ -46,19 +48,33 @@ def _as_4d(x: torch.Tensor, name: str) -> torch.Tensor:
     return x
 
 
-def _channel_scale_4d(channel_scale: torch.Tensor, hkv: int, d: int) -> torch.Tensor | None:
-    """channel_scale [Hkv, D], [1, D] or [D] -> [Hkv, 1, D] view; an empty tensor means none."""
+def channel_params(
+    channel_scale: torch.Tensor, hkv: int, d: int
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """Split the `channel_scale` argument of the ops into (scale [Hkv, 1, D], offset [Hkv, 1, D],
+    rotation [Hkv, D, D]), each None when absent. Coefficients: c = W R ((x - m) / s).
+
+    Accepted forms: an empty tensor (none); [D], [1, D] or [Hkv, D] (scale s); [2, Hkv, D] or
+    [2, 1, D] (row 0 scale, row 1 offset m); [Hkv, D + 2, D] (rows [0, D) the per-head orthonormal
+    rotation R, row D the scale, row D + 1 the offset; codec.pack_channel_params builds it)."""
     if channel_scale.numel() == 0:
-        return None
+        return None, None, None
     cs = channel_scale
+    if cs.dim() == 3 and cs.shape[0] in (1, hkv) and cs.shape[1] == d + 2 and cs.shape[2] == d:
+        cs = cs.expand(hkv, d + 2, d)
+        return cs[:, d : d + 1], cs[:, d + 1 : d + 2], cs[:, :d]
     if cs.dim() == 1:
         cs = cs.unsqueeze(0)
-    if cs.dim() != 2 or cs.shape[-1] != d or cs.shape[0] not in (1, hkv):
+    if cs.dim() == 2:
+        cs = cs.unsqueeze(0)
+    if cs.dim() != 3 or cs.shape[0] not in (1, 2) or cs.shape[-1] != d or cs.shape[1] not in (1, hkv):
         raise ValueError(
-            f"channel_scale must be [Hkv={hkv}, D={d}], [1, D] or [D] (or empty for none), "
+            f"channel_scale must be [Hkv={hkv}, D={d}], [1, D] or [D] (scale), [2, Hkv, D] (scale and "
+            f"offset), [Hkv, D + 2, D] (rotation, scale, offset), or empty for none; "
             f"got shape {tuple(channel_scale.shape)}"
         )
-    return cs.expand(hkv, d).unsqueeze(1)
+    cs = cs.expand(cs.shape[0], hkv, d).unsqueeze(2)
+    return cs[0], (cs[1] if cs.shape[0] == 2 else None), None
 
 
 def compress_reference(
@@ -68,8 +84,8 @@ def compress_reference(
     if x.dim() < 3:
         raise ValueError(f"x must be [..., Hkv, T, D], got shape {tuple(x.shape)}")
     _check_float(x, "x")
-    cs = _channel_scale_4d(channel_scale, x.shape[-3], x.shape[-1])
-    return codec.encode(x, cs)
+    scale, offset, rotation = channel_params(channel_scale, x.shape[-3], x.shape[-1])
+    return codec.encode(x, scale, offset, rotation)
 
 
 def decompress_reference(
@@ -79,8 +95,8 @@ def decompress_reference(
         raise ValueError(f"codes must be uint8 and scales fp16, got {codes.dtype} and {scales.dtype}")
     if codes.dim() < 3:
         raise ValueError(f"codes must be [..., Hkv, T, n_code_bytes], got shape {tuple(codes.shape)}")
-    cs = _channel_scale_4d(channel_scale, codes.shape[-3], codec.head_dim)
-    return codec.decode(codes, scales, cs, dtype=dtype)
+    scale, offset, rotation = channel_params(channel_scale, codes.shape[-3], codec.head_dim)
+    return codec.decode(codes, scales, scale, dtype, offset, rotation)
 
 
 def _check_float(x: torch.Tensor, name: str) -> None:
@@ -155,7 +171,10 @@ def compress_into_cache_reference(
     scales_cache.permute(0, 2, 1, 3)[batch, pos] = scales.permute(0, 2, 1, 3)
     sinks, window = codec.config.sinks, codec.config.window
     exact_view = exact_cache.permute(0, 2, 1, 3)
-    xv = x.permute(0, 2, 1, 3).to(exact_cache.dtype)
+    _, offset, _ = channel_params(channel_scale, h, d)
+    # exact copies are stored centred too (x - m), so every key/value a query reads shares the offset
+    x_exact = x if offset is None else (x.float() - offset.unsqueeze(0))
+    xv = x_exact.permute(0, 2, 1, 3).to(exact_cache.dtype)
     is_sink = pos < sinks
     if bool(is_sink.any()):
         exact_view[batch[is_sink], pos[is_sink]] = xv[is_sink]
@@ -189,6 +208,7 @@ if HAS_TRITON:
     def _kv_compress_kernel(
         x_ptr,
         cs_ptr,
+        off_ptr,
         w_ptr,
         grid_ptr,
         mids_ptr,
@@ -199,6 +219,7 @@ if HAS_TRITON:
         pos_ptr,
         T,
         S,
+        swh,
         sxb,
         sxh,
         sxt,
@@ -227,9 +248,11 @@ if HAS_TRITON:
         BAND_BYTE_OFFSETS: tl.constexpr,
         BAND_LUT_OFFSETS: tl.constexpr,
         BAND_MSE: tl.constexpr,
+        BAND_UNBIASED: tl.constexpr,
         N_BANDS: tl.constexpr,
         N_FRACTIONS: tl.constexpr,
         HAS_CS: tl.constexpr,
+        HAS_OFFSET: tl.constexpr,
         HAS_POS: tl.constexpr,
         WRITE_EXACT: tl.constexpr,
         SINKS: tl.constexpr,
@@ -248,13 +271,16 @@ if HAS_TRITON:
             x_ptr + b * sxb + h * sxh + t[:, None] * sxt + d[None, :] * sxd, mask=xmask, other=0.0
         )
         y = x_raw.to(tl.float32)
+        if HAS_OFFSET:
+            m = tl.load(off_ptr + h * scsh + d * scsd, mask=d_ok, other=0.0)
+            y = y - m[None, :]
         if HAS_CS:
             cs = tl.load(cs_ptr + h * scsh + d * scsd, mask=d_ok, other=1.0)
             y = tl.math.div_rn(y, cs[None, :])
         # W [D, D] row-major; c = y @ W^T (exact fp32 products, ieee accumulation)
         wt = tl.load(
-            w_ptr + d[None, :] * D + d[:, None], mask=d_ok[:, None] & d_ok[None, :], other=0.0
-        )  # wt[j, i] = W[i, j]
+            w_ptr + h * swh + d[None, :] * D + d[:, None], mask=d_ok[:, None] & d_ok[None, :], other=0.0
+        )  # wt[j, i] = M[h, i, j], M = W R (per kv head; head stride 0 without a rotation)
         c = tl.dot(y, wt, input_precision="ieee")
         finite_el = (c == c) & (tl.abs(c) < float("inf"))
         row_finite = tl.min(tl.where(finite_el | ~xmask, 1, 0), axis=1) > 0
@@ -295,6 +321,14 @@ if HAS_TRITON:
             else:
                 scale = tl.minimum(absmax, 65504.0).to(tl.float16).to(tl.float32)
                 code = _quantize_band(_safe_div(c, scale[:, None]), mids_ptr, lut_off, bits)
+            if BAND_UNBIASED[bi]:
+                # store |c|^2 / <grid[code], c>: no gain bias (codec.py: _unbiased_scale)
+                lv = tl.load(grid_ptr + lut_off + code)
+                energy = tl.sum(tl.where(in_band[None, :], c * c, 0.0), axis=1)
+                proj = tl.sum(tl.where(in_band[None, :], lv * c, 0.0), axis=1)
+                proj_ok = proj > 0.0
+                ratio = tl.math.div_rn(energy, tl.where(proj_ok, proj, 1.0))
+                scale = tl.where(proj_ok, tl.minimum(ratio, 65504.0).to(tl.float16).to(tl.float32), scale)
             code = tl.where(in_band[None, :] & row_finite[:, None], code, 0)
             # pack: columns j*per_byte .. j*per_byte + per_byte - 1 form byte j of the row (bands
             # start at multiples of 4 columns, so groups never straddle two bands)
@@ -315,7 +349,10 @@ if HAS_TRITON:
 
         if WRITE_EXACT:
             ex_base = exact_ptr + b * seb + h * seh
-            x_ex = x_raw.to(exact_ptr.dtype.element_ty)
+            if HAS_OFFSET:
+                x_ex = (x_raw.to(tl.float32) - m[None, :]).to(exact_ptr.dtype.element_ty)
+            else:
+                x_ex = x_raw.to(exact_ptr.dtype.element_ty)
             if SINKS > 0:
                 sink_ok = row_ok & (p < SINKS)
                 tl.store(
@@ -359,14 +396,17 @@ def _launch(
         return
     device = x.device
     grids, mids = codec.band_tensors(device)
-    w = codec.transform.to(device).contiguous()
-    fractions = codec.scale_fractions.to(device)
-    cs = _channel_scale_4d(channel_scale, h, d)
-    if cs is not None:
-        cs2 = cs.squeeze(1).float()
-        cs_args = (cs2, cs2.stride(0), cs2.stride(1))
+    scale, offset, rotation = channel_params(channel_scale, h, d)
+    if rotation is None:
+        w, w_head_stride = codec.transform.to(device).contiguous(), 0
     else:
-        cs_args = (w, 0, 0)  # unused pointer
+        w = codec.head_transforms(rotation, device).contiguous()
+        w_head_stride = d * d
+    fractions = codec.scale_fractions.to(device)
+    # scale and offset travel as contiguous fp32 [Hkv, D] (same strides; unused -> W as a dummy)
+    scale2 = w if scale is None else scale.squeeze(1).float().contiguous()
+    offset2 = w if offset is None else offset.squeeze(1).float().contiguous()
+    cs_args = (scale2, d, 1)
     lut_offsets, off = [], 0
     for band in codec.bands:
         lut_offsets.append(off)
@@ -387,6 +427,7 @@ def _launch(
     _kv_compress_kernel[grid](
         x,
         cs_args[0],
+        offset2,
         w,
         grids,
         mids,
@@ -397,6 +438,7 @@ def _launch(
         pos_args[0],
         t,
         s_len,
+        w_head_stride,
         *x.stride(),
         cs_args[1],
         cs_args[2],
@@ -418,10 +460,12 @@ def _launch(
         BAND_BITS=tuple(bd.bits for bd in codec.bands),
         BAND_BYTE_OFFSETS=tuple(codec.band_byte_offsets),
         BAND_LUT_OFFSETS=tuple(lut_offsets),
-        BAND_MSE=tuple(rule == "mse" for rule in codec.scale_rules),
+        BAND_MSE=tuple(rule.startswith("mse") for rule in codec.scale_rules),
+        BAND_UNBIASED=tuple(rule.endswith("-ub") for rule in codec.scale_rules),
         N_BANDS=codec.n_bands,
         N_FRACTIONS=int(fractions.numel()),
-        HAS_CS=cs is not None,
+        HAS_CS=scale is not None,
+        HAS_OFFSET=offset is not None,
         HAS_POS=positions is not None,
         WRITE_EXACT=exact is not None,
         SINKS=codec.config.sinks if exact is not None else 0,

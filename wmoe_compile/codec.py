@@ -16,6 +16,9 @@ kernels/kv_codec.py):
     fp16, and keep the one with the least squared error of the band (ties: the larger scale).
     Values past the chosen scale clip to the outer grid level. For a ternary grid this is the
     optimal-threshold rule: the threshold is scale / 2 and the scale minimises the error.
+    suffix ``-ub`` (``absmax-ub``, ``mse-ub``): code with that scale, then store
+    ``|c|^2 / <grid[code], c>`` instead, so the reconstruction carries no gain bias (see
+    _unbiased_scale); attention is far more sensitive to a gain bias than to error energy.
   - the scale is rounded to fp16 first and codes are computed against the rounded scale, so the
     decoder sees exactly what the encoder optimised; scales saturate at the fp16 maximum.
   - code = number of grid midpoints strictly below ``c / scale`` (nearest level, ties go down);
@@ -38,8 +41,11 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from .kernels.wavelet_transform import WAVELETS, band_sizes, max_levels, wavelet_matrix
 
 GRIDS = ("uniform", "int", "lloyd", "log", "ternary")
-SCALE_RULES = ("absmax", "mse")
-SMOOTHING = ("none", "calibrated", "weights")
+SCALE_RULES = ("absmax", "mse", "absmax-ub", "mse-ub")
+K_SMOOTHING = ("none", "calibrated", "weights", "qk")
+V_SMOOTHING = ("none", "calibrated", "ov")
+OFFSETS = ("none", "calibrated")
+ROTATIONS = ("none", "pca")
 ALLOWED_BITS = (2, 4, 8)
 FP16_MAX = 65504.0
 
@@ -166,10 +172,22 @@ class WaveletKVConfig:
                  scale rule (absmax | mse; for the detail band the `mse` rule is the threshold rule)
     window       most recent tokens kept in full precision (an exact ring cache beside the codes)
     sinks        leading tokens kept exact
-    k_smoothing  per-channel key smoothing folded into the query: none | calibrated (from key
-                 statistics of the prompt) | weights (from k_proj); equal within RoPE pairs
-    v_smoothing  the same for values (folded into the attention output)
-    smoothing_alpha  s = rms ** alpha (normalised to geometric mean 1)
+    k_smoothing  per-channel key smoothing folded into the query (equal within RoPE pairs):
+                 none | calibrated (s = rms_k ** alpha over calibration keys) | weights
+                 (rms predicted from k_proj rows) | qk (s = sqrt(rms_k / rms_q): minimises the
+                 score error q . (k - k_hat) for a fixed step, by Cauchy-Schwarz)
+    v_smoothing  per-channel value smoothing folded into the attention output: none |
+                 calibrated (rms_v ** alpha) | ov (s = sqrt(rms_v / |o_proj column|): minimises
+                 the error after the output projection)
+    smoothing_alpha  exponent for `calibrated` / `weights` (s normalised to geometric mean 1)
+    rotation     none | pca: a per-(layer, kv head) orthonormal rotation R, calibrated as the
+                 principal axes of the centred, smoothed samples (largest variance first), applied
+                 before W: c = W R ((x - m) / s). It folds into the query / output exactly like W.
+    k_offset, v_offset  none | calibrated: subtract a per-channel offset m (the calibration mean)
+                 before coding, x' = (x - m) / s. Keys: every key, exact ones included, is stored
+                 centred, which shifts each query's scores by the constant q . m (softmax does
+                 not see it). Values: every value is stored centred and attention adds m back
+                 once per output (softmax weights sum to 1).
     """
 
     wavelet: str = "haar"
@@ -180,6 +198,9 @@ class WaveletKVConfig:
     k_smoothing: str = "calibrated"
     v_smoothing: str = "none"
     smoothing_alpha: float = 1.0
+    k_offset: str = "none"
+    v_offset: str = "none"
+    rotation: str = "none"
 
     def __post_init__(self) -> None:
         if self.wavelet not in WAVELETS:
@@ -195,9 +216,14 @@ class WaveletKVConfig:
             raise ValueError(f"band fractions must sum to 1, got {total} ({self.bands_spec()})")
         if self.window < 0 or self.sinks < 0:
             raise ValueError(f"window and sinks must be >= 0, got window={self.window} sinks={self.sinks}")
-        for name in ("k_smoothing", "v_smoothing"):
-            if getattr(self, name) not in SMOOTHING:
-                raise ValueError(f"{name} must be one of {', '.join(SMOOTHING)}, got {getattr(self, name)!r}")
+        for name, valid in (("k_smoothing", K_SMOOTHING), ("v_smoothing", V_SMOOTHING)):
+            if getattr(self, name) not in valid:
+                raise ValueError(f"{name} must be one of {', '.join(valid)}, got {getattr(self, name)!r}")
+        if self.rotation not in ROTATIONS:
+            raise ValueError(f"rotation must be one of {', '.join(ROTATIONS)}, got {self.rotation!r}")
+        for name in ("k_offset", "v_offset"):
+            if getattr(self, name) not in OFFSETS:
+                raise ValueError(f"{name} must be one of {', '.join(OFFSETS)}, got {getattr(self, name)!r}")
         if not (0.0 <= self.smoothing_alpha <= 2.0):
             raise ValueError(f"smoothing_alpha must be in [0, 2], got {self.smoothing_alpha}")
 
@@ -210,7 +236,8 @@ class WaveletKVConfig:
         return (
             f"wavelet={self.wavelet};levels={levels};bands={self.bands_spec()};window={self.window};"
             f"sinks={self.sinks};k_smoothing={self.k_smoothing};v_smoothing={self.v_smoothing};"
-            f"smoothing_alpha={self.smoothing_alpha:g}"
+            f"smoothing_alpha={self.smoothing_alpha:g};k_offset={self.k_offset};v_offset={self.v_offset};"
+            f"rotation={self.rotation}"
         )
 
     @classmethod
@@ -241,7 +268,7 @@ class WaveletKVConfig:
                 kwargs[key] = tuple(BandConfig.from_spec(b) for b in value.split(",") if b.strip())
             elif key in ("window", "sinks"):
                 kwargs[key] = _parse_int(key, value)
-            elif key in ("k_smoothing", "v_smoothing"):
+            elif key in ("k_smoothing", "v_smoothing", "k_offset", "v_offset", "rotation"):
                 kwargs[key] = value
             elif key == "smoothing_alpha":
                 try:
@@ -251,7 +278,7 @@ class WaveletKVConfig:
             else:
                 raise ValueError(
                     f"unknown codec spec key {key!r}; valid: wavelet, levels, bands, window, sinks, "
-                    "k_smoothing, v_smoothing, smoothing_alpha"
+                    "k_smoothing, v_smoothing, smoothing_alpha, k_offset, v_offset, rotation"
                 )
         return replace(base, **kwargs)
 
@@ -395,19 +422,47 @@ class WaveletKVCodec:
 
     # --- reference encode / decode (pure PyTorch, CPU or CUDA) ---------------------------------
 
-    def coefficients(self, x: torch.Tensor, channel_scale: torch.Tensor | None = None) -> torch.Tensor:
-        """fp32 coefficients c = W @ (x / s) for x [..., D]; s broadcasts against x."""
+    def coefficients(
+        self,
+        x: torch.Tensor,
+        channel_scale: torch.Tensor | None = None,
+        channel_offset: torch.Tensor | None = None,
+        rotation: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """fp32 coefficients c = W R ((x - m) / s) for x [..., Hkv, T, D]; s and m broadcast
+        against x ([Hkv, 1, D]); R is [Hkv, D, D] (per kv head) or None."""
         self._check_last_dim(x, "x")
         y = x.float()
+        if channel_offset is not None:
+            y = y - channel_offset.float()
         if channel_scale is not None:
             y = y / channel_scale.float()
-        return y @ self.transform.to(y.device).T
+        return y @ self.head_transforms(rotation, y.device).transpose(-1, -2)
+
+    def head_transforms(
+        self, rotation: torch.Tensor | None, device: torch.device | str = "cpu"
+    ) -> torch.Tensor:
+        """The matrix M = W R that maps a (centred, smoothed) vector to its coefficients:
+        [D, D] without a rotation, [Hkv, D, D] with one. Keys: q' = M (q * s); values:
+        out = (M^T sum_i p_i c_i) * s + m."""
+        w = self.transform.to(device)
+        if rotation is None:
+            return w
+        if rotation.shape[-2:] != (self.head_dim, self.head_dim) or rotation.dim() != 3:
+            raise ValueError(
+                f"rotation must be [Hkv, {self.head_dim}, {self.head_dim}], got {tuple(rotation.shape)}"
+            )
+        return w @ rotation.to(device).float()
 
     def encode(
-        self, x: torch.Tensor, channel_scale: torch.Tensor | None = None
+        self,
+        x: torch.Tensor,
+        channel_scale: torch.Tensor | None = None,
+        channel_offset: torch.Tensor | None = None,
+        rotation: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """x [..., D] (any float dtype) -> (codes uint8 [..., n_code_bytes], scales fp16 [..., n_bands])."""
-        c = self.coefficients(x, channel_scale)
+        c = self.coefficients(x, channel_scale, channel_offset, rotation)
         finite = torch.isfinite(c).all(dim=-1, keepdim=True)
         c = torch.where(finite, c, torch.zeros((), device=c.device))
         code_parts, scale_parts = [], []
@@ -427,24 +482,26 @@ class WaveletKVCodec:
     def _encode_band(self, index: int, cb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         grid = self.grids[index].to(cb.device)
         mids = self.midpoints[index].to(cb.device)
+        rule = self.scale_rules[index]
         absmax = cb.abs().amax(dim=-1)
-        if self.scale_rules[index] == "absmax":
+        if rule.startswith("absmax"):
             scale16 = _to_fp16_scale(absmax)
-            return _quantize(cb, scale16, mids), scale16
-        fractions = self.scale_fractions.to(cb.device)
-        best_err = best_codes = best_scale = None
-        for f in fractions:
-            scale16 = _to_fp16_scale(absmax * f)
             codes = _quantize(cb, scale16, mids)
-            err = ((cb - grid[codes.long()] * scale16.float().unsqueeze(-1)) ** 2).sum(dim=-1)
-            if best_err is None:
-                best_err, best_codes, best_scale = err, codes, scale16
-            else:
-                better = err < best_err
-                best_err = torch.where(better, err, best_err)
-                best_codes = torch.where(better.unsqueeze(-1), codes, best_codes)
-                best_scale = torch.where(better, scale16, best_scale)
-        return best_codes, best_scale
+        else:
+            # All candidate scales at once: [n_candidates, ..., size]; argmin keeps the first
+            # (largest) candidate among equal errors, as the kernel's strict `<` update does.
+            fractions = self.scale_fractions.to(cb.device).reshape(-1, *([1] * absmax.dim()))
+            cand16 = _to_fp16_scale(absmax.unsqueeze(0) * fractions)
+            cand_codes = _quantize(cb.unsqueeze(0), cand16, mids)
+            err = (
+                (cb.unsqueeze(0) - grid[cand_codes.long()] * cand16.float().unsqueeze(-1)).pow(2).sum(dim=-1)
+            )
+            best = err.argmin(dim=0, keepdim=True)
+            codes = cand_codes.gather(0, best.unsqueeze(-1).expand(1, *cand_codes.shape[1:])).squeeze(0)
+            scale16 = cand16.gather(0, best).squeeze(0)
+        if rule.endswith("-ub"):
+            scale16 = _unbiased_scale(cb, grid[codes.long()], scale16)
+        return codes, scale16
 
     def decode_coefficients(self, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
         """(codes, scales) -> fp32 coefficients [..., D]."""
@@ -468,18 +525,28 @@ class WaveletKVCodec:
         scales: torch.Tensor,
         channel_scale: torch.Tensor | None = None,
         dtype: torch.dtype = torch.float32,
+        channel_offset: torch.Tensor | None = None,
+        rotation: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """(codes, scales) -> x_hat [..., D] = (W^T c_hat) * s, in `dtype`."""
+        """(codes, scales) -> x_hat [..., D] = (R^T W^T c_hat) * s + m, in `dtype`."""
         c = self.decode_coefficients(codes, scales)
-        x = c @ self.transform.to(c.device)
+        x = c @ self.head_transforms(rotation, c.device)
         if channel_scale is not None:
             x = x * channel_scale.float()
+        if channel_offset is not None:
+            x = x + channel_offset.float()
         return x.to(dtype)
 
-    def roundtrip(self, x: torch.Tensor, channel_scale: torch.Tensor | None = None) -> torch.Tensor:
+    def roundtrip(
+        self,
+        x: torch.Tensor,
+        channel_scale: torch.Tensor | None = None,
+        channel_offset: torch.Tensor | None = None,
+        rotation: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """decode(encode(x)) in x's dtype (fake quantization, as the quality harness uses it)."""
-        codes, scales = self.encode(x, channel_scale)
-        return self.decode(codes, scales, channel_scale, dtype=x.dtype)
+        codes, scales = self.encode(x, channel_scale, channel_offset, rotation)
+        return self.decode(codes, scales, channel_scale, x.dtype, channel_offset, rotation)
 
     def _check_last_dim(self, x: torch.Tensor, name: str) -> None:
         if x.shape[-1] != self.head_dim:
@@ -505,6 +572,19 @@ def _concat_tables(codec: WaveletKVCodec, device: str) -> tuple[torch.Tensor, to
     grids = torch.cat(codec.grids).to(device)
     mids = torch.cat([torch.cat([m, m.new_full((1,), math.inf)]) for m in codec.midpoints]).to(device)
     return grids, mids
+
+
+def _unbiased_scale(cb: torch.Tensor, levels: torch.Tensor, scale16: torch.Tensor) -> torch.Tensor:
+    """Rescale so the reconstruction's projection on the band equals the band:
+    scale = |c|^2 / <grid[code], c>. Minimum-error scales shrink (the reconstruction has less
+    energy than c); in attention that shrink is systematic (it cools every score and scales every
+    value sum), while an error orthogonal to c averages out. Falls back to the coding scale when
+    <grid[code], c> <= 0 (every code on a zero level)."""
+    energy = cb.pow(2).sum(dim=-1)
+    proj = (levels * cb).sum(dim=-1)
+    ok = proj > 0
+    ratio = energy / torch.where(ok, proj, torch.ones((), device=proj.device))
+    return torch.where(ok, _to_fp16_scale(ratio), scale16)
 
 
 def _to_fp16_scale(scale: torch.Tensor) -> torch.Tensor:
@@ -563,6 +643,44 @@ def calibrate_channel_scale(x: torch.Tensor, alpha: float = 1.0) -> torch.Tensor
     return smoothing_from_rms(rope_pair_rms(x), alpha)
 
 
+def channel_offset(x: torch.Tensor, skip: int = 0) -> torch.Tensor:
+    """Per-channel mean [Hkv, D] of sample keys or values x [..., Hkv, T, D], leaving out the
+    first `skip` positions (attention-sink tokens are outliers and are kept exact anyway)."""
+    if x.dim() < 3:
+        raise ValueError(f"expected x [..., Hkv, T, D], got shape {tuple(x.shape)}")
+    xs = x[..., skip:, :] if x.shape[-2] > skip else x
+    return xs.float().transpose(-3, 0).reshape(x.shape[-3], -1, x.shape[-1]).mean(1)
+
+
+def channel_scale_qk(queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """Key smoothing s = sqrt(rms_k / rms_q) [Hkv, D] from sample queries [..., Hq, T, D] and keys
+    [..., Hkv, T, D] (each kv head pools the energy of its query group); RoPE-pair averaged.
+    For a quantization step that scales with the rms of k / s, the score error
+    sum_j q_j s_j e_j is smallest for this s (Cauchy-Schwarz)."""
+    rms_k = rope_pair_rms(keys)
+    rms_q = rope_pair_rms(queries)
+    hkv, hq = rms_k.shape[0], rms_q.shape[0]
+    if hq % hkv:
+        raise ValueError(f"query heads {hq} are not a multiple of kv heads {hkv}")
+    rms_q = rms_q.pow(2).reshape(hkv, hq // hkv, -1).mean(1).sqrt()
+    return smoothing_from_rms(rms_k / rms_q.clamp_min(1e-6), 0.5)
+
+
+def channel_scale_ov(values: torch.Tensor, o_proj_weight: torch.Tensor) -> torch.Tensor:
+    """Value smoothing s = sqrt(rms_v / w) [Hkv, D], w_j the norm of the o_proj columns that read
+    value channel j (all query heads of the kv head's group)."""
+    hkv, d = values.shape[-3], values.shape[-1]
+    rms_v = values.float().transpose(-3, 0).reshape(hkv, -1, d).pow(2).mean(1).sqrt()
+    cols = o_proj_weight.float().pow(2).sum(0)  # [Hq * D]
+    hq = cols.numel() // d
+    if cols.numel() != hq * d or hq % hkv:
+        raise ValueError(
+            f"o_proj has {cols.numel()} input columns; expected a multiple of Hkv * D = {hkv * d}"
+        )
+    w = cols.reshape(hkv, hq // hkv, d).sum(1).sqrt()
+    return smoothing_from_rms(rms_v / w.clamp_min(1e-12), 0.5)
+
+
 def channel_scale_from_weights(
     k_proj_weight: torch.Tensor, num_kv_heads: int, alpha: float = 1.0
 ) -> torch.Tensor:
@@ -575,3 +693,78 @@ def channel_scale_from_weights(
     energy = rows.pow(2).sum(dim=1).reshape(num_kv_heads, d)
     paired = (energy[:, : d // 2] + energy[:, d // 2 :]) / 2
     return smoothing_from_rms(torch.cat([paired, paired], dim=-1).sqrt(), alpha)
+
+
+def pca_rotation(x: torch.Tensor) -> torch.Tensor:
+    """Per-head principal axes of samples x [..., Hkv, T, D] as rows, largest variance first:
+    an orthonormal [Hkv, D, D] R (R @ R.T == I). The sign of each axis is fixed (largest entry
+    positive) so the result is deterministic."""
+    hkv, d = x.shape[-3], x.shape[-1]
+    xs = x.double().transpose(-3, 0).reshape(hkv, -1, d)
+    cov = xs.transpose(1, 2) @ xs / max(1, xs.shape[1])
+    _, vecs = torch.linalg.eigh(cov)  # ascending eigenvalues, eigenvectors as columns
+    rot = vecs.flip(-1).transpose(1, 2)
+    idx = rot.abs().argmax(dim=-1, keepdim=True)
+    sign = torch.sign(rot.gather(-1, idx))
+    sign = torch.where(sign == 0, torch.ones_like(sign), sign)
+    return (rot * sign).float()
+
+
+def pack_channel_params(
+    head_dim: int,
+    num_kv_heads: int,
+    scale: torch.Tensor | None = None,
+    offset: torch.Tensor | None = None,
+    rotation: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The `channel_scale` tensor the ops take, in its full form [Hkv, D + 2, D]: rows [0, D) the
+    rotation R (identity when None), row D the scale s (ones), row D + 1 the offset m (zeros)."""
+    d, h = head_dim, num_kv_heads
+    out = torch.zeros(h, d + 2, d)
+    out[:, :d] = torch.eye(d) if rotation is None else rotation.float().reshape(h, d, d)
+    out[:, d] = 1.0 if scale is None else scale.float().reshape(h, d)
+    out[:, d + 1] = 0.0 if offset is None else offset.float().reshape(h, d)
+    return out
+
+
+def calibrate_channel_params(
+    config: WaveletKVConfig,
+    kind: str,
+    samples: torch.Tensor,
+    queries: torch.Tensor | None = None,
+    proj_weight: torch.Tensor | None = None,
+) -> torch.Tensor | None:
+    """Offset, smoothing and rotation for one layer's keys (kind "k") or values ("v") from
+    calibration samples [..., Hkv, T, D], as the ops' `channel_scale` tensor [Hkv, D + 2, D]
+    (None when the config asks for none of them). `queries` [..., Hq, T, D] serve k_smoothing=qk;
+    `proj_weight` is k_proj's weight (k_smoothing=weights) or o_proj's (v_smoothing=ov)."""
+    if kind not in ("k", "v"):
+        raise ValueError(f"kind must be 'k' or 'v', got {kind!r}")
+    hkv, d = samples.shape[-3], samples.shape[-1]
+    offset_rule = config.k_offset if kind == "k" else config.v_offset
+    smooth_rule = config.k_smoothing if kind == "k" else config.v_smoothing
+    if offset_rule == "none" and smooth_rule == "none" and config.rotation == "none":
+        return None
+    x = samples.float()
+    offset = channel_offset(x, skip=config.sinks) if offset_rule == "calibrated" else None
+    if offset is not None:
+        x = x - offset.unsqueeze(1)
+    scale = None
+    if smooth_rule == "calibrated":
+        scale = calibrate_channel_scale(x, config.smoothing_alpha)
+    elif smooth_rule == "weights":
+        if proj_weight is None:
+            raise ValueError("k_smoothing=weights needs k_proj's weight")
+        scale = channel_scale_from_weights(proj_weight, hkv, config.smoothing_alpha)
+    elif smooth_rule == "qk":
+        if queries is None:
+            raise ValueError("k_smoothing=qk needs sample queries")
+        scale = channel_scale_qk(queries, x)
+    elif smooth_rule == "ov":
+        if proj_weight is None:
+            raise ValueError("v_smoothing=ov needs o_proj's weight")
+        scale = channel_scale_ov(x, proj_weight)
+    if scale is not None:
+        x = x / scale.unsqueeze(1)
+    rotation = pca_rotation(x[..., config.sinks :, :]) if config.rotation == "pca" else None
+    return pack_channel_params(d, hkv, scale, offset, rotation)
