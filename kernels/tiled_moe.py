@@ -20,14 +20,22 @@ exact: a zero gate row gives silu(0) * 0 = 0, and zero columns of W2 read those 
       w_gate_up [E, 2 * F_PAD, H_PAD]   rows [128 j, 128 j + 64) gate, [128 j + 64, 128 j + 128) up
       w_down    [E, H_PAD, F_PAD]
   Kept because it is what a TMA 2-D descriptor wants. Measured side by side on the H200
-  (benchmarks/RESULTS.md), "tiles64" was as fast or faster at every Mixtral T: 0.187 vs 0.199 ms at
-  T = 1 (3.77 vs 3.54 TB/s of weights), 0.664 vs 0.688 ms at T = 64, 0.733 vs 0.822 ms at T = 256,
-  so it is the default.
+  (benchmarks/RESULTS.md), "tiles64" was as fast or faster at every T of both benchmark shapes:
+  0.187 vs 0.199 ms at Mixtral T = 1 (3.77 vs 3.54 TB/s of weights), 0.664 vs 0.688 at T = 64, and
+  with the one-dot prefill kernel 0.706 vs 0.781 at T = 256 and 4.97 vs 5.33 at T = 4096, so it is
+  the default.
 
 Kernels (grouping from moe_align.py: pairs sorted by expert, tiles of <= BLOCK_M pairs):
 1. gate_up: one program per (M tile, BLOCK_N ffn columns). Loads x rows (gathered by token) and
-   the gate and up weight tiles, two tensor-core dots into fp32 accumulators, then
+   the gate and up weight tiles, tensor-core dots into fp32 accumulators, then
    h = silu(gate) * up in registers, stored in the input dtype to h [P, F_PAD] (sorted rows).
+   Prefill configs (`fused`) load gate and up as one [BLOCK_K, 2 * BLOCK_N] tile and issue one dot
+   of twice the width (one N = 256 wgmma at BLOCK_N = 128, the A tile read once); the split back
+   into gate and up is a reshape of the accumulator that moves no data. Both packed layouts
+   already hold gate and up of the same ffn rows side by side, so neither layout changed.
+   Measured on the H200: 3.15 vs 3.54 ms (two dots) for Mixtral's gate_up at T = 4096.
+   Decode configs keep two dots of BLOCK_N (M = 16 tiles use mma.sync, not wgmma, and are
+   bound by the weight stream either way).
 2. down: one program per (M tile, BLOCK_N hidden columns, K split). h @ W2^T, scaled by the
    routing weight, and the k-way combine done with fp32 atomic adds into an fp32 [T, H] buffer,
    then one cast to the output dtype. Atomics make the sum order (and so the last bit of the
@@ -256,25 +264,28 @@ def _cfg(bm, un, uk, uw, us, dn, dk, ds, dw, dst, gm=8, fused=False) -> MoEConfi
 
 # Shape class: "large" experts (H * F >= 2^24, e.g. Mixtral 4096 x 14336) or "small" (fine-grained,
 # e.g. 2048 x 1408). Bucket: upper bound on m = pairs per expert hit = ceil(T k / min(E, T k)).
-# Winners of the per-kernel sweep in benchmarks/bench_moe.py --sweep on the H200 (2026-11-30, see
-# benchmarks/RESULTS.md): Mixtral T = 1, 8, 64, 256, 1024, 4096 fill large buckets 1, 2, 32, 128, 512,
-# inf; fine-grained T = 1 and 8, 64, 256, 1024, 4096 fill small buckets 1, 8, 32, 128, 512. Entries
-# marked "copied" had no benchmark T in their bucket and take their neighbour's config.
+# Winners of the per-kernel sweep in benchmarks/bench_moe.py --sweep on the H200 (benchmarks/RESULTS.md):
+# Mixtral T = 1, 8, 64, 256, 1024, 4096 fill large buckets 1, 2, 32, 128, 512, inf; fine-grained
+# T = 1 and 8, 64, 256, 1024, 4096 fill small buckets 1, 8, 32, 128, 512. Buckets up to 32 come from
+# the earlier sweep of every T (2026-11-30); the prefill buckets (128 and up) from the sweep of
+# T = 256, 1024, 4096 at 2026-11-30 11:22 UTC (which re-chose ("small", 32) unchanged), where gate
+# and up as one dot (fused) beat two dots by 3-11% at every T (Mixtral T = 4096: 3.15 vs 3.54 ms for
+# gate_up). Entries marked "copied" had no benchmark T in their bucket and take their neighbour's.
 CONFIG_TABLE: dict[tuple[str, int], MoEConfig] = {
     ("large", 1): _cfg(16, 128, 128, 4, 3, 128, 128, 2, 4, 4),
     ("large", 2): _cfg(16, 128, 128, 4, 3, 64, 256, 4, 4, 3),
     ("large", 8): _cfg(16, 128, 128, 4, 3, 64, 256, 4, 4, 3),  # copied from ("large", 2)
     ("large", 32): _cfg(32, 128, 128, 4, 3, 128, 64, 1, 4, 4),
-    ("large", 128): _cfg(128, 128, 64, 8, 3, 256, 64, 1, 8, 3),
+    ("large", 128): _cfg(128, 128, 64, 8, 4, 256, 64, 1, 8, 3, fused=True),
     ("large", 512): _cfg(128, 128, 64, 8, 4, 256, 64, 1, 8, 3, fused=True),
     ("large", 1 << 62): _cfg(128, 128, 64, 8, 4, 256, 64, 1, 8, 3, fused=True),
     ("small", 1): _cfg(16, 64, 256, 4, 3, 64, 128, 4, 4, 4),
     ("small", 2): _cfg(16, 64, 256, 4, 3, 64, 128, 4, 4, 4),  # copied from ("small", 1)
     ("small", 8): _cfg(16, 32, 256, 4, 3, 64, 128, 2, 4, 4),
     ("small", 32): _cfg(32, 128, 64, 4, 4, 128, 64, 1, 4, 4),
-    ("small", 128): _cfg(128, 128, 64, 8, 4, 256, 64, 1, 8, 3, fused=True),
-    ("small", 512): _cfg(128, 128, 64, 8, 4, 256, 64, 1, 8, 3, fused=True),
-    ("small", 1 << 62): _cfg(128, 128, 64, 8, 4, 256, 64, 1, 8, 3, fused=True),  # copied from ("small", 512)
+    ("small", 128): _cfg(128, 128, 64, 8, 4, 256, 64, 1, 8, 4, fused=True),
+    ("small", 512): _cfg(128, 128, 64, 8, 3, 256, 64, 1, 8, 4, fused=True),
+    ("small", 1 << 62): _cfg(128, 128, 64, 8, 3, 256, 64, 1, 8, 4, fused=True),  # copied from ("small", 512)
 }
 BUCKETS = sorted({bucket for _, bucket in CONFIG_TABLE})
 

@@ -1,6 +1,9 @@
 """wmoe::tiled_moe: packing, token grouping, Triton kernels (interpreter on CPU, real shapes on GPU).
 
 Every numeric check compares against a plain per-expert loop in fp32 on unpacked weights.
+GPU tests: `python -m pytest -m gpu tests/test_tiled_moe.py` after `pip install -e .`; with the
+package put on PYTHONPATH instead, add -P (`python -P -m pytest ...`), or the repository root, first
+on sys.path, shadows it with a wmoe_compile/ that has no kernels/ mapped in.
 """
 
 from __future__ import annotations
