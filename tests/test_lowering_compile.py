@@ -143,7 +143,7 @@ def test_hf_generate_static_cache_bypass_identical_and_no_recompiles():
         vocab_size=128,
         hidden_size=64,
         intermediate_size=128,
-        num_hidden_layers=2,
+        num_hidden_layers=1,
         num_attention_heads=4,
         num_key_value_heads=2,
         head_dim=16,
@@ -171,3 +171,19 @@ def test_hf_generate_static_cache_bypass_identical_and_no_recompiles():
         assert int(cache.layers[0].cumulative_length) == prompt.shape[1] + 10 - 1
     report = compile_backend.compile_reports()[-1]
     assert report.rewritten("kv_write"), str(report)
+
+
+def test_token_agreement_report_on_tiny_hf_model():
+    # The SmolLM2 run (python -m wmoe_compile.lowering.agreement) uses the same function; here a
+    # tiny random Llama keeps it fast (the bypass check is the HF test above).
+    from wmoe_compile.lowering.agreement import token_agreement
+    from wmoe_compile.pipeline import tiny_hf_model
+
+    lm = tiny_hf_model("llama", num_layers=1, seed=int(torch.randint(0, 1000, ())))
+    report = token_agreement(lm, prompt_tokens=6, new_tokens=8, device="cpu", check_bypass=False)
+    assert report.bypass_identical is None
+    assert 0.0 <= report.free_running_agreement <= 1.0 and 0.0 <= report.teacher_forced_agreement <= 1.0
+    if report.first_divergence is None:
+        assert report.free_running_agreement == 1.0
+    assert report.rewritten_sites["kv_write"].get("rewritten", 0) == 2
+    assert "B/vector" not in report.table() and "free-running agreement" in report.table()

@@ -195,21 +195,30 @@ def _static_dim(value: Any, axis: int, what: str) -> int:
     return dim
 
 
-def _channel_scale_or_ones(channel_scale: Any, head_dim: int) -> Any:
-    """An empty channel_scale means none: pass ones (dividing by 1.0 is exact)."""
+def _channel_params(channel_scale: Any, head_dim: int) -> tuple[Any, str]:
+    """(value, form) of an op's channel parameters, following kernels.kv_codec.channel_params:
+    empty -> ones (dividing by 1.0 is exact), [D] / [1|Hkv, D] -> "s", [2, 1|Hkv, D] -> "sm",
+    [1|Hkv, D + 2, D] -> "rsm"."""
+    import numpy as np
     from onnxscript import opset18 as op
 
     shape = getattr(channel_scale, "shape", None)
-    numel = None
-    if shape is not None and all(isinstance(d, int) for d in shape):
-        numel = 1
-        for d in shape:
-            numel *= d
-    if numel == 0:
-        import numpy as np
-
-        return op.Constant(value=onnx.numpy_helper.from_array(np.ones((1, head_dim), np.float32)))
-    return channel_scale
+    dims = [d for d in shape] if shape is not None else None
+    if dims is None or not all(isinstance(d, int) for d in dims):
+        raise ValueError(f"channel parameters need a static shape for ONNX export, got {dims}")
+    if 0 in dims:
+        ones = onnx.numpy_helper.from_array(np.ones((1, head_dim), np.float32))
+        return op.Constant(value=ones), "s"
+    if len(dims) == 3 and dims[1] == head_dim + 2 and dims[2] == head_dim:
+        return channel_scale, "rsm"
+    if len(dims) == 3 and dims[0] == 2 and dims[2] == head_dim:
+        return channel_scale, "sm"
+    if len(dims) in (1, 2) and dims[-1] == head_dim:
+        return channel_scale, "s"
+    raise ValueError(
+        f"channel parameters of shape {dims} are none of the forms [Hkv, D], [2, Hkv, D], "
+        f"[Hkv, D + 2, D] (D = {head_dim}), or empty"
+    )
 
 
 def _head_dim_for(codec: str, n_code_bytes: int) -> int:
@@ -238,16 +247,23 @@ def _canonical(codec: str) -> str:
 def _translate_kv_compress(x, channel_scale, codec: str):
     head_dim = _static_dim(x, -1, "kv_compress x")
     wmoe = _wmoe_opset()
-    return wmoe.KvCompress(
-        x, _channel_scale_or_ones(channel_scale, head_dim), codec=_canonical(codec), head_dim=head_dim
-    )
+    params, form = _channel_params(channel_scale, head_dim)
+    return wmoe.KvCompress(x, params, codec=_canonical(codec), head_dim=head_dim, channel_params=form)
 
 
 def _translate_kv_decompress(codes, scales, channel_scale, codec: str, dtype: int):
     head_dim = _head_dim_for(codec, _static_dim(codes, -1, "kv_decompress codes"))
     wmoe = _wmoe_opset()
-    cs = _channel_scale_or_ones(channel_scale, head_dim)
-    out = wmoe.KvDecompress(codes, scales, cs, codec=_canonical(codec), head_dim=head_dim, dtype=int(dtype))
+    params, form = _channel_params(channel_scale, head_dim)
+    out = wmoe.KvDecompress(
+        codes,
+        scales,
+        params,
+        codec=_canonical(codec),
+        head_dim=head_dim,
+        channel_params=form,
+        dtype=int(dtype),
+    )
     # The output type is fixed by an attribute, which type inference of a custom op cannot see.
     out.dtype = ir.DataType(int(dtype))
     return out
@@ -258,9 +274,17 @@ def _translate_kv_compress_into_cache(
 ):
     head_dim = _static_dim(x, -1, "kv_compress_into_cache x")
     wmoe = _wmoe_opset()
-    cs = _channel_scale_or_ones(channel_scale, head_dim)
+    params, form = _channel_params(channel_scale, head_dim)
     return wmoe.KvCompressIntoCache(
-        x, codes_cache, scales_cache, exact_cache, positions, cs, codec=_canonical(codec), head_dim=head_dim
+        x,
+        codes_cache,
+        scales_cache,
+        exact_cache,
+        positions,
+        params,
+        codec=_canonical(codec),
+        head_dim=head_dim,
+        channel_params=form,
     )
 
 
@@ -280,6 +304,8 @@ def _translate_wavelet_attention(
 ):
     head_dim = _static_dim(q, -1, "wavelet_attention q")
     wmoe = _wmoe_opset()
+    k_params, k_form = _channel_params(k_cs, head_dim)
+    v_params, v_form = _channel_params(v_cs, head_dim)
     return wmoe.WaveletAttention(
         q,
         k_codes,
@@ -289,10 +315,12 @@ def _translate_wavelet_attention(
         k_exact,
         v_exact,
         seq_lens,
-        _channel_scale_or_ones(k_cs, head_dim),
-        _channel_scale_or_ones(v_cs, head_dim),
+        k_params,
+        v_params,
         codec=_canonical(codec),
         head_dim=head_dim,
+        k_channel_params=k_form,
+        v_channel_params=v_form,
         sm_scale=float(sm_scale),
     )
 

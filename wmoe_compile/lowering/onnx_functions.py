@@ -73,6 +73,10 @@ _CODEC_ATTRS = [
     ("codec", _STR, "canonical codec spec (WaveletKVConfig.to_spec())"),
     ("head_dim", _INT, "head dimension D"),
 ]
+_CHANNEL_DOC = (
+    "form of the channel parameters input (docs/CONTRACTS.md): s ([Hkv|1, D] smoothing), "
+    "sm ([2, Hkv|1, D] smoothing and offset), rsm ([Hkv|1, D + 2, D] rotation, smoothing, offset)"
+)
 
 SCHEMAS: dict[str, defs.OpSchema] = {
     "KvCompress": _schema(
@@ -81,7 +85,7 @@ SCHEMAS: dict[str, defs.OpSchema] = {
         "scales fp16 [..., n_bands]",
         [("x", "T"), ("channel_scale", "S")],
         [("codes", "tensor(uint8)"), ("scales", "tensor(float16)")],
-        _CODEC_ATTRS,
+        [*_CODEC_ATTRS, ("channel_params", _STR, _CHANNEL_DOC)],
         [("T", _FLOAT_TYPES), ("S", _FLOAT_TYPES)],
     ),
     "KvDecompress": _schema(
@@ -89,7 +93,11 @@ SCHEMAS: dict[str, defs.OpSchema] = {
         "wmoe::kv_decompress: codes, scales -> x [..., D] in the element type `dtype`",
         [("codes", "tensor(uint8)"), ("scales", "tensor(float16)"), ("channel_scale", "S")],
         [("x", "T")],
-        [*_CODEC_ATTRS, ("dtype", _INT, "ONNX element type of the output")],
+        [
+            *_CODEC_ATTRS,
+            ("channel_params", _STR, _CHANNEL_DOC),
+            ("dtype", _INT, "ONNX element type of the output"),
+        ],
         [("T", _FLOAT_TYPES), ("S", _FLOAT_TYPES)],
     ),
     "KvCompressIntoCache": _schema(
@@ -108,7 +116,7 @@ SCHEMAS: dict[str, defs.OpSchema] = {
             ("scales_cache_out", "tensor(float16)"),
             ("exact_cache_out", "E"),
         ],
-        _CODEC_ATTRS,
+        [*_CODEC_ATTRS, ("channel_params", _STR, _CHANNEL_DOC)],
         [
             ("T", _FLOAT_TYPES),
             ("E", _FLOAT_TYPES),
@@ -133,7 +141,12 @@ SCHEMAS: dict[str, defs.OpSchema] = {
             ("v_channel_scale", "S"),
         ],
         [("out", "T")],
-        [*_CODEC_ATTRS, ("sm_scale", _FLT, "softmax scale")],
+        [
+            *_CODEC_ATTRS,
+            ("k_channel_params", _STR, _CHANNEL_DOC),
+            ("v_channel_params", _STR, _CHANNEL_DOC),
+            ("sm_scale", _FLT, "softmax scale"),
+        ],
         [
             ("T", _FLOAT_TYPES),
             ("E", _FLOAT_TYPES),
@@ -236,9 +249,50 @@ def _codec(spec: str, head_dim: int):
     return get_codec(spec, head_dim)
 
 
-def _channel_scale_3d(b: _Body, channel_scale: ir.Value, head_dim: int) -> ir.Value:
-    # [Hkv, D], [1, D] or [D] -> [Hkv | 1, 1, D] in fp32, broadcasting against [..., Hkv, T, D].
-    return b.op("Reshape", b.op("Cast", channel_scale, to=_FLOAT), b.i64(-1, 1, head_dim))
+CHANNEL_FORMS = ("s", "sm", "rsm")
+
+
+class _Channel:
+    """The channel parameters of one K or V cache as graph values: smoothing s [Hkv|1, 1, D],
+    offset m (same shape, or None) and the transform M = W R ([D, D], or [Hkv|1, D, D] with a
+    rotation R): coefficients c = ((x - m) / s) @ M^T, reconstruction (c @ M) * s + m."""
+
+    def __init__(self, b: _Body, codec, params: ir.Value, form: str) -> None:
+        if form not in CHANNEL_FORMS:
+            raise ValueError(f"channel parameter form must be one of {CHANNEL_FORMS}, got {form!r}")
+        d = codec.head_dim
+        params = b.op("Cast", params, to=_FLOAT)
+        self.offset: ir.Value | None = None
+        w = b.const(codec.transform.numpy(), np.float32)
+        self.transform, self.transform_t = w, b.const(codec.transform.numpy().T, np.float32)
+        if form == "s":
+            self.scale = b.op("Reshape", params, b.i64(-1, 1, d))
+        elif form == "sm":  # [2, Hkv|1, D]: row 0 s, row 1 m
+            self.scale = b.op("Reshape", b.op("Slice", params, b.i64(0), b.i64(1), b.i64(0)), b.i64(-1, 1, d))
+            self.offset = b.op(
+                "Reshape", b.op("Slice", params, b.i64(1), b.i64(2), b.i64(0)), b.i64(-1, 1, d)
+            )
+        else:  # [Hkv|1, D + 2, D]: rows [0, D) R, row D s, row D + 1 m
+            rotation = b.op("Slice", params, b.i64(0), b.i64(d), b.i64(1))
+            self.scale = b.op("Slice", params, b.i64(d), b.i64(d + 1), b.i64(1))
+            self.offset = b.op("Slice", params, b.i64(d + 1), b.i64(d + 2), b.i64(1))
+            self.transform = b.op("MatMul", w, rotation)  # M = W R per kv head
+            self.transform_t = b.op("Transpose", self.transform, perm=[0, 2, 1])
+
+    def coefficients(self, b: _Body, x: ir.Value) -> ir.Value:
+        y = b.op("Cast", x, to=_FLOAT)
+        if self.offset is not None:
+            y = b.op("Sub", y, self.offset)
+        return b.op("MatMul", b.op("Div", y, self.scale), self.transform_t)
+
+    def centred(self, b: _Body, x: ir.Value) -> ir.Value:
+        """x - m in fp32 (what the exact cache holds)."""
+        y = b.op("Cast", x, to=_FLOAT)
+        return y if self.offset is None else b.op("Sub", y, self.offset)
+
+    def reconstruct(self, b: _Body, coefficients: ir.Value, with_offset: bool = True) -> ir.Value:
+        x = b.op("Mul", b.op("MatMul", coefficients, self.transform), self.scale)
+        return b.op("Add", x, self.offset) if with_offset and self.offset is not None else x
 
 
 def _quantize(b: _Body, cb: ir.Value, scale16: ir.Value, mids: np.ndarray) -> ir.Value:
@@ -324,10 +378,9 @@ def _unpack(b: _Body, packed: ir.Value, n_bytes: int, bits: int) -> ir.Value:
     return b.reshape_last(values, [n_bytes * per_byte], drop_last=2)
 
 
-def encode(b: _Body, codec, x: ir.Value, channel_scale: ir.Value) -> tuple[ir.Value, ir.Value]:
+def encode(b: _Body, codec, x: ir.Value, channel: _Channel) -> tuple[ir.Value, ir.Value]:
     """x [..., D] (any float type) -> (codes uint8 [..., n_code_bytes], scales fp16 [..., n_bands])."""
-    y = b.op("Div", b.op("Cast", x, to=_FLOAT), _channel_scale_3d(b, channel_scale, codec.head_dim))
-    c = b.op("MatMul", y, b.const(codec.transform.numpy().T, np.float32))
+    c = channel.coefficients(b, x)
     nonfinite = b.op("Or", b.op("IsNaN", c), b.op("IsInf", c))
     any_nonfinite = b.op("ReduceMax", b.op("Cast", nonfinite, to=_INT32), b.i64(-1), keepdims=1)
     finite = b.op("Equal", any_nonfinite, b.const(0, np.int32))  # [..., 1]
@@ -346,8 +399,8 @@ def encode(b: _Body, codec, x: ir.Value, channel_scale: ir.Value) -> tuple[ir.Va
     return codes, scales
 
 
-def decode(b: _Body, codec, codes: ir.Value, scales: ir.Value, channel_scale: ir.Value) -> ir.Value:
-    """(codes, scales) -> fp32 x [..., D] = (W^T c) * s."""
+def decode_coefficients(b: _Body, codec, codes: ir.Value, scales: ir.Value) -> ir.Value:
+    """(codes, scales) -> fp32 coefficients [..., D]."""
     parts = []
     for index, band in enumerate(codec.bands):
         offset = codec.band_byte_offsets[index]
@@ -357,9 +410,7 @@ def decode(b: _Body, codec, codes: ir.Value, scales: ir.Value, channel_scale: ir
         grid = b.const(codec.grids[index].numpy(), np.float32)
         scale = b.op("Cast", b.op("Slice", scales, b.i64(index), b.i64(index + 1), b.i64(-1)), to=_FLOAT)
         parts.append(b.op("Mul", b.op("Gather", grid, levels), scale))
-    c = parts[0] if len(parts) == 1 else b.op("Concat", *parts, axis=-1)
-    x = b.op("MatMul", c, b.const(codec.transform.numpy(), np.float32))
-    return b.op("Mul", x, _channel_scale_3d(b, channel_scale, codec.head_dim))
+    return parts[0] if len(parts) == 1 else b.op("Concat", *parts, axis=-1)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -369,7 +420,7 @@ def decode(b: _Body, codec, codes: ir.Value, scales: ir.Value, channel_scale: ir
 def _kv_compress(b: _Body, attrs: Mapping[str, Any]) -> tuple[list[ir.Value], list[ir.Value]]:
     codec = _codec(attrs["codec"], attrs["head_dim"])
     x, channel_scale = ir.Value(name="x"), ir.Value(name="channel_scale")
-    codes, scales = encode(b, codec, x, channel_scale)
+    codes, scales = encode(b, codec, x, _Channel(b, codec, channel_scale, attrs["channel_params"]))
     return [x, channel_scale], [b.op("Identity", codes), b.op("Identity", scales)]
 
 
@@ -380,7 +431,8 @@ def _kv_decompress(b: _Body, attrs: Mapping[str, Any]) -> tuple[list[ir.Value], 
         ir.Value(name="scales"),
         ir.Value(name="channel_scale"),
     )
-    x = decode(b, codec, codes, scales, channel_scale)
+    channel = _Channel(b, codec, channel_scale, attrs["channel_params"])
+    x = channel.reconstruct(b, decode_coefficients(b, codec, codes, scales))
     return [codes, scales, channel_scale], [b.op("Cast", x, to=int(attrs["dtype"]))]
 
 
@@ -410,7 +462,8 @@ def _kv_compress_into_cache(b: _Body, attrs: Mapping[str, Any]) -> tuple[list[ir
     sinks, window = codec.config.sinks, codec.config.window
     names = ("x", "codes_cache", "scales_cache", "exact_cache", "positions", "channel_scale")
     x, codes_cache, scales_cache, exact_cache, positions, channel_scale = (ir.Value(name=n) for n in names)
-    codes, scales = encode(b, codec, x, channel_scale)
+    channel = _Channel(b, codec, channel_scale, attrs["channel_params"])
+    codes, scales = encode(b, codec, x, channel)
     # positions [T] or [B, T] -> [B, T] int64
     batch_steps = b.op("Concat", b.op("Shape", x, start=0, end=1), b.op("Shape", x, start=2, end=3), axis=0)
     slots = b.op("Expand", b.op("Cast", positions, to=_INT64), batch_steps)
@@ -421,7 +474,8 @@ def _kv_compress_into_cache(b: _Body, attrs: Mapping[str, Any]) -> tuple[list[ir
         # Writes that do not apply go to one extra trash slot, cut off afterwards: positions p <
         # sinks land at slot p; the chunk's last `window` tokens at sinks + p % window.
         trash = sinks + window
-        xe = b.op("CastLike", x, exact_cache)
+        # The exact copies are stored centred (x - m) like every other key/value of the sequence.
+        xe = b.op("CastLike", channel.centred(b, x), exact_cache)
         extended = b.op(
             "Concat", exact_cache, b.op("Slice", exact_cache, b.i64(0), b.i64(1), b.i64(2)), axis=2
         )
@@ -464,8 +518,10 @@ def _wavelet_attention(b: _Body, attrs: Mapping[str, Any]) -> tuple[list[ir.Valu
     slot = b.range_to(n_slots)  # [S]
     lengths = b.op("Reshape", b.op("Cast", seq_lens, to=_INT64), b.i64(-1, 1, 1, 1))  # [B, 1, 1, 1]
 
-    def keys_or_values(codes: ir.Value, scales: ir.Value, exact: ir.Value, cs: ir.Value) -> ir.Value:
-        full = decode(b, codec, codes, scales, cs)  # [B, Hkv, S, D] fp32
+    def keys_or_values(codes: ir.Value, scales: ir.Value, exact: ir.Value, channel: _Channel) -> ir.Value:
+        # Centred (no offset added): the exact copies are centred too. For keys the offset only
+        # shifts every score of a query by q . m (softmax ignores it); values add m to the output.
+        full = channel.reconstruct(b, decode_coefficients(b, codec, codes, scales), with_offset=False)
         if sinks + window == 0:
             return full
         # Position p is read exactly if p < sinks or p >= seq_len - window (docs/CONTRACTS.md).
@@ -486,8 +542,10 @@ def _wavelet_attention(b: _Body, attrs: Mapping[str, Any]) -> tuple[list[ir.Valu
             use_exact = b.op("Or", use_exact, recent)
         return b.op("Where", use_exact, exact_at_slot, full)
 
-    keys = keys_or_values(k_codes, k_scales, k_exact, k_cs)
-    values = keys_or_values(v_codes, v_scales, v_exact, v_cs)
+    k_channel = _Channel(b, codec, k_cs, attrs["k_channel_params"])
+    v_channel = _Channel(b, codec, v_cs, attrs["v_channel_params"])
+    keys = keys_or_values(k_codes, k_scales, k_exact, k_channel)
+    values = keys_or_values(v_codes, v_scales, v_exact, v_channel)
     # Grouped-query attention: q head h reads kv head h // G, so [B, Hq, Tq, D] regroups to
     # [B, Hkv, G * Tq, D] by a plain reshape.
     q_shape = b.op("Shape", q)
@@ -507,6 +565,8 @@ def _wavelet_attention(b: _Body, attrs: Mapping[str, Any]) -> tuple[list[ir.Valu
     probs = b.op("Softmax", scores, axis=-1)
     probs = b.op("Reshape", probs, b.op("Concat", b.i64(0, 0, -1), n_slots, axis=0))
     out = b.op("MatMul", probs, values)  # [B, Hkv, G*Tq, D]
+    if v_channel.offset is not None:
+        out = b.op("Add", out, v_channel.offset)  # softmax weights sum to 1: add m once
     out = b.op("Reshape", out, q_shape)
     return inputs, [b.op("CastLike", out, q)]
 
