@@ -1,22 +1,26 @@
 """End-to-end decode step on the GPU: eager bf16, torch.compile (Inductor), and backend="wmoe".
 
-    python benchmarks/bench_decode.py [--layers 2] [--shapes 32x32768,8x131072] [--out DIR]
+    python benchmarks/bench_decode.py [--layers 2] [--shapes 8x131072,32x32768] [--out DIR]
 
-The reference model (wmoe_compile/models/mixtral.py) with Mixtral-8x7B shapes, random weights,
-layers reduced to fit one GPU. For each (B, N) the KV cache holds N - 1 tokens of random history
-and one decode step (B tokens at position N - 1) is timed:
+The reference model (wmoe_compile/models/mixtral.py) with Mixtral-8x7B layer shapes, random
+weights, layers reduced to fit one GPU and the run's time. For each (B, N) the KV cache holds
+N - 1 tokens of random history and one decode step (B tokens at position N - 1) is timed:
 
-  eager-routed    eager bf16, experts run only on their routed tokens (HF-style loop)
-  eager-dense     eager bf16, the model's static-shape masked loop (every expert on every token)
-  inductor        torch.compile default backend (best of dense and routed dispatch)
-  wmoe            torch.compile(backend="wmoe"): compressed KV cache, fused wavelet attention,
-                  tiled MoE
+  eager-routed     eager bf16, experts run only on their routed tokens (HF-style loop)
+  eager-dense      eager bf16, the model's static-shape masked loop (every expert, every token)
+  inductor         torch.compile default backend, dense dispatch (at B >= 8 nearly every expert is
+                   hit anyway); at B = 1 also routed dispatch (graph breaks), and the best is kept
+  wmoe             torch.compile(backend="wmoe"): compressed KV cache, fused wavelet attention,
+                   tiled MoE
 
-The history is written straight into the caches (random K/V; for wmoe compressed by the codec
-op exactly as the cache-writing op would), since a 131k-token prefill would dominate the run.
-The wmoe step is broken down by timing its attention and MoE ops alone at the same shapes,
-layer count times; "rest" is the remainder. KV capacity: most tokens per GB of KV cache with bf16
-and with the compressed cache, counted from the bytes the caches actually allocate.
+Compiled variants are timed two ways: calling the compiled module (launch overhead included) and
+replaying one CUDA graph of the step (launch overhead removed); the table uses the faster of the
+two for every compiled variant alike. The history is written straight into the caches (a 131k
+token prefill would dominate the run): random dense K/V, and for wmoe the same K/V compressed by
+the codec op, with the exact sinks and window filled as the cache-writing op would. So the wmoe
+logits can be compared with the eager logits of the same step: that relative error is a column.
+The wmoe step is broken down by timing its attention and MoE ops alone at the same shapes (x
+layers); "rest" is the remainder (projections, norms, router, lm_head, KV writes).
 """
 
 from __future__ import annotations
@@ -28,55 +32,308 @@ import sys
 import time
 
 import torch
+import triton
 import triton.testing
 
-from wmoe_compile.models import build_model
-
-DEFAULT_SHAPES = "1x32768,8x32768,32x32768,8x131072"
+DEFAULT_SHAPES = "8x131072,32x32768,1x32768,8x32768"
 
 
 def bench_ms(fn, rep_ms: int = 200) -> float:
     return triton.testing.do_bench(fn, warmup=25, rep=rep_ms, return_mode="median")
 
 
-def fill_dense_history(model, n_hist: int) -> None:
-    # Random history (never zeros): unit-variance K/V in every written slot.
-    for layer in model.layers:
-        for cache in (layer.attn.k_cache, layer.attn.v_cache):
-            cache[:, :, :n_hist].normal_()
+def graph_ms(fn) -> float | None:
+    """Median time of replaying one CUDA graph of fn; None if fn cannot be captured."""
+    try:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(3):
+                fn()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        return bench_ms(graph.replay)
+    except Exception as exc:  # noqa: BLE001 - report, don't abort the benchmark
+        print(f"  (CUDA graph capture failed: {type(exc).__name__}: {str(exc)[:160]})", flush=True)
+        return None
 
 
 def parse_shapes(text: str) -> list[tuple[int, int]]:
     shapes = []
     for item in text.split(","):
-        b, n = item.lower().split("x")
+        b, _, n = item.lower().partition("x")
+        if not b.isdigit() or not n.isdigit():
+            raise SystemExit(f"--shapes: expected BxN items like 8x131072, got {item!r}")
         shapes.append((int(b), int(n)))
     return shapes
+
+
+def set_dispatch(model, dispatch: str) -> None:
+    for layer in model.layers:
+        layer.moe.dispatch = dispatch
+
+
+def fill_compressed_history(model, compile_backend, spec_by_cache: dict, n_hist: int) -> int:
+    """Compress the dense history [0, n_hist) into the caches the wmoe graph reads.
+
+    Returns the bytes the compressed caches allocate (codes + scales + exact sinks/window)."""
+    from wmoe_compile.codec import WaveletKVConfig
+
+    total = 0
+    for i, layer in enumerate(model.layers):
+        for kind, dense in (("K", layer.attn.k_cache), ("V", layer.attn.v_cache)):
+            parts = compile_backend.compressed_state(dense)
+            if not parts:
+                raise RuntimeError(f"layer {i} {kind}: the wmoe graph holds no compressed cache for it")
+            spec = spec_by_cache[(i, kind)]
+            cfg = WaveletKVConfig.from_spec(spec)
+            codes, scales, exact = parts["codes"], parts["scales"], parts["exact"]
+            B, Hkv, _, D = dense.shape
+            chunk = max(1, (1 << 25) // (B * Hkv * D))
+            for start in range(0, n_hist, chunk):
+                stop = min(n_hist, start + chunk)
+                c, s = torch.ops.wmoe.kv_compress(dense[:, :, start:stop], parts["channel_scale"], spec)
+                codes[:, :, start:stop] = c
+                scales[:, :, start:stop] = s
+            sinks = min(cfg.sinks, n_hist)
+            exact[:, :, :sinks] = dense[:, :, :sinks]
+            if cfg.window:
+                recent = torch.arange(max(0, n_hist - cfg.window), n_hist, device=dense.device)
+                exact[:, :, cfg.sinks + recent % cfg.window] = dense[:, :, recent]
+            total += sum(t.numel() * t.element_size() for t in (codes, scales, exact))
+    return total
+
+
+def breakdown(model, compile_backend, spec: str, B: int, N: int) -> dict:
+    """Time the wmoe attention and MoE ops alone at the step's shapes (x layers)."""
+    from wmoe_compile import pack_expert_weights
+
+    cfg = model.cfg
+    layer = model.layers[0]
+    k = compile_backend.compressed_state(layer.attn.k_cache)
+    v = compile_backend.compressed_state(layer.attn.v_cache)
+    q = torch.randn(B, cfg.num_q_heads, 1, cfg.head_dim, device="cuda", dtype=torch.bfloat16)
+    seq_lens = torch.full((B,), N, device="cuda", dtype=torch.int64)
+
+    def attention():
+        return torch.ops.wmoe.wavelet_attention(
+            q,
+            k["codes"],
+            k["scales"],
+            v["codes"],
+            v["scales"],
+            k["exact"],
+            v["exact"],
+            seq_lens,
+            k["channel_scale"],
+            v["channel_scale"],
+            spec,
+            cfg.head_dim**-0.5,
+        )
+
+    packed = pack_expert_weights(list(layer.moe.experts))
+    hidden = torch.randn(B, cfg.hidden_size, device="cuda", dtype=torch.bfloat16)
+    probs = torch.softmax(torch.randn(B, cfg.num_experts, device="cuda"), -1)
+    topk_w, topk_ids = probs.topk(cfg.experts_per_token, -1)
+    topk_w = (topk_w / topk_w.sum(-1, keepdim=True)).to(torch.bfloat16)
+    out = {}
+    for name, fn in (("attention", attention), ("moe", lambda: packed(hidden, topk_ids, topk_w))):
+        ms = graph_ms(fn)
+        out[f"wmoe_{name}_ms"] = (ms if ms is not None else bench_ms(fn)) * cfg.num_layers
+    return out
+
+
+def kv_capacity(codec_spec: str, budget_gb: float) -> dict:
+    """Context tokens that fit in a KV budget, Mixtral-8x7B (32 layers), bf16 vs compressed."""
+    from wmoe_compile.codec import WaveletKVCodec, WaveletKVConfig
+    from wmoe_compile.models import get_config
+
+    cfg = get_config("mixtral-8x7b")
+    codec = WaveletKVCodec(WaveletKVConfig.from_spec(codec_spec), cfg.head_dim)
+    per_token_bf16 = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 2
+    per_token_wmoe = 2 * cfg.num_layers * cfg.num_kv_heads * codec.bytes_per_vector
+    exact_per_sequence = (
+        2 * cfg.num_layers * cfg.num_kv_heads * (codec.config.window + codec.config.sinks) * cfg.head_dim * 2
+    )
+    budget = budget_gb * 1e9
+    tokens_wmoe = int((budget - exact_per_sequence) // per_token_wmoe)
+    return {
+        "budget_GB": budget_gb,
+        "bytes_per_vector": codec.bytes_per_vector,
+        "bytes_per_token_bf16": per_token_bf16,
+        "bytes_per_token_wmoe": per_token_wmoe,
+        "exact_bytes_per_sequence": exact_per_sequence,
+        "tokens_bf16": int(budget // per_token_bf16),
+        "tokens_wmoe_one_sequence": tokens_wmoe,
+        "ratio": tokens_wmoe / int(budget // per_token_bf16),
+    }
+
+
+def run_shape(args, B: int, N: int, row: dict) -> None:
+    from wmoe_compile.lowering import compile_backend
+    from wmoe_compile.models import build_model
+    from wmoe_compile.ops import attention as attention_op
+
+    attention_op.set_value_checks(False)  # its seq_lens check is a host sync per layer
+    model = build_model(
+        "mixtral-8x7b", num_layers=args.layers, max_seq_len=N, dtype=torch.bfloat16, device="cuda"
+    )
+    model.setup_cache(B, N)
+    for layer in model.layers:
+        layer.attn.k_cache[:, :, : N - 1].normal_()
+        layer.attn.v_cache[:, :, : N - 1].normal_()
+    gen = torch.Generator("cuda").manual_seed(B * N)
+    tokens = torch.randint(0, model.cfg.vocab_size, (B, 1), device="cuda", generator=gen)
+    positions = torch.tensor([N - 1], device="cuda")
+    # The step rewrites slot N - 1 each time; every variant computes the same function.
+
+    def step(fn):
+        return lambda: fn(tokens, positions)
+
+    with torch.no_grad():
+        for dispatch in ("routed", "dense"):
+            set_dispatch(model, dispatch)
+            row[f"eager-{dispatch}_ms"] = bench_ms(step(model))
+            print(f"B={B} N={N} eager-{dispatch}: {row[f'eager-{dispatch}_ms']:.3f} ms", flush=True)
+        set_dispatch(model, "dense")
+        reference_logits = model(tokens, positions).float()
+
+        if "inductor" not in args.skip:
+            best = None
+            for dispatch in ("dense", "routed") if B == 1 else ("dense",):
+                torch._dynamo.reset()
+                set_dispatch(model, dispatch)
+                compiled = torch.compile(model)
+                t0 = time.perf_counter()
+                compiled(tokens, positions)
+                torch.cuda.synchronize()
+                compile_s = time.perf_counter() - t0
+                call = bench_ms(step(compiled))
+                replay = graph_ms(step(compiled))
+                row[f"inductor-{dispatch}"] = {"call_ms": call, "graph_ms": replay, "compile_s": compile_s}
+                ms = min(x for x in (call, replay) if x is not None)
+                print(
+                    f"B={B} N={N} inductor-{dispatch}: call {call:.3f} ms, graph {replay} ms, "
+                    f"compile {compile_s:.0f} s",
+                    flush=True,
+                )
+                best = ms if best is None else min(best, ms)
+            row["inductor_ms"] = best
+            set_dispatch(model, "dense")
+
+        if "wmoe" not in args.skip:
+            torch._dynamo.reset()
+            compiled = torch.compile(model, backend="wmoe", options={"codec": args.codec})
+            t0 = time.perf_counter()
+            compiled(tokens, positions)
+            torch.cuda.synchronize()
+            row["wmoe_compile_s"] = time.perf_counter() - t0
+            report = compile_backend.compile_reports()[-1]
+            row["wmoe_sites"] = report.counts()
+            spec_by_cache = {
+                (s.layer, "K" if s.detail.startswith("K") else "V"): s.nodes["codec"]
+                for s in report.sites
+                if s.kind == "kv_write" and s.status == "rewritten"
+            }
+            if len(spec_by_cache) != 2 * args.layers:
+                raise RuntimeError(
+                    f"wmoe rewrote {len(spec_by_cache)} of {2 * args.layers} KV writes:\n{report}"
+                )
+            row["compressed_cache_bytes"] = fill_compressed_history(
+                model, compile_backend, spec_by_cache, N - 1
+            )
+            row["dense_cache_bytes"] = sum(
+                c.numel() * c.element_size()
+                for layer in model.layers
+                for c in (layer.attn.k_cache, layer.attn.v_cache)
+            )
+            logits = compiled(tokens, positions).float()
+            row["wmoe_logits_rel_err"] = ((logits - reference_logits).norm() / reference_logits.norm()).item()
+            row["wmoe_top1_agreement"] = (
+                (logits.argmax(-1) == reference_logits.argmax(-1)).float().mean().item()
+            )
+            call = bench_ms(step(compiled))
+            replay = graph_ms(step(compiled))
+            row["wmoe"] = {"call_ms": call, "graph_ms": replay}
+            row["wmoe_ms"] = min(x for x in (call, replay) if x is not None)
+            print(
+                f"B={B} N={N} wmoe: call {call:.3f} ms, graph {replay} ms, "
+                f"compile {row['wmoe_compile_s']:.0f} s, logits rel err {row['wmoe_logits_rel_err']:.3e}",
+                flush=True,
+            )
+            spec = next(iter(spec_by_cache.values()))
+            row.update(breakdown(model, compile_backend, spec, B, N))
+    del model
+    torch._dynamo.reset()
+    torch.cuda.empty_cache()
+
+
+def render(env: dict, rows: list[dict], capacity: dict) -> str:
+    def f(x, digits=3):
+        return "-" if x is None else f"{x:.{digits}f}"
+
+    lines = [
+        f"Decode step, reference model with Mixtral-8x7B shapes, {env['layers']} layers, bf16, "
+        f"{env['gpu']}, torch {env['torch']}, triton {env['triton']}, {env['date']}; codec `{env['codec']}`.",
+        "",
+        "| B | N | eager routed ms | eager dense ms | inductor ms | wmoe ms | vs best eager | vs inductor "
+        "| wmoe attn ms | wmoe MoE ms | wmoe rest ms | logits rel err vs eager | KV bytes dense / wmoe |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['B']} | {r['N']} | {r['error']} |")
+            continue
+        eager = min(r["eager-routed_ms"], r["eager-dense_ms"])
+        w, ind = r.get("wmoe_ms"), r.get("inductor_ms")
+        rest = None
+        if w is not None and "wmoe_attention_ms" in r:
+            rest = w - r["wmoe_attention_ms"] - r["wmoe_moe_ms"]
+        kv = "-"
+        if "compressed_cache_bytes" in r:
+            kv = f"{r['dense_cache_bytes'] / 1e9:.2f} GB / {r['compressed_cache_bytes'] / 1e9:.2f} GB"
+        lines.append(
+            f"| {r['B']} | {r['N']} | {f(r['eager-routed_ms'])} | {f(r['eager-dense_ms'])} | "
+            f"{f(ind)} | {f(w)} | "
+            f"{f(eager / w if w else None, 2)}x | {f(ind / w if w and ind else None, 2)}x | "
+            f"{f(r.get('wmoe_attention_ms'))} | {f(r.get('wmoe_moe_ms'))} | {f(rest)} | "
+            f"{f(r.get('wmoe_logits_rel_err'), 4)} | {kv} |"
+        )
+    c = capacity
+    lines += [
+        "",
+        f"KV capacity in {c['budget_GB']:.0f} GB, Mixtral-8x7B (32 layers, 8 kv heads, head_dim 128): bf16 "
+        f"{c['tokens_bf16']:,} tokens ({c['bytes_per_token_bf16']:,} B/token); "
+        f"wmoe {c['tokens_wmoe_one_sequence']:,} tokens ({c['bytes_per_token_wmoe']:,} B/token at "
+        f"{c['bytes_per_vector']} B per vector, plus "
+        f"{c['exact_bytes_per_sequence']:,} B of exact window and sinks per sequence): {c['ratio']:.2f}x.",
+        "",
+    ]
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--shapes", default=DEFAULT_SHAPES)
-    parser.add_argument("--codec", default="default", help="codec spec (WaveletKVConfig.from_spec)")
-    parser.add_argument("--budget-gb", type=float, default=80.0, help="KV memory budget for the capacity row")
-    parser.add_argument("--skip", default="", help="comma list of variants to skip")
+    parser.add_argument("--shapes", default=DEFAULT_SHAPES, help="comma list of BxN")
+    parser.add_argument("--codec", default="default", help="codec spec or preset")
+    parser.add_argument("--budget-gb", type=float, default=80.0, help="KV budget for the capacity line")
+    parser.add_argument("--skip", default="", help="comma list of variants to skip: inductor, wmoe")
     parser.add_argument("--out", default=os.environ.get("OUT", "benchmarks/out"))
     args = parser.parse_args(argv)
+    args.skip = set(filter(None, args.skip.split(",")))
+    shapes = parse_shapes(args.shapes)
+    capacity = kv_capacity(args.codec, args.budget_gb)
     if not torch.cuda.is_available():
         print("bench_decode needs a CUDA GPU", file=sys.stderr)
         return 2
     os.makedirs(args.out, exist_ok=True)
-    skip = set(filter(None, args.skip.split(",")))
+    import wmoe_compile.ops  # noqa: F401  (registers the wmoe ops)
 
-    import wmoe_compile.ops  # noqa: F401
-    from wmoe_compile.codec import WaveletKVCodec, WaveletKVConfig
-    from wmoe_compile.lowering import compile_backend
-
-    dev = "cuda"
-    dtype = torch.bfloat16
     env = {
-        "date": time.strftime("%Y-%m-%d"),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "gpu": torch.cuda.get_device_name(),
         "torch": torch.__version__,
         "triton": triton.__version__,
@@ -84,196 +341,23 @@ def main(argv: list[str] | None = None) -> int:
         "codec": args.codec,
     }
     print(json.dumps(env), flush=True)
-    rows = []
-    for B, N in parse_shapes(args.shapes):
-        torch._dynamo.reset()
-        torch.cuda.empty_cache()
-        row = {"B": B, "N": N}
-        model = build_model("mixtral-8x7b", num_layers=args.layers, max_seq_len=N, dtype=dtype, device=dev)
-        model.setup_cache(B, N)
-        fill_dense_history(model, N - 1)
-        tokens = torch.randint(0, model.cfg.vocab_size, (B, 1), device=dev)
-        positions = torch.tensor([N - 1], device=dev)
-        step = lambda fn: (lambda: fn(tokens, positions))  # noqa: E731
+    rows: list[dict] = []
+    for B, N in shapes:
+        row: dict = {"B": B, "N": N}
+        rows.append(row)
         try:
-            for dispatch in ("routed", "dense"):
-                name = f"eager-{dispatch}"
-                if name in skip:
-                    continue
-                for layer in model.layers:
-                    layer.moe.dispatch = dispatch
-                with torch.no_grad():
-                    row[f"{name}_ms"] = bench_ms(step(model))
-                print(f"B={B} N={N} {name}: {row[f'{name}_ms']:.3f} ms", flush=True)
-            if "inductor" not in skip:
-                best = None
-                for dispatch in ("dense", "routed"):
-                    torch._dynamo.reset()
-                    for layer in model.layers:
-                        layer.moe.dispatch = dispatch
-                    compiled = torch.compile(model)
-                    t0 = time.perf_counter()
-                    with torch.no_grad():
-                        compiled(tokens, positions)
-                    torch.cuda.synchronize()
-                    compile_s = time.perf_counter() - t0
-                    with torch.no_grad():
-                        ms = bench_ms(step(compiled))
-                    row[f"inductor-{dispatch}_ms"] = ms
-                    row[f"inductor-{dispatch}_compile_s"] = compile_s
-                    print(f"B={B} N={N} inductor-{dispatch}: {ms:.3f} ms (compile {compile_s:.0f} s)", flush=True)
-                    best = ms if best is None else min(best, ms)
-                row["inductor_ms"] = best
-            if "wmoe" not in skip:
-                torch._dynamo.reset()
-                for layer in model.layers:
-                    layer.moe.dispatch = "dense"
-                compiled = torch.compile(model, backend="wmoe", options={"codec": args.codec})
-                t0 = time.perf_counter()
-                with torch.no_grad():
-                    compiled(tokens, positions)
-                torch.cuda.synchronize()
-                row["wmoe_compile_s"] = time.perf_counter() - t0
-                codec = WaveletKVCodec(WaveletKVConfig.from_spec(args.codec), model.cfg.head_dim)
-                compressed_bytes = fill_compressed_history(model, compile_backend, N - 1, codec)
-                row["compressed_cache_bytes"] = compressed_bytes
-                with torch.no_grad():
-                    row["wmoe_ms"] = bench_ms(step(compiled))
-                print(f"B={B} N={N} wmoe: {row['wmoe_ms']:.3f} ms", flush=True)
-                row.update(breakdown(model, codec, B, N, args.codec, compile_backend))
+            run_shape(args, B, N, row)
         except torch.cuda.OutOfMemoryError as exc:
             row["error"] = f"out of memory: {str(exc)[:120]}"
             print(f"B={B} N={N}: {row['error']}", flush=True)
-        rows.append(row)
-        del model
-        with open(os.path.join(args.out, "bench_decode.json"), "w") as f:
-            json.dump({"env": env, "rows": rows}, f, indent=1)
-
-    capacity = kv_capacity(args, dtype)
+            torch.cuda.empty_cache()
+        with open(os.path.join(args.out, "bench_decode.json"), "w") as fh:
+            json.dump({"env": env, "rows": rows, "capacity": capacity}, fh, indent=1, default=str)
     table = render(env, rows, capacity)
-    with open(os.path.join(args.out, "bench_decode.md"), "w") as f:
-        f.write(table)
-    with open(os.path.join(args.out, "bench_decode.json"), "w") as f:
-        json.dump({"env": env, "rows": rows, "capacity": capacity}, f, indent=1)
+    with open(os.path.join(args.out, "bench_decode.md"), "w") as fh:
+        fh.write(table)
     print(table)
     return 0
-
-
-def fill_compressed_history(model, compile_backend, n_hist: int, codec) -> int:
-    """Write n_hist random tokens of history into the compressed caches the wmoe graph reads.
-
-    Returns the bytes the compressed caches (codes + scales + exact window/sinks) allocate."""
-    total = 0
-    for layer in model.layers:
-        for dense in (layer.attn.k_cache, layer.attn.v_cache):
-            parts = compile_backend.compressed_state(dense)
-            codes, scales, exact = parts["codes"], parts["scales"], parts["exact"]
-            B, Hkv, S, _ = codes.shape
-            D = exact.shape[-1]
-            chunk = max(1, (1 << 24) // (B * Hkv * D))
-            for start in range(0, n_hist, chunk):
-                stop = min(n_hist, start + chunk)
-                x = torch.randn(B, Hkv, stop - start, D, device=codes.device, dtype=exact.dtype)
-                c, s = torch.ops.wmoe.kv_compress(x, parts["channel_scale"], codec.config.to_spec())
-                codes[:, :, start:stop] = c
-                scales[:, :, start:stop] = s
-            exact.normal_()
-            total += sum(t.numel() * t.element_size() for t in (codes, scales, exact))
-    return total
-
-
-def breakdown(model, codec, B: int, N: int, spec: str, compile_backend) -> dict:
-    """Time the wmoe attention and MoE ops alone at the step's shapes (x layers)."""
-    cfg = model.cfg
-    dev = "cuda"
-    out = {}
-    layer = model.layers[0]
-    k = compile_backend.compressed_state(layer.attn.k_cache)
-    v = compile_backend.compressed_state(layer.attn.v_cache)
-    q = torch.randn(B, cfg.num_q_heads, 1, cfg.head_dim, device=dev, dtype=torch.bfloat16)
-    seq_lens = torch.full((B,), N, device=dev, dtype=torch.int32)
-    attn = lambda: torch.ops.wmoe.wavelet_attention(  # noqa: E731
-        q, k["codes"], k["scales"], v["codes"], v["scales"], k["exact"], v["exact"], seq_lens,
-        k["channel_scale"], v["channel_scale"], spec, cfg.head_dim**-0.5,
-    )
-    out["wmoe_attention_ms"] = bench_ms(attn) * cfg.num_layers
-    from wmoe_compile import pack_expert_weights
-
-    experts = layer.moe.experts
-    packed = pack_expert_weights(
-        w1=[e.w1.weight for e in experts], w3=[e.w3.weight for e in experts], w2=[e.w2.weight for e in experts]
-    )
-    hidden = torch.randn(B, cfg.hidden_size, device=dev, dtype=torch.bfloat16)
-    logits = torch.randn(B, cfg.num_experts, device=dev)
-    topk_w, topk_ids = torch.softmax(logits, -1).topk(cfg.experts_per_token, -1)
-    topk_w = (topk_w / topk_w.sum(-1, keepdim=True)).to(torch.bfloat16)
-    out["wmoe_moe_ms"] = bench_ms(lambda: packed(hidden, topk_ids, topk_w)) * cfg.num_layers
-    return out
-
-
-def kv_capacity(args, dtype) -> dict:
-    """Context tokens per GB of KV cache (per layer stack of this benchmark) for bf16 and wmoe."""
-    from wmoe_compile.codec import WaveletKVCodec, WaveletKVConfig
-    from wmoe_compile.models import get_config
-
-    cfg = get_config("mixtral-8x7b", num_layers=32)
-    codec = WaveletKVCodec(WaveletKVConfig.from_spec(args.codec), cfg.head_dim)
-    per_token_bf16 = 2 * cfg.num_kv_heads * cfg.head_dim * torch.finfo(dtype).bits // 8 * cfg.num_layers
-    per_token_wmoe = 2 * cfg.num_kv_heads * codec.bytes_per_vector * cfg.num_layers
-    # The exact window and sinks are a fixed cost per sequence, in the model dtype.
-    exact_per_seq = 2 * cfg.num_kv_heads * (codec.config.window + codec.config.sinks) * cfg.head_dim * 2 * cfg.num_layers
-    budget = args.budget_gb * 1e9
-    return {
-        "model": "Mixtral-8x7B, 32 layers",
-        "budget_GB": args.budget_gb,
-        "bytes_per_token_bf16": per_token_bf16,
-        "bytes_per_token_wmoe": per_token_wmoe,
-        "bytes_per_vector": codec.bytes_per_vector,
-        "exact_bytes_per_sequence": exact_per_seq,
-        "tokens_bf16": int(budget // per_token_bf16),
-        "tokens_wmoe_1_sequence": int((budget - exact_per_seq) // per_token_wmoe),
-        "ratio": per_token_bf16 / per_token_wmoe,
-    }
-
-
-def render(env: dict, rows: list[dict], capacity: dict) -> str:
-    lines = [
-        f"Decode step, reference model with Mixtral-8x7B shapes, {env['layers']} layers, bf16; "
-        f"{env['gpu']}, torch {env['torch']}, triton {env['triton']}, {env['date']}; codec `{env['codec']}`",
-        "",
-        "| B | N | eager routed ms | eager dense ms | inductor ms | wmoe ms | vs eager | vs inductor "
-        "| wmoe attn ms | wmoe MoE ms | wmoe rest ms |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-
-    def f(x):
-        return "-" if x is None else f"{x:.3f}"
-
-    for r in rows:
-        if "error" in r:
-            lines.append(f"| {r['B']} | {r['N']} | {r['error']} |")
-            continue
-        eager = min(x for x in (r.get("eager-routed_ms"), r.get("eager-dense_ms")) if x is not None)
-        w = r.get("wmoe_ms")
-        rest = None
-        if w is not None and "wmoe_attention_ms" in r:
-            rest = w - r["wmoe_attention_ms"] - r["wmoe_moe_ms"]
-        lines.append(
-            f"| {r['B']} | {r['N']} | {f(r.get('eager-routed_ms'))} | {f(r.get('eager-dense_ms'))} | "
-            f"{f(r.get('inductor_ms'))} | {f(w)} | {f(eager / w if w else None)}x | "
-            f"{f(r['inductor_ms'] / w if w and r.get('inductor_ms') else None)}x | "
-            f"{f(r.get('wmoe_attention_ms'))} | {f(r.get('wmoe_moe_ms'))} | {f(rest)} |"
-        )
-    c = capacity
-    lines += [
-        "",
-        f"KV capacity in {c['budget_GB']:.0f} GB ({c['model']}): bf16 {c['tokens_bf16']:,} tokens "
-        f"({c['bytes_per_token_bf16']:,} B/token); wmoe {c['tokens_wmoe_1_sequence']:,} tokens "
-        f"({c['bytes_per_token_wmoe']:,} B/token, {c['bytes_per_vector']} B per vector, plus "
-        f"{c['exact_bytes_per_sequence']:,} B exact window/sinks per sequence): {c['ratio']:.2f}x per GB.",
-        "",
-    ]
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":
