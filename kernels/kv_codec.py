@@ -209,6 +209,7 @@ if HAS_TRITON:
         x_ptr,
         cs_ptr,
         off_ptr,
+        rot_ptr,
         w_ptr,
         grid_ptr,
         mids_ptr,
@@ -219,7 +220,6 @@ if HAS_TRITON:
         pos_ptr,
         T,
         S,
-        swh,
         sxb,
         sxh,
         sxt,
@@ -253,6 +253,8 @@ if HAS_TRITON:
         N_FRACTIONS: tl.constexpr,
         HAS_CS: tl.constexpr,
         HAS_OFFSET: tl.constexpr,
+        HAS_ROT: tl.constexpr,
+        W_IDENTITY: tl.constexpr,
         HAS_POS: tl.constexpr,
         WRITE_EXACT: tl.constexpr,
         SINKS: tl.constexpr,
@@ -278,10 +280,15 @@ if HAS_TRITON:
             cs = tl.load(cs_ptr + h * scsh + d * scsd, mask=d_ok, other=1.0)
             y = tl.math.div_rn(y, cs[None, :])
         # W [D, D] row-major; c = y @ W^T (exact fp32 products, ieee accumulation)
-        wt = tl.load(
-            w_ptr + h * swh + d[None, :] * D + d[:, None], mask=d_ok[:, None] & d_ok[None, :], other=0.0
-        )  # wt[j, i] = M[h, i, j], M = W R (per kv head; head stride 0 without a rotation)
-        c = tl.dot(y, wt, input_precision="ieee")
+        dd_ok = d_ok[:, None] & d_ok[None, :]
+        if HAS_ROT:  # z = R y per kv head (R [Hkv, D, D] row-major): rt[j, i] = R[h, i, j]
+            rt = tl.load(rot_ptr + h * D * D + d[None, :] * D + d[:, None], mask=dd_ok, other=0.0)
+            y = tl.dot(y, rt, input_precision="ieee")
+        if W_IDENTITY:
+            c = y
+        else:  # c = W z: wt[j, i] = W[i, j]
+            wt = tl.load(w_ptr + d[None, :] * D + d[:, None], mask=dd_ok, other=0.0)
+            c = tl.dot(y, wt, input_precision="ieee")
         finite_el = (c == c) & (tl.abs(c) < float("inf"))
         row_finite = tl.min(tl.where(finite_el | ~xmask, 1, 0), axis=1) > 0
         c = tl.where(row_finite[:, None] & xmask, c, 0.0)
@@ -397,11 +404,8 @@ def _launch(
     device = x.device
     grids, mids = codec.band_tensors(device)
     scale, offset, rotation = channel_params(channel_scale, h, d)
-    if rotation is None:
-        w, w_head_stride = codec.transform.to(device).contiguous(), 0
-    else:
-        w = codec.head_transforms(rotation, device).contiguous()
-        w_head_stride = d * d
+    w = codec.transform.to(device).contiguous()
+    rot = w if rotation is None else rotation.float().contiguous()
     fractions = codec.scale_fractions.to(device)
     # scale and offset travel as contiguous fp32 [Hkv, D] (same strides; unused -> W as a dummy)
     scale2 = w if scale is None else scale.squeeze(1).float().contiguous()
@@ -428,6 +432,7 @@ def _launch(
         x,
         cs_args[0],
         offset2,
+        rot,
         w,
         grids,
         mids,
@@ -438,7 +443,6 @@ def _launch(
         pos_args[0],
         t,
         s_len,
-        w_head_stride,
         *x.stride(),
         cs_args[1],
         cs_args[2],
@@ -466,6 +470,8 @@ def _launch(
         N_FRACTIONS=int(fractions.numel()),
         HAS_CS=scale is not None,
         HAS_OFFSET=offset is not None,
+        HAS_ROT=rotation is not None,
+        W_IDENTITY=codec.config.wavelet == "identity" or codec.levels == 0,
         HAS_POS=positions is not None,
         WRITE_EXACT=exact is not None,
         SINKS=codec.config.sinks if exact is not None else 0,

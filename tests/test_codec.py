@@ -254,3 +254,36 @@ def test_band_config_validates():
         BandConfig(Fraction(3, 2))
     with pytest.raises(ValueError, match="scale rule"):
         BandConfig(Fraction(1), 4, "uniform", "rms")
+
+
+def test_calibrated_channel_params_fold_into_query_and_output():
+    from wmoe_compile.kernels.kv_codec import channel_params
+
+    from wmoe_compile.codec import calibrate_channel_params
+
+    cfg = WaveletKVConfig()  # default: offsets + PCA rotation
+    mix = torch.linalg.qr(torch.randn(64, 64))[0]
+    k = (torch.randn(1, 2, 300, 64) * torch.logspace(1, -1, 64)) @ mix.T + torch.randn(2, 1, 64) * 3
+    params = calibrate_channel_params(cfg, "k", k)
+    assert params.shape == (2, 66, 64)
+    scale, offset, rotation = channel_params(params, 2, 64)
+    # rotation: orthonormal rows, principal axes with descending variance
+    assert torch.allclose(rotation @ rotation.transpose(1, 2), torch.eye(64).expand(2, 64, 64), atol=1e-5)
+    # (calibration leaves out the sink positions)
+    var = ((k[:, :, 4:] - offset) @ rotation.transpose(1, 2)).pow(2).mean(2)[0]
+    assert bool((var[:, :-1] >= var[:, 1:] * 0.999).all())
+    codec = WaveletKVCodec(cfg, 64)
+    codes, scales = codec.encode(k, scale, offset, rotation)
+    c_hat = codec.decode_coefficients(codes, scales).double()
+    k_hat = codec.decode(codes, scales, scale, torch.float64, offset, rotation)
+    m = codec.head_transforms(rotation).double()  # [Hkv, D, D]
+    q = torch.randn(1, 2, 5, 64, dtype=torch.float64)
+    folded = (q * scale.double()) @ m.transpose(1, 2)
+    # q . (k_hat - m) == (M (q * s)) . c_hat
+    lhs = q @ (k_hat - offset.double()).transpose(-1, -2)
+    assert torch.allclose(folded @ c_hat.transpose(-1, -2), lhs, atol=1e-4)
+    # values: sum p v_hat == (M^T sum p c_hat) * s + m
+    p = torch.softmax(torch.randn(1, 2, 5, 300, dtype=torch.float64), -1)
+    assert torch.allclose(p @ k_hat, ((p @ c_hat) @ m) * scale.double() + offset.double(), atol=1e-4)
+    rel = (k_hat - k).norm() / (k - offset).norm()
+    assert rel < 0.2  # compaction: most energy sits in the 4-bit half

@@ -93,7 +93,7 @@ def test_codec_method_needs_calibration_when_smoothing():
     assert isinstance(m, CodecMethod)
     with pytest.raises(RuntimeError, match="not calibrated"):
         m.quantize(torch.randn(1, 2, 4, 64), "k", 0)
-    m2 = parse_method("wavelet:default;k_smoothing=none;v_smoothing=none")
+    m2 = parse_method("wavelet:default;k_offset=none;v_offset=none;rotation=none")
     x = torch.randn(1, 2, 40, 64)
     rel = (m2.quantize(x, "v", 3) - x).norm() / x.norm()
     assert 0 < rel < 0.4 and math.isfinite(float(rel))

@@ -158,7 +158,7 @@ class BandConfig:
 
 
 def _default_bands() -> tuple[BandConfig, ...]:
-    return (BandConfig(Fraction(1, 2), 4, "uniform", "mse"), BandConfig(Fraction(1, 2), 2, "uniform", "mse"))
+    return (BandConfig(Fraction(1, 2), 4, "lloyd", "mse"), BandConfig(Fraction(1, 2), 2, "lloyd", "mse"))
 
 
 @dataclass(frozen=True)
@@ -190,17 +190,17 @@ class WaveletKVConfig:
                  once per output (softmax weights sum to 1).
     """
 
-    wavelet: str = "haar"
-    levels: int | None = 1
+    wavelet: str = "identity"
+    levels: int | None = 0
     bands: tuple[BandConfig, ...] = field(default_factory=_default_bands)
     window: int = 128
     sinks: int = 4
-    k_smoothing: str = "calibrated"
+    k_smoothing: str = "none"
     v_smoothing: str = "none"
     smoothing_alpha: float = 1.0
-    k_offset: str = "none"
-    v_offset: str = "none"
-    rotation: str = "none"
+    k_offset: str = "calibrated"
+    v_offset: str = "calibrated"
+    rotation: str = "pca"
 
     def __post_init__(self) -> None:
         if self.wavelet not in WAVELETS:
@@ -293,18 +293,40 @@ def _parse_int(key: str, value: str) -> int:
         raise ValueError(f"{key} must be an integer, got {value!r}") from None
 
 
-# Named configs; the default meets issue 8's byte budget (28 B per 64-d vector, 52 B per 128-d).
+def _bands(*items: tuple[str, int, str]) -> tuple[BandConfig, ...]:
+    return tuple(BandConfig(Fraction(f), bits, grid, "mse") for f, bits, grid in items)
+
+
+def _fixed_wavelet(wavelet: str, levels: int | None) -> WaveletKVConfig:
+    # the best measured configs without a calibrated rotation (offsets still calibrated)
+    return WaveletKVConfig(
+        wavelet=wavelet, levels=levels, k_smoothing="calibrated", rotation="none", bands=_default_bands()
+    )
+
+
+# Named configs (issue 8 measured them on SmolLM2-135M; benchmarks/RESULTS.md has the tables).
+# Every dataclass default is the `default` preset: 28 B per 64-d vector, 52 B per 128-d.
 PRESETS: dict[str, WaveletKVConfig] = {
     "default": WaveletKVConfig(),
+    "lo": WaveletKVConfig(bands=_bands(("1/4", 4, "lloyd"), ("3/4", 2, "lloyd"))),  # 24 B / 64-d
+    "hq": WaveletKVConfig(bands=_bands(("1/2", 4, "lloyd"), ("1/2", 4, "lloyd"))),  # 36 B / 64-d
+    "hq8": WaveletKVConfig(bands=_bands(("1/8", 8, "uniform"), ("7/8", 4, "lloyd"))),  # 40 B / 64-d
+    "max": WaveletKVConfig(bands=_bands(("1/2", 8, "uniform"), ("1/2", 8, "uniform"))),  # 68 B / 64-d
+    "wht": _fixed_wavelet("haar_packet", None),  # full-depth Haar packet (Walsh-Hadamard), 28 B
+    "haar": _fixed_wavelet("haar", 1),  # one-level Haar, 28 B
     # The seed recipe as DESIGN.md wrote it (log-grid approximation, ternary detail), kept for the record.
     "seed": WaveletKVConfig(
+        wavelet="haar",
+        levels=1,
         bands=(
             BandConfig(Fraction(1, 2), 4, "log", "absmax"),
             BandConfig(Fraction(1, 2), 2, "ternary", "mse"),
         ),
         window=0,
         sinks=0,
-        k_smoothing="none",
+        k_offset="none",
+        v_offset="none",
+        rotation="none",
     ),
 }
 
@@ -437,7 +459,10 @@ class WaveletKVCodec:
             y = y - channel_offset.float()
         if channel_scale is not None:
             y = y / channel_scale.float()
-        return y @ self.head_transforms(rotation, y.device).transpose(-1, -2)
+        if rotation is not None:  # z = R y per kv head, then c = W z (the kernel's order)
+            self._check_rotation(rotation)
+            y = y @ rotation.to(y.device).float().transpose(-1, -2)
+        return y @ self.transform.to(y.device).T
 
     def head_transforms(
         self, rotation: torch.Tensor | None, device: torch.device | str = "cpu"
@@ -448,11 +473,14 @@ class WaveletKVCodec:
         w = self.transform.to(device)
         if rotation is None:
             return w
-        if rotation.shape[-2:] != (self.head_dim, self.head_dim) or rotation.dim() != 3:
+        self._check_rotation(rotation)
+        return w @ rotation.to(device).float()
+
+    def _check_rotation(self, rotation: torch.Tensor) -> None:
+        if rotation.dim() != 3 or tuple(rotation.shape[-2:]) != (self.head_dim, self.head_dim):
             raise ValueError(
                 f"rotation must be [Hkv, {self.head_dim}, {self.head_dim}], got {tuple(rotation.shape)}"
             )
-        return w @ rotation.to(device).float()
 
     def encode(
         self,

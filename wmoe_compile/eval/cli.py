@@ -19,7 +19,10 @@ RD_METHODS = (
     "wavelet-lo",
     "wavelet",
     "wavelet-hq",
-    "wavelet-8x4",
+    "wavelet-hq8",
+    "wavelet-max",
+    "wavelet-wht",
+    "wavelet-haar",
 )
 
 
