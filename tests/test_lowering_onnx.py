@@ -59,10 +59,25 @@ class _Decompress(torch.nn.Module):
         return torch.ops.wmoe.kv_decompress(codes, scales, channel_scale, CODEC, torch.float32)
 
 
+def _channel_params(form: str, heads: int, head_dim: int) -> torch.Tensor:
+    """The ops' channel parameter forms (docs/CONTRACTS.md): none, s, s + offset, rotation + s + m."""
+    scale = torch.rand(heads, head_dim) + 0.5
+    offset = torch.randn(heads, head_dim)
+    if form == "none":
+        return torch.empty(0)
+    if form == "s":
+        return scale
+    if form == "sm":
+        return torch.stack([scale, offset])
+    rotation, _ = torch.linalg.qr(torch.randn(heads, head_dim, head_dim))
+    return wmoe_compile.codec.pack_channel_params(head_dim, heads, scale, offset, rotation)
+
+
 @pytest.mark.parametrize("flavor", FLAVORS)
-def test_kv_compress_and_decompress(flavor):
-    x = torch.randn(2, 2, 5, 16) * torch.linspace(0.5, 3.0, 16)
-    channel_scale = torch.rand(2, 16) + 0.5
+@pytest.mark.parametrize("form", ["none", "s", "sm", "rsm"])
+def test_kv_compress_and_decompress(flavor, form):
+    x = torch.randn(2, 2, 5, 16) * torch.linspace(0.5, 3.0, 16) + torch.randn(16)
+    channel_scale = _channel_params(form, 2, 16)
     program = torch.export.export(_Compress(), (x, channel_scale))
     proto = export_onnx(program, None, flavor)
     _check_flavor(proto, flavor, {"KvCompress"})
@@ -87,39 +102,41 @@ class _WriteCache(torch.nn.Module):
         self.register_buffer("scales", scales, persistent=False)
         self.register_buffer("exact", exact, persistent=False)
 
-    def forward(self, x, positions):
+    def forward(self, x, positions, channel_params):
         torch.ops.wmoe.kv_compress_into_cache(
-            x, self.codes, self.scales, self.exact, positions, torch.empty(0), CODEC
+            x, self.codes, self.scales, self.exact, positions, channel_params, CODEC
         )
         return self.exact.sum(-1)
 
 
 @pytest.mark.parametrize("flavor", FLAVORS)
-@pytest.mark.parametrize("steps,start", [(7, 0), (1, 9)])
-def test_kv_compress_into_cache_state_io(flavor, steps, start):
-    # A chunk longer than the window (ring overwrite) and a single decode step.
+@pytest.mark.parametrize("steps,start,form", [(7, 0, "none"), (1, 9, "s"), (6, 3, "rsm")])
+def test_kv_compress_into_cache_state_io(flavor, steps, start, form):
+    # A chunk longer than the window (ring overwrite), a single decode step, and an offset (the
+    # exact copies are stored centred) with a rotation.
     module = _WriteCache(2, 2, 16, 16)
-    x = torch.randn(2, 2, steps, 16)
+    x = torch.randn(2, 2, steps, 16) + torch.randn(16)
     positions = torch.arange(start, start + steps)
-    program = torch.export.export(module, (x, positions))
+    channel_params = _channel_params(form, 2, 16)
+    program = torch.export.export(module, (x, positions, channel_params))
     proto = export_onnx(program, None, flavor)
     _check_flavor(proto, flavor, {"KvCompressIntoCache"})
     names = [i.name for i in proto.graph.input]
-    assert names == ["x", "positions", "past.codes", "past.scales", "past.exact"]
+    assert names == ["x", "positions", "channel_params", "past.codes", "past.scales", "past.exact"]
     assert [o.name for o in proto.graph.output][1:] == ["present.codes", "present.scales", "present.exact"]
     state = [
         torch.randint(0, 256, module.codes.shape, dtype=torch.uint8),
         torch.rand(module.scales.shape).half(),
         torch.randn(module.exact.shape),
     ]
-    out, codes, scales, exact = _run(proto, [x, positions, *state])
+    out, codes, scales, exact = _run(proto, [x, positions, channel_params, *state])
     for buffer, value in zip((module.codes, module.scales, module.exact), state, strict=True):
         buffer.copy_(value)
-    want = module(x, positions)
+    want = module(x, positions, channel_params)
     np.testing.assert_allclose(out, want.numpy(), rtol=1e-6, atol=1e-6)
     _codes_mostly_equal(codes, module.codes)
     np.testing.assert_allclose(scales.astype(np.float32), module.scales.float().numpy(), rtol=1e-3)
-    np.testing.assert_array_equal(exact, module.exact.numpy())
+    np.testing.assert_allclose(exact, module.exact.numpy(), rtol=1e-6, atol=1e-6)
 
 
 class _Attention(torch.nn.Module):

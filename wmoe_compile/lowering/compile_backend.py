@@ -36,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import warnings
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -491,7 +492,13 @@ def wmoe_backend(
         isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs
     )
     if training:
-        # The rewrites are inference-only: compile the original graph.
+        # The rewrites are inference-only: compile the original graph, and say so.
+        warnings.warn(
+            "wmoe backend: gradients are enabled for parameters that require them, so this graph is "
+            "compiled without the wmoe rewrites; run inference under torch.no_grad() or "
+            "torch.inference_mode() to get them",
+            stacklevel=2,
+        )
         return compile_fx(gm, example_inputs, config_patches=config_patches)
     if _has_symbolic_inputs(gm):
         return _specialize_per_shape(lambda args: _compile_static(gm, args, config, settings, config_patches))

@@ -213,7 +213,7 @@ def _channel_params(channel_scale: Any, head_dim: int) -> tuple[Any, str]:
         return channel_scale, "rsm"
     if len(dims) == 3 and dims[0] == 2 and dims[2] == head_dim:
         return channel_scale, "sm"
-    if len(dims) in (1, 2) and dims[-1] == head_dim:
+    if (len(dims) in (1, 2) or (len(dims) == 3 and dims[0] == 1)) and dims[-1] == head_dim:
         return channel_scale, "s"
     raise ValueError(
         f"channel parameters of shape {dims} are none of the forms [Hkv, D], [2, Hkv, D], "
