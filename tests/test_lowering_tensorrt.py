@@ -45,3 +45,48 @@ def test_only_the_missing_package_is_named(monkeypatch):
 def test_docstring_says_untested():
     assert "UNTESTED" in export_tensorrt.__doc__
     assert "UNTESTED" in tensorrt_export.__doc__
+
+
+def test_glue_before_tensorrt_with_a_stand_in(monkeypatch):
+    # Everything export_tensorrt does before TensorRT itself, checked with a stand-in for
+    # torch_tensorrt: the plugin ops it registers and the functional program it would compile.
+    calls = {"plugins": [], "converters": []}
+
+    class StandInDynamo:
+        @staticmethod
+        def compile(program, arg_inputs, **options):
+            calls["program"], calls["inputs"], calls["options"] = program, arg_inputs, options
+            return program.module()
+
+    class StandInTorchTensorRT:
+        dynamo = StandInDynamo
+
+    def generate_plugin(name):
+        calls["plugins"].append(name)
+
+    def generate_plugin_converter(name, **kwargs):
+        calls["converters"].append((name, kwargs))
+
+    monkeypatch.setattr(
+        tensorrt_export,
+        "_require_tensorrt",
+        lambda: (StandInTorchTensorRT, generate_plugin, generate_plugin_converter),
+    )
+    model = build_model("tiny", num_layers=1)
+    model.setup_cache(1, 16)
+    args = (torch.randint(0, model.cfg.vocab_size, (1, 5)), torch.arange(5))
+    compiled = export_tensorrt(model, args)
+    assert set(calls["plugins"]) >= {
+        "wmoe::wavelet_attention",
+        "wmoe::tiled_moe",
+        "wmoe_onnx::kv_compress_into_cache_functional",
+    }
+    assert "wmoe::kv_compress_into_cache" not in calls["plugins"], "a plugin cannot write its inputs"
+    assert [name for name, _ in calls["converters"]] == calls["plugins"]
+    assert calls["options"]["min_block_size"] == 1
+    program = calls["program"]
+    assert not program.graph_signature.buffers_to_mutate, "engines hold no state: caches are inputs"
+    outputs = compiled(*calls["inputs"])
+    n_state = len(calls["inputs"]) - len(args)
+    assert n_state > 0 and len(outputs) == 1 + n_state
+    assert outputs[0].shape == (1, 5, model.cfg.vocab_size) and torch.isfinite(outputs[0]).all()

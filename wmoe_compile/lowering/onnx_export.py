@@ -24,6 +24,7 @@ wmoe_onnx::kv_compress_into_cache_functional (returns the new caches) before tra
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 import os
 from collections.abc import Mapping, Sequence
@@ -160,9 +161,17 @@ class _StateAsIO(torch.nn.Module):
         return (*outs, *state)
 
 
+@dataclasses.dataclass
+class _StateIO:
+    program: torch.export.ExportedProgram  # takes (*args, *state), returns (*outputs, *new state)
+    state_names: list[str]
+    example_state: list[torch.Tensor]  # the buffers' current values (copies)
+    n_user_outputs: int
+
+
 def _state_as_io(
     program: torch.export.ExportedProgram, args: Sequence[Any], kwargs: Mapping[str, Any] | None
-) -> tuple[torch.export.ExportedProgram, list[str], int]:
+) -> _StateIO:
     """Re-export `program` with its mutated buffers as trailing inputs and outputs."""
     state_names = list(dict.fromkeys(program.graph_signature.buffers_to_mutate.values()))
     if kwargs:
@@ -173,7 +182,7 @@ def _state_as_io(
     n_user_outputs = len(program.graph_signature.user_outputs)
     wrapper = _StateAsIO(inner, state_names, len(args))
     reexported = torch.export.export(wrapper, (*args, *example_state), strict=False)
-    return reexported, state_names, n_user_outputs
+    return _StateIO(reexported, state_names, example_state, n_user_outputs)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -484,7 +493,8 @@ def export_onnx(
     state_names: list[str] = []
     n_user_outputs = len(program.graph_signature.user_outputs)
     if state == "io" and mutated:
-        program, state_names, n_user_outputs = _state_as_io(program, args, kwargs)
+        state_io = _state_as_io(program, args, kwargs)
+        program, state_names, n_user_outputs = state_io.program, state_io.state_names, state_io.n_user_outputs
         program = program.run_decompositions({})
         _functionalize_wmoe_mutations(program)
 

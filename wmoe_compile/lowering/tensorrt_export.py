@@ -91,13 +91,9 @@ def export_tensorrt(
     _functionalize_wmoe_mutations(program)
     state: list[torch.Tensor] = []
     if program.graph_signature.buffers_to_mutate:
-        program, state_names, _ = _state_as_io(program, args, None)
-        program = program.run_decompositions({})
+        state_io = _state_as_io(program, args, None)
+        program, state = state_io.program.run_decompositions({}), state_io.example_state
         _functionalize_wmoe_mutations(program)
-        buffers = (
-            dict(model_or_program.named_buffers()) if isinstance(model_or_program, torch.nn.Module) else {}
-        )
-        state = [buffers[n] for n in state_names if n in buffers]
     for op_name in _wmoe_ops_in(program):
         generate_plugin(op_name)
         generate_plugin_converter(op_name, supports_dynamic_shapes=True)
