@@ -50,6 +50,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .kv_codec import channel_params as _codec_channel_params
+
 try:  # Triton is optional: the reference runs anywhere.
     import triton
     import triton.language as tl
@@ -209,7 +211,7 @@ def check_attention_inputs(
         if not t.is_floating_point():
             raise ValueError(f"{name} must be a float tensor, got {t.dtype}")
     for name, t in (("k_channel_scale", k_channel_scale), ("v_channel_scale", v_channel_scale)):
-        channel_scale_2d(t, hkv, d, name)
+        attention_channel_params(t, hkv, d, name)
     if (
         seq_lens.dim() != 1
         or seq_lens.shape[0] != batch
@@ -244,6 +246,41 @@ def channel_scale_2d(
     return cs.to(torch.float32).expand(hkv, d).contiguous()
 
 
+@dataclass(frozen=True)
+class ChannelParams:
+    """The per-(layer, kv head) channel parameters of one cache (docs/CONTRACTS.md):
+    coefficients c = W R ((x - m) / s). scale [Hkv, D] fp32; offset [Hkv, D] fp32 or None;
+    rotation [Hkv, D, D] fp32 or None."""
+
+    scale: torch.Tensor
+    offset: torch.Tensor | None
+    rotation: torch.Tensor | None
+
+
+def attention_channel_params(
+    channel_scale: torch.Tensor, hkv: int, d: int, name: str = "channel_scale"
+) -> ChannelParams:
+    """Any accepted `channel_scale` form (empty; [D], [1, D], [Hkv, D]: scale; [2, Hkv, D] or
+    [2, 1, D]: scale and offset; [Hkv, D + 2, D]: rotation, scale, offset) -> ChannelParams."""
+    if channel_scale.numel() and not channel_scale.is_floating_point():
+        raise ValueError(f"{name} must be a float tensor, got {channel_scale.dtype}")
+    try:
+        scale, offset, rotation = _codec_channel_params(channel_scale, hkv, d)
+    except ValueError as exc:
+        raise ValueError(f"{name}: {exc}") from None
+    device = channel_scale.device
+    scale_2d = (
+        torch.ones(hkv, d, dtype=torch.float32, device=device)
+        if scale is None
+        else scale.reshape(hkv, d).to(torch.float32).contiguous()
+    )
+    return ChannelParams(
+        scale=scale_2d,
+        offset=None if offset is None else offset.reshape(hkv, d).to(torch.float32).contiguous(),
+        rotation=None if rotation is None else rotation.to(torch.float32).contiguous(),
+    )
+
+
 # ------------------------------------------------------------------------------------------------
 # reference (pure PyTorch, fp32 math; CPU or CUDA)
 
@@ -265,13 +302,17 @@ def _gather_cache(
     codes: torch.Tensor,
     scales: torch.Tensor,
     exact: torch.Tensor,
-    channel_scale: torch.Tensor,
+    params: ChannelParams,
     seq_len: int,
     layout: CompressedLayout,
 ) -> torch.Tensor:
-    """fp32 [Hkv, seq_len, D] for one sequence: exact positions from `exact`, the rest decoded."""
+    """fp32 [Hkv, seq_len, D] for one sequence, centred (x - m): exact positions from `exact`
+    (stored centred), the rest decoded: x - m = (R^T W^T c) * s."""
     coef = decode_coefficients(codes[:, :seq_len], scales[:, :seq_len], layout)
-    x = (coef @ layout.transform.to(coef.device)) * channel_scale.float()[:, None, :]
+    x = coef @ layout.transform.to(coef.device)
+    if params.rotation is not None:
+        x = x @ params.rotation.to(x.device)
+    x = x * params.scale.to(x.device)[:, None, :]
     pos = torch.arange(seq_len, device=codes.device)
     ring_lo = max(seq_len - layout.window, layout.sinks)
     sink_pos = pos[: min(layout.sinks, seq_len)]
@@ -304,19 +345,23 @@ def wavelet_attention_reference(
     batch, hq, tq, d = q.shape
     hkv = k_codes.shape[1]
     group = hq // hkv
-    k_channel_scale = channel_scale_2d(k_channel_scale, hkv, d)
-    v_channel_scale = channel_scale_2d(v_channel_scale, hkv, d)
+    k_params = attention_channel_params(k_channel_scale, hkv, d, "k_channel_scale")
+    v_params = attention_channel_params(v_channel_scale, hkv, d, "v_channel_scale")
     out = torch.empty_like(q)
     for b, seq_len in enumerate(seq_lens.tolist()):
-        k = _gather_cache(k_codes[b], k_scales[b], k_exact[b], k_channel_scale, seq_len, layout)
-        v = _gather_cache(v_codes[b], v_scales[b], v_exact[b], v_channel_scale, seq_len, layout)
+        # centred keys shift each query's scores by the constant q . m_k, which softmax ignores
+        k = _gather_cache(k_codes[b], k_scales[b], k_exact[b], k_params, seq_len, layout)
+        v = _gather_cache(v_codes[b], v_scales[b], v_exact[b], v_params, seq_len, layout)
         k = k.repeat_interleave(group, dim=0)
         v = v.repeat_interleave(group, dim=0)
         scores = (q[b].float() @ k.transpose(-1, -2)) * sm_scale  # [Hq, Tq, seq_len]
         limits = seq_len - tq + 1 + torch.arange(tq, device=q.device)
         allowed = torch.arange(seq_len, device=q.device)[None, :] < limits[:, None]
         scores = scores.masked_fill(~allowed, float("-inf"))
-        out[b] = (torch.softmax(scores, dim=-1) @ v).to(q.dtype)
+        o = torch.softmax(scores, dim=-1) @ v
+        if v_params.offset is not None:  # the weights sum to 1: add the value offset once
+            o = o + v_params.offset.to(o.device).repeat_interleave(group, dim=0)[:, None, :]
+        out[b] = o.to(q.dtype)
     return out
 
 
@@ -758,6 +803,7 @@ class LaunchConfig:
     kernel: str = "v2"  # "v2": int16 field planes (affine layouts; else v1 runs), "v1": byte planes
     subnormal: bool = True  # v2: fields as fp16 subnormals (no offset); False: 1024-offset magic
     lazy_rescale: bool = True  # v2: rescale accumulators only when a running max grows
+    row_reduce_max_programs: float = 2.0  # v2: per-row reduce while rows <= this x SMs
 
 
 # (head_dim, block_m) -> config, from the tuning sweep of benchmarks/bench_attention.py on an H200
@@ -771,11 +817,17 @@ TUNED_CONFIGS: dict[tuple[int, int], LaunchConfig] = {
 
 
 def default_config(head_dim: int, block_m: int) -> LaunchConfig:
-    """Untuned shapes: one warp per program while its registers suffice (no cross-warp reductions,
-    many programs per SM hide latency), more warps for wide heads or many query rows."""
+    """Untuned shapes: one warp per program while its registers suffice (more warps split the
+    tiny MMAs and duplicate the dequantisation, but avoid spills), more warps for wide heads or
+    many query rows (prefill chunks; v2 then runs them in blocks of V2_MAX_BLOCK_M rows)."""
     if block_m <= 8 and head_dim <= 128:
         return LaunchConfig()
-    return LaunchConfig(num_warps=2 if block_m <= 16 else 4, ctas_per_sm=8.0 if block_m <= 16 else 2.0)
+    if block_m <= 8:
+        return LaunchConfig(num_warps=2, ctas_per_sm=8.0)
+    return LaunchConfig(num_warps=4, ctas_per_sm=2.0)
+
+
+V2_MAX_BLOCK_M = 16  # v2 accumulators are [slots, rows] per field: more rows would spill
 
 
 # Query rows (q heads of a group x new tokens) per program, by size. They are the N dimension of
@@ -847,6 +899,7 @@ if HAS_TRITON:
         q_stride_h,
         q_stride_t,
         k_channel_scale_ptr,
+        k_rotation_ptr,
         transform_ptr,
         col_step_ptr,
         col_shift_ptr,
@@ -862,10 +915,11 @@ if HAS_TRITON:
         S: tl.constexpr,
         BLOCK_M: tl.constexpr,
         D_CHUNK: tl.constexpr,
+        ROTATE: tl.constexpr,
     ):
-        """q_w = W_slots (q * s_k) * qk_scale * step in fp16 ([BLOCK_M, S] per program: S kernel
-        slots, D for v1, padded field planes for v2), and each band's score offset
-        sum_s q_w[s] * shift[s], per (sequence, kv head, row block)."""
+        """q_w = W_slots R (q * s_k) * qk_scale * step in fp16 ([BLOCK_M, S] per program: S kernel
+        slots, D for v1, padded field planes for v2; R the kv head's rotation when ROTATE), and each
+        band's score offset sum_s q_w[s] * shift[s], per (sequence, kv head, row block)."""
         pid = tl.program_id(0)
         row_block = pid % n_row_blocks
         kv_head = (pid // n_row_blocks) % n_kv_heads
@@ -879,6 +933,9 @@ if HAS_TRITON:
         q_rows = q_ptr + batch * q_stride_b + head * q_stride_h + token * q_stride_t
         q = tl.load(q_rows[:, None] + d[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
         q = q * tl.load(k_channel_scale_ptr + kv_head * D + d)[None, :]
+        if ROTATE:  # z = R y as rows: y @ R^T
+            rotation = tl.load(k_rotation_ptr + kv_head * D * D + d[:, None] * D + d[None, :])
+            q = tl.dot(q, tl.trans(rotation), input_precision="ieee")
         c0 = tl.zeros([BLOCK_M], tl.float32)
         c1 = tl.zeros([BLOCK_M], tl.float32)
         c2 = tl.zeros([BLOCK_M], tl.float32)
@@ -2108,12 +2165,46 @@ if HAS_TRITON:
                 )
 
     @triton.jit
+    def _reduce_store(
+        values,
+        cols,
+        acc_ptr,
+        exact,
+        v_channel_scale_ptr,
+        v_offset_ptr,
+        kv_head,
+        alpha,
+        beta,
+        denom,
+        out_rows,
+        row_ok,
+        D: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        OFFSET: tl.constexpr,
+    ):
+        """Columns `cols` of the output: compressed part (channel domain, before s) merged with the
+        exact part under one softmax, plus the value offset."""
+        local = tl.arange(0, BLOCK_M)
+        values = values * tl.load(v_channel_scale_ptr + kv_head * D + cols)[None, :]
+        acc_e = tl.load(
+            acc_ptr + exact * BLOCK_M * D + local[:, None] * D + cols[None, :],
+            mask=row_ok[:, None],
+            other=0.0,
+        )
+        o = (values * alpha[:, None] + acc_e * beta[:, None]) / denom[:, None]
+        if OFFSET:
+            o = o + tl.load(v_offset_ptr + kv_head * D + cols)[None, :]
+        tl.store(out_rows[:, None] + cols[None, :], o.to(out_rows.dtype.element_ty), mask=row_ok[:, None])
+
+    @triton.jit
     def _reduce_kernel(
         m_ptr,
         l_ptr,
         acc_ptr,
         transform_ptr,
         v_channel_scale_ptr,
+        v_offset_ptr,
+        v_rotation_ptr,
         out_ptr,
         out_stride_b,
         out_stride_h,
@@ -2126,8 +2217,11 @@ if HAS_TRITON:
         D: tl.constexpr,
         BLOCK_M: tl.constexpr,
         D_CHUNK: tl.constexpr,
+        ROTATE: tl.constexpr,
+        OFFSET: tl.constexpr,
     ):
-        """Merge the compressed splits, inverse-transform once, merge the exact part, write out."""
+        """Merge the compressed splits, inverse-transform once (x - m = (R^T W^T c) * s), merge the
+        exact part (stored centred), add the value offset m, write out."""
         pid = tl.program_id(0)
         row_block = pid % n_row_blocks
         kv_head = (pid // n_row_blocks) % n_kv_heads
@@ -2166,18 +2260,131 @@ if HAS_TRITON:
         head = kv_head * group + rows // n_new
         token = rows % n_new
         out_rows = out_ptr + batch * out_stride_b + head * out_stride_h + token * out_stride_t
-        for chunk in tl.static_range(D // D_CHUNK):
-            cols = chunk * D_CHUNK + tl.arange(0, D_CHUNK)
-            w = tl.load(transform_ptr + d[:, None] * D + cols[None, :])  # [D slots, D_CHUNK channels]
-            values = tl.dot(acc, w, input_precision="ieee")
-            values = values * tl.load(v_channel_scale_ptr + kv_head * D + cols)[None, :]
-            acc_e = tl.load(
-                acc_ptr + exact * BLOCK_M * D + local[:, None] * D + cols[None, :],
-                mask=row_ok[:, None],
-                other=0.0,
+        if ROTATE:  # y = c @ W, then x = y @ R, accumulated over D_CHUNK-wide pieces of y
+            rotated = tl.zeros([BLOCK_M, D], tl.float32)
+            for chunk in tl.static_range(D // D_CHUNK):
+                cols = chunk * D_CHUNK + tl.arange(0, D_CHUNK)
+                w = tl.load(transform_ptr + d[:, None] * D + cols[None, :])
+                y = tl.dot(acc, w, input_precision="ieee")
+                r = tl.load(v_rotation_ptr + kv_head * D * D + cols[:, None] * D + d[None, :])
+                rotated = tl.dot(y, r, rotated, input_precision="ieee")
+            _reduce_store(
+                rotated,
+                d,
+                acc_ptr,
+                exact,
+                v_channel_scale_ptr,
+                v_offset_ptr,
+                kv_head,
+                alpha,
+                beta,
+                denom,
+                out_rows,
+                row_ok,
+                D,
+                BLOCK_M,
+                OFFSET,
             )
-            o = (values * alpha[:, None] + acc_e * beta[:, None]) / denom[:, None]
-            tl.store(out_rows[:, None] + cols[None, :], o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+        else:
+            for chunk in tl.static_range(D // D_CHUNK):
+                cols = chunk * D_CHUNK + tl.arange(0, D_CHUNK)
+                w = tl.load(transform_ptr + d[:, None] * D + cols[None, :])  # [D slots, D_CHUNK channels]
+                values = tl.dot(acc, w, input_precision="ieee")
+                _reduce_store(
+                    values,
+                    cols,
+                    acc_ptr,
+                    exact,
+                    v_channel_scale_ptr,
+                    v_offset_ptr,
+                    kv_head,
+                    alpha,
+                    beta,
+                    denom,
+                    out_rows,
+                    row_ok,
+                    D,
+                    BLOCK_M,
+                    OFFSET,
+                )
+
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _reduce_rows_kernel(
+        m_ptr,
+        l_ptr,
+        acc_ptr,
+        transform_ptr,
+        v_channel_scale_ptr,
+        v_offset_ptr,
+        v_rotation_ptr,
+        out_ptr,
+        out_stride_b,
+        out_stride_h,
+        out_stride_t,
+        n_kv_heads,
+        group,
+        n_new,
+        n_row_blocks,
+        num_splits,
+        D: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        SPLIT_CHUNK: tl.constexpr,
+        ROTATE: tl.constexpr,
+        OFFSET: tl.constexpr,
+    ):
+        """_reduce_kernel with one program per query row, for launches with few (sequence, kv head)
+        pairs: SPLIT_CHUNK splits merged per step (one wide load, not a serial chain of small
+        ones), then the inverse transform as a [D] x [D, D] product."""
+        pid = tl.program_id(0)
+        row_local = pid % BLOCK_M
+        program = pid // BLOCK_M
+        row_block = program % n_row_blocks
+        kv_head = (program // n_row_blocks) % n_kv_heads
+        batch = program // (n_row_blocks * n_kv_heads)
+        row = row_block * BLOCK_M + row_local
+        if row < group * n_new:
+            d = tl.arange(0, D)
+            base = program * (num_splits + 1)
+            m_i = tl.max(tl.full([SPLIT_CHUNK], _NEG_BIG, tl.float32), axis=0)
+            l_i = tl.sum(tl.zeros([SPLIT_CHUNK], tl.float32), axis=0)
+            acc = tl.zeros([D], tl.float32)
+            for first in range(0, num_splits, SPLIT_CHUNK):
+                split = first + tl.arange(0, SPLIT_CHUNK)
+                ok = split < num_splits
+                part = (base + split) * BLOCK_M + row_local
+                m_s = tl.load(m_ptr + part, mask=ok, other=_NEG_BIG)
+                l_s = tl.load(l_ptr + part, mask=ok, other=0.0)
+                acc_s = tl.load(acc_ptr + part[:, None] * D + d[None, :], mask=ok[:, None], other=0.0)
+                m_new = tl.maximum(m_i, tl.max(m_s, axis=0))
+                alpha = tl.exp2(m_i - m_new)
+                w = tl.exp2(m_s - m_new)
+                acc = acc * alpha + tl.sum(acc_s * w[:, None], axis=0)
+                l_i = l_i * alpha + tl.sum(l_s * w, axis=0)
+                m_i = m_new
+            exact = (base + num_splits) * BLOCK_M + row_local
+            m_e = tl.load(m_ptr + exact)
+            l_e = tl.load(l_ptr + exact)
+            m_f = tl.maximum(m_i, m_e)
+            alpha = tl.exp2(m_i - m_f)
+            beta = tl.exp2(m_e - m_f)
+            denom = l_i * alpha + l_e * beta
+            c = tl.arange(0, D)
+            w_t = tl.load(transform_ptr + c[:, None] * D + d[None, :])  # [coefficient, channel]
+            values = tl.sum(acc[:, None] * w_t, axis=0)
+            if ROTATE:  # x = y @ R
+                r = tl.load(v_rotation_ptr + kv_head * D * D + c[:, None] * D + d[None, :])
+                values = tl.sum(tl.reshape(values, [D, 1]) * r, axis=0)
+            values = values * tl.load(v_channel_scale_ptr + kv_head * D + d)
+            o = (values * alpha + tl.load(acc_ptr + exact * D + d) * beta) / denom
+            if OFFSET:
+                o = o + tl.load(v_offset_ptr + kv_head * D + d)
+            head = kv_head * group + row // n_new
+            token = row % n_new
+            out_row = out_ptr + batch * out_stride_b + head * out_stride_h + token * out_stride_t
+            tl.store(out_row + d, o.to(out_ptr.dtype.element_ty))
 
 
 def _interpreting() -> bool:
@@ -2249,6 +2456,9 @@ def wavelet_attention_triton(
     if config.kernel not in ("v1", "v2"):
         raise ValueError(f"LaunchConfig.kernel must be 'v1' or 'v2', got {config.kernel!r}")
     use_v2 = config.kernel == "v2" and _v2_reason(layout, k_codes, k_scales) is None
+    if use_v2 and block_m > V2_MAX_BLOCK_M:
+        block_m = V2_MAX_BLOCK_M
+        n_row_blocks = -(-rows // block_m)
     programs = batch * hkv * n_row_blocks
     if num_splits is None:
         num_splits = choose_num_splits(programs, capacity, layout, config, q.device)
@@ -2280,14 +2490,19 @@ def wavelet_attention_triton(
     acc_part = torch.empty(programs, num_splits + 1, block_m, d, device=device, dtype=torch.float32)
     out = torch.empty(q.shape, device=device, dtype=q.dtype)
     qk_scale = float(sm_scale) * LOG2E
-    k_cs = channel_scale_2d(k_channel_scale, hkv, d)
-    v_cs = channel_scale_2d(v_channel_scale, hkv, d)
+    k_params = attention_channel_params(k_channel_scale, hkv, d, "k_channel_scale")
+    v_params = attention_channel_params(v_channel_scale, hkv, d, "v_channel_scale")
+    k_cs, v_cs = k_params.scale.to(device), v_params.scale.to(device)
+    k_rotation = None if k_params.rotation is None else k_params.rotation.to(device)
+    v_rotation = None if v_params.rotation is None else v_params.rotation.to(device)
+    v_offset = None if v_params.offset is None else v_params.offset.to(device)
     _prologue_kernel[(programs,)](
         q,
         q.stride(0),
         q.stride(1),
         q.stride(2),
         k_cs,
+        k_cs if k_rotation is None else k_rotation,  # unread without ROTATE
         slot_rows,
         slot_factor,
         slot_shift,
@@ -2303,6 +2518,7 @@ def wavelet_attention_triton(
         S=n_slots,
         BLOCK_M=block_m,
         D_CHUNK=min(64, n_slots & -n_slots),  # a power of two dividing the slot count
+        ROTATE=k_rotation is not None,
         num_warps=4,
     )
     common_exact = (
@@ -2410,12 +2626,14 @@ def wavelet_attention_triton(
             num_stages=config.num_stages,
             **plan.constexprs,
         )
-    _reduce_kernel[(programs,)](
+    reduce_args = (
         m_part,
         l_part,
         acc_part,
         inverse,
         v_cs,
+        v_cs if v_offset is None else v_offset,  # unread without OFFSET
+        v_cs if v_rotation is None else v_rotation,  # unread without ROTATE
         out,
         out.stride(0),
         out.stride(1),
@@ -2425,11 +2643,17 @@ def wavelet_attention_triton(
         tq,
         n_row_blocks,
         num_splits,
-        D=d,
-        BLOCK_M=block_m,
-        D_CHUNK=min(d, 32),
-        num_warps=4,
     )
+    channel_flags = dict(ROTATE=v_rotation is not None, OFFSET=v_offset is not None)
+    if use_v2 and programs * block_m <= config.row_reduce_max_programs * _sm_count(device):
+        # few (sequence, kv head) pairs and many splits: one program per query row
+        _reduce_rows_kernel[(programs * block_m,)](
+            *reduce_args, D=d, BLOCK_M=block_m, SPLIT_CHUNK=16, num_warps=4, **channel_flags
+        )
+    else:
+        _reduce_kernel[(programs,)](
+            *reduce_args, D=d, BLOCK_M=block_m, D_CHUNK=min(d, 32), num_warps=4, **channel_flags
+        )
     return out
 
 
@@ -2450,6 +2674,8 @@ __all__ = [
     "TUNED_CONFIGS",
     "UnsupportedLayout",
     "bytes_read",
+    "ChannelParams",
+    "attention_channel_params",
     "channel_scale_2d",
     "check_attention_inputs",
     "choose_num_splits",

@@ -13,9 +13,10 @@ import warnings
 import pytest
 import torch
 from wmoe_compile.kernels import wavelet_attention as K
+from wmoe_compile.kernels.kv_codec import channel_params
 
 import wmoe_compile.ops  # noqa: F401  registers the ops
-from wmoe_compile.codec import get_codec
+from wmoe_compile.codec import get_codec, pack_channel_params
 from wmoe_compile.ops import attention as ops
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -44,18 +45,38 @@ def _fill_exact(
     return exact
 
 
-def make_case(spec, batch, hkv, group, tq, head_dim, seq_lens, capacity, dtype, device=DEVICE):
-    """Random q/k/v, compressed into a cache of `capacity` slots; slots past seq_len hold garbage."""
+def _random_rotation(hkv: int, d: int, device) -> torch.Tensor:
+    q, _ = torch.linalg.qr(torch.randn(hkv, d, d, device=device, dtype=torch.float64))
+    return q.float()
+
+
+def make_case(
+    spec, batch, hkv, group, tq, head_dim, seq_lens, capacity, dtype, device=DEVICE, channel="scale"
+):
+    """Random q/k/v, compressed into a cache of `capacity` slots; slots past seq_len hold garbage.
+    channel="scale": per-channel smoothing only ([Hkv, D] channel scales); "full": offsets and a
+    per-head rotation too ([Hkv, D + 2, D]; keys and values stored centred, exact copies too)."""
     codec = get_codec(spec, head_dim)
-    # keys with outlier channels, like real ones
+    # keys with outlier channels and a per-channel mean, like real ones
     k = torch.randn(batch, hkv, capacity, head_dim, device=device) * (
         torch.rand(hkv, 1, head_dim, device=device) * 3 + 0.2
     )
     v = torch.randn(batch, hkv, capacity, head_dim, device=device)
     k_cs = torch.rand(hkv, head_dim, device=device) + 0.5
     v_cs = torch.rand(hkv, head_dim, device=device) + 0.5
-    kc, ks = codec.encode(k, k_cs[:, None, :])
-    vc, vs = codec.encode(v, v_cs[:, None, :])
+    if channel == "full":
+        k = k + torch.randn(hkv, 1, head_dim, device=device) * 2
+        v = v + torch.randn(hkv, 1, head_dim, device=device)
+        k_m, v_m = k.mean(dim=(0, 2)), v.mean(dim=(0, 2))  # [Hkv, D]
+        k_r, v_r = _random_rotation(hkv, head_dim, device), _random_rotation(hkv, head_dim, device)
+        kc, ks = codec.encode(k, k_cs[:, None, :], k_m[:, None, :], k_r)
+        vc, vs = codec.encode(v, v_cs[:, None, :], v_m[:, None, :], v_r)
+        k, v = k - k_m[:, None, :], v - v_m[:, None, :]  # the exact cache holds centred copies
+        k_cs = pack_channel_params(head_dim, hkv, k_cs, k_m, k_r).to(device)
+        v_cs = pack_channel_params(head_dim, hkv, v_cs, v_m, v_r).to(device)
+    else:
+        kc, ks = codec.encode(k, k_cs[:, None, :])
+        vc, vs = codec.encode(v, v_cs[:, None, :])
     for i, n in enumerate(seq_lens):  # garbage past each sequence's length must never be read
         for codes, scales in ((kc, ks), (vc, vs)):
             codes[i, :, n:] = torch.randint(0, 256, codes[i, :, n:].shape, dtype=torch.uint8, device=device)
@@ -75,15 +96,18 @@ def dense_reference(codec, args, sm_scale):
     batch, hq, tq, _ = q.shape
     group = hq // kc.shape[1]
     out = torch.empty(q.shape, dtype=torch.float64, device=q.device)
+    hkv, d = kc.shape[1], q.shape[-1]
     for b, n in enumerate(lens.tolist()):
         kv = []
         for codes, scales, exact, cs in ((kc, ks, k_exact, k_cs), (vc, vs, v_exact, v_cs)):
-            x = codec.decode(codes[b, :, :n], scales[b, :, :n], cs[:, None, :]).double()
+            scale, offset, rotation = channel_params(cs, hkv, d)
+            x = codec.decode(codes[b, :, :n], scales[b, :, :n], scale, torch.float64, offset, rotation)
+            shift = 0.0 if offset is None else offset.double()[:, 0]  # exact copies are centred
             for p in range(n):
                 if p < sinks:
-                    x[:, p] = exact[b, :, p].double()
+                    x[:, p] = exact[b, :, p].double() + shift
                 elif p >= n - window:
-                    x[:, p] = exact[b, :, sinks + p % window].double()
+                    x[:, p] = exact[b, :, sinks + p % window].double() + shift
             kv.append(x.repeat_interleave(group, dim=0))
         scores = q[b].double() @ kv[0].transpose(-1, -2) * sm_scale
         limit = n - tq + 1 + torch.arange(tq, device=q.device)
@@ -146,6 +170,64 @@ def test_other_codec_layouts(spec):
     codec, args = make_case(spec, 2, 2, 2, 1, 64, seq_lens, capacity, torch.float16)
     got = _run_triton(args, codec, 0.125, config=K.LaunchConfig(block_n=16), num_splits=2)
     assert rel_err(got, dense_reference(codec, args, 0.125)) <= 1e-2
+
+
+V2_VARIANTS = [
+    # (kernel, subnormal, lazy_rescale, per-row reduce)
+    ("v2", True, True, True),
+    ("v2", False, True, False),
+    ("v2", True, False, False),
+    ("v2", False, False, True),
+    ("v1", True, True, False),
+]
+
+
+@pytest.mark.parametrize("kernel,subnormal,lazy,row_reduce", V2_VARIANTS)
+def test_kernel_variants(kernel, subnormal, lazy, row_reduce):
+    # operand encodings (fp16 subnormals / 1024-offset magic), lazy or eager rescaling, both
+    # reduce kernels, and the v1 byte-plane kernel on the same inputs
+    capacity = 75
+    codec, args = make_case(UNIFORM_SPEC, 2, 2, 4, 1, 64, [capacity, 33], capacity, torch.float16)
+    config = K.LaunchConfig(
+        block_n=16,
+        kernel=kernel,
+        subnormal=subnormal,
+        lazy_rescale=lazy,
+        row_reduce_max_programs=1e9 if row_reduce else 0.0,
+    )
+    got = _run_triton(args, codec, 0.125, config=config, num_splits=2)
+    assert rel_err(got, dense_reference(codec, args, 0.125)) <= 1e-2
+
+
+UNIFORM_SPEC = "default;bands=1/2:4:uniform:mse,1/2:2:uniform:mse;window=8;sinks=2"
+
+
+@pytest.mark.parametrize(
+    "spec,row_reduce", [(SMALL_SPEC, False), (UNIFORM_SPEC, True), (UNIFORM_SPEC, False)]
+)
+def test_full_channel_params(spec, row_reduce):
+    # offsets and per-head rotations (the default codec's channel parameters): the kernel rotates
+    # the query and the output once, and adds the value offset once
+    capacity = 60
+    codec, args = make_case(spec, 2, 2, 2, 1, 64, [capacity, 29], capacity, torch.float16, channel="full")
+    want = dense_reference(codec, args, 0.125)
+    config = K.LaunchConfig(block_n=16, row_reduce_max_programs=1e9 if row_reduce else 0.0)
+    got = _run_triton(args, codec, 0.125, config=config, num_splits=2)
+    assert rel_err(got, want) <= 1e-2
+    ref = ops.compressed_layout(codec.spec, 64)
+    assert rel_err(K.wavelet_attention_reference(*args, ref, 0.125), want) <= 1e-2
+
+
+def test_v2_slot_maps_cover_every_coefficient():
+    # every coefficient appears exactly once among the key slots and once among the value slots
+    for head_dim in K.SUPPORTED_HEAD_DIMS:
+        layout = ops.compressed_layout(UNIFORM_SPEC, head_dim)
+        chunks = K._field_chunks(layout)
+        for slots in (lambda c: c.k_slots(), lambda c: c.v_slots()):
+            coefs = sorted(coef for c in chunks for _, coef, _ in slots(c))
+            assert coefs == list(range(head_dim))
+        plan = K._plan_v2(layout, torch.device("cpu"), subnormal=True)
+        assert int((plan.slot_coef >= 0).sum()) == head_dim
 
 
 def test_splits_and_blocks_agree():
@@ -253,9 +335,16 @@ def test_gpu_real_shapes(head_dim):
         "default", 4, 8, 4, 1, head_dim, seq_lens, capacity, torch.bfloat16, device="cuda"
     )
     want = dense_reference(codec, args, head_dim**-0.5)
-    for use_asm in (True, False):
-        got = _run_triton(args, codec, head_dim**-0.5, config=K.LaunchConfig(use_asm=use_asm))
-        assert rel_err(got, want) <= 1e-2
+    configs = [
+        K.LaunchConfig(),
+        K.LaunchConfig(use_asm=False),
+        K.LaunchConfig(subnormal=False, lazy_rescale=False),
+        K.LaunchConfig(row_reduce_max_programs=1e9),
+        K.LaunchConfig(kernel="v1"),
+    ]
+    for config in configs:
+        got = _run_triton(args, codec, head_dim**-0.5, config=config)
+        assert rel_err(got, want) <= 1e-2, config
 
 
 @pytest.mark.gpu
@@ -291,6 +380,8 @@ def test_gpu_long_split_precision():
     cs = torch.rand(hkv, 128, device="cuda") + 0.5
     args = (q, kc, ks, vc, vs, ke, ve, lens, cs, cs)
     want = K.wavelet_attention_reference(*args, layout, 128**-0.5).double()
-    for splits in (1, 64):
-        got = K.wavelet_attention_triton(*args, layout, 128**-0.5, num_splits=splits)
-        assert rel_err(got, want) <= 1e-2
+    configs = [K.LaunchConfig(subnormal=True), K.LaunchConfig(subnormal=False), K.LaunchConfig(kernel="v1")]
+    for config in configs:
+        for splits in (1, 64):
+            got = K.wavelet_attention_triton(*args, layout, 128**-0.5, config=config, num_splits=splits)
+            assert rel_err(got, want) <= 1e-2, (config, splits)

@@ -8,7 +8,11 @@ Schema (docs/CONTRACTS.md)::
 
 q [B, Hq, Tq, D] (Hq a multiple of Hkv; the Tq new tokens are already in the cache); seq_lens [B]
 counts valid positions including them; query t attends positions < seq_lens[b] - Tq + t + 1.
-Channel scales are [Hkv, D], [1, D], [D], or empty for none (as in wmoe::kv_compress).
+The channel arguments carry the cache's channel parameters in any form wmoe::kv_compress takes
+(docs/CONTRACTS.md): empty; [Hkv, D], [1, D] or [D] (scale s); [2, Hkv, D] (s, offset m);
+[Hkv, D + 2, D] (rotation R, s, m). The kernel folds s and R into the query, applies R^T and s to
+the output once, and adds the value offset once (the exact copies are stored centred like the
+codes; key offsets shift every score of a query equally and drop out of the softmax).
 
 Backend: the fused Triton kernel (kernels/wavelet_attention.py) on CUDA tensors, the PyTorch
 reference elsewhere. A layout the kernel does not handle (head_dim outside 64/128/256, more than
