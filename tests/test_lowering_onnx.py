@@ -147,19 +147,19 @@ class _Attention(torch.nn.Module):
 
 
 @pytest.mark.parametrize("flavor", FLAVORS)
-@pytest.mark.parametrize("new_tokens", [1, 3])
-def test_wavelet_attention(flavor, new_tokens):
+@pytest.mark.parametrize("new_tokens,k_form,v_form", [(1, "s", "none"), (3, "rsm", "sm")])
+def test_wavelet_attention(flavor, new_tokens, k_form, v_form):
     batch, hq, hkv, capacity, head_dim = 2, 4, 2, 16, 16
-    caches = {}
-    for role in ("k", "v"):
+    caches, params = {}, {}
+    for role, form in (("k", k_form), ("v", v_form)):
         codes, scales, exact = allocate_cache(CODEC, batch, hkv, capacity, head_dim, torch.float32)
-        x = torch.randn(batch, hkv, 12, head_dim)
-        no_smoothing = torch.empty(0)
-        torch.ops.wmoe.kv_compress_into_cache(x, codes, scales, exact, torch.arange(12), no_smoothing, CODEC)
+        x = torch.randn(batch, hkv, 12, head_dim) + torch.randn(head_dim)
+        params[role] = _channel_params(form, hkv, head_dim)
+        torch.ops.wmoe.kv_compress_into_cache(x, codes, scales, exact, torch.arange(12), params[role], CODEC)
         caches[role] = (codes, scales, exact)
     q = torch.randn(batch, hq, new_tokens, head_dim)
     seq_lens = torch.tensor([12, 7])  # ragged: sequence 1 holds fewer positions
-    k_cs, v_cs = torch.rand(hkv, head_dim) + 0.5, torch.empty(0)
+    k_cs, v_cs = params["k"], params["v"]
     args = (
         q,
         caches["k"][0],
