@@ -44,25 +44,34 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 COPY_TBPS = 4.25  # H200 device-to-device copy, docs (DESIGN.md reference figures)
 SHAPES = [(1, 32768), (8, 32768), (8, 131072), (32, 32768)]
 HQ, HKV, HEAD_DIM = 32, 8, 128
-CODEC = "default"
+# Both 52 B per 128-d vector (64 coefficients x 4 bit + 64 x 2 bit + two fp16 scales). The codec's
+# default preset has Lloyd grids (table lookups: the v1 kernel); "uniform" swaps in affine grids,
+# which the v2 kernel decodes without tables. Both with the default's channel parameters
+# (per-head rotation, scale, offset), here random.
+CODECS = {
+    "uniform": "default;bands=1/2:4:uniform:mse,1/2:2:uniform:mse",
+    "default": "default",
+}
 ROTATE_BYTES = 160e6  # > 3x the 50 MB L2
 
-# Candidate compile-time configs (LaunchConfig fields). Split targets are runtime: stage A times
-# every candidate at RUNTIME_DEFAULT, stage B sweeps RUNTIME_GRID for the best TOP_K of stage A.
-CANDIDATES = [
-    dict(kernel="v2", block_n=64, num_stages=2),
-    dict(kernel="v2", block_n=64, num_stages=3),
-    dict(kernel="v2", block_n=64, num_stages=1),
-    dict(kernel="v2", block_n=128, num_stages=2),
-    dict(kernel="v2", block_n=32, num_stages=2),
-    dict(kernel="v2", block_n=64, num_stages=2, subnormal=False),
-    dict(kernel="v2", block_n=64, num_stages=2, lazy_rescale=False),
-    dict(kernel="v1", block_n=64, num_stages=2),  # the previous kernel, for the record
-]
+# Candidate compile-time configs (LaunchConfig fields) per codec. Split targets are runtime: stage A
+# times every candidate at RUNTIME_DEFAULT, stage B sweeps RUNTIME_GRID for the best TOP_K of stage A.
+CANDIDATES = {
+    "uniform": [
+        dict(kernel="v2", block_n=64, num_stages=2),
+        dict(kernel="v2", block_n=64, num_stages=3),
+        dict(kernel="v2", block_n=128, num_stages=2),
+        dict(kernel="v2", block_n=64, num_stages=2, subnormal=False),
+        dict(kernel="v2", block_n=64, num_stages=2, lazy_rescale=False),
+        dict(kernel="v1", block_n=64, num_stages=2),  # the previous kernel, for the record
+    ],
+    "default": [
+        dict(kernel="v1", block_n=64, num_stages=2),
+        dict(kernel="v1", block_n=32, num_stages=3),
+    ],
+}
 RUNTIME_DEFAULT = dict(ctas_per_sm=16.0, min_split_tokens=256)
-RUNTIME_GRID = [
-    dict(ctas_per_sm=c, min_split_tokens=m) for c in (4.0, 8.0, 16.0, 32.0) for m in (128, 256, 512)
-]
+RUNTIME_GRID = [dict(ctas_per_sm=c, min_split_tokens=m) for c in (8.0, 16.0, 32.0) for m in (128, 512)]
 TOP_K = 2
 
 
@@ -71,8 +80,10 @@ def _parse() -> argparse.Namespace:
     p.add_argument("--out", default="benchmarks/out")
     p.add_argument("--sweep", action="store_true")
     p.add_argument("--precompile", action="store_true")
+    p.add_argument("--precompile-only", action="store_true", help="compile the sweep candidates, then exit")
     p.add_argument("--smoke", action="store_true", help="CPU + Triton interpreter, tiny shapes")
     p.add_argument("--config", default="", help="LaunchConfig fields as JSON (instead of the tuned one)")
+    p.add_argument("--codec", default="", help=f"comma-separated subset of {list(CODECS)} (default: all)")
     return p.parse_args()
 
 
@@ -90,12 +101,22 @@ import wmoe_compile.ops  # noqa: E402,F401  (registers wmoe::wavelet_attention)
 from wmoe_compile.ops.attention import compressed_layout  # noqa: E402
 
 
+def _channel_params(hkv: int, device: str) -> torch.Tensor:
+    """Random full-form channel parameters [Hkv, D + 2, D]: rotation, scale, offset."""
+    rotation, _ = torch.linalg.qr(torch.randn(hkv, HEAD_DIM, HEAD_DIM, device=device))
+    scale = torch.rand(hkv, HEAD_DIM, device=device) + 0.5
+    offset = torch.randn(hkv, HEAD_DIM, device=device) * 0.1
+    return torch.cat([rotation, scale[:, None], offset[:, None]], dim=1).contiguous()
+
+
 class Setup:
-    """Inputs of one shape: rotation copies of the compressed cache and of the dense bf16 cache."""
+    """Inputs of one shape: rotation copies of the compressed cache (random codes are valid for
+    every codec of the same bytes per vector: `use_codec` switches the layout) and of the dense
+    bf16 cache."""
 
     def __init__(self, batch: int, seq_len: int, hq: int, hkv: int, device: str, smoke: bool):
         self.batch, self.seq_len, self.hq, self.hkv = batch, seq_len, hq, hkv
-        self.layout = compressed_layout(CODEC, HEAD_DIM)
+        self.use_codec(next(iter(CODECS.values())))
         lay = self.layout
         self.bytes = wa.bytes_read(lay, batch, hkv, seq_len, exact_itemsize=2)
         dense_bytes = 2 * batch * hkv * seq_len * HEAD_DIM * 2
@@ -103,8 +124,8 @@ class Setup:
         n_dense = 1 if smoke else max(1, math.ceil(ROTATE_BYTES / dense_bytes))
         self.sm_scale = HEAD_DIM**-0.5
         self.lens = torch.full((batch,), seq_len, dtype=torch.int32, device=device)
-        self.k_cs = (torch.rand(hkv, HEAD_DIM, device=device) + 0.5).contiguous()
-        self.v_cs = torch.ones(hkv, HEAD_DIM, device=device)
+        self.k_cs = _channel_params(hkv, device)
+        self.v_cs = _channel_params(hkv, device)
         self.copies = []
 
         # any bytes are valid codes: random codes and scales give a representative cache
@@ -127,6 +148,9 @@ class Setup:
             k = torch.randn(batch, hkv, seq_len, HEAD_DIM, device=device, dtype=torch.bfloat16)
             v = torch.randn(batch, hkv, seq_len, HEAD_DIM, device=device, dtype=torch.bfloat16)
             self.dense.append((q, k, v))
+
+    def use_codec(self, spec: str) -> None:
+        self.layout = compressed_layout(spec, HEAD_DIM)
 
     def args(self, i: int = 0) -> tuple:
         return (*self.copies[i], self.k_cs, self.v_cs)
@@ -225,7 +249,8 @@ def _precompile_worker(candidates: list, queue) -> None:
     try:
         torch.cuda.set_device(0)
         setup = Setup(1, 2048, HQ, HKV, "cuda", smoke=True)
-        for c in candidates:
+        for spec, c in candidates:
+            setup.use_codec(spec)
             for splits in (1, 3, 16):  # Triton specialises ints equal to 1 and divisible by 16
                 for row_reduce in (0.0, 1e9):
                     config = _config(c, dict(row_reduce_max_programs=row_reduce))
@@ -277,11 +302,11 @@ def _try(setups: list[Setup], cfg: wa.LaunchConfig, smoke: bool, rows: list) -> 
     return geo if err <= 1e-2 else None
 
 
-def sweep(setups: list[Setup], smoke: bool) -> tuple[wa.LaunchConfig, list[dict]]:
+def sweep(setups: list[Setup], candidates: list[dict], smoke: bool) -> tuple[wa.LaunchConfig, list[dict]]:
     """Stage A: every compile-time candidate at RUNTIME_DEFAULT; stage B: the split grid for the
     TOP_K of stage A. Best geometric mean over the shapes among configs within 1e-2 wins."""
     rows: list[dict] = []
-    candidates = CANDIDATES[:2] if smoke else CANDIDATES
+    candidates = candidates[:2] if smoke else candidates
     stage_a = []
     for c in candidates:
         geo = _try(setups, _config(c, RUNTIME_DEFAULT), smoke, rows)
@@ -327,72 +352,10 @@ def kernel_breakdown(setup: Setup, config: wa.LaunchConfig) -> dict[str, float]:
     return {k: round(v, 2) for k, v in sorted(totals.items(), key=lambda kv: -kv[1]) if v > 0}
 
 
-def main() -> int:
-    args = ARGS
-    smoke = args.smoke
-    device = "cpu" if smoke else "cuda"
-    out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(0)
-    info = dict(
-        date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        gpu="cpu (smoke)" if smoke else torch.cuda.get_device_name(),
-        torch=torch.__version__,
-        triton=triton.__version__,
-        command="python benchmarks/bench_attention.py " + " ".join(sys.argv[1:]),
-        codec=CODEC,
-        bytes_per_vector=compressed_layout(CODEC, HEAD_DIM).bytes_per_vector,
-    )
-    bw = copy_bandwidth(smoke)
-    info["copy_TBps_this_run"] = bw
-    print(f"copy bandwidth this run: {bw} TB/s; floor uses {COPY_TBPS} TB/s", flush=True)
-    if args.precompile and not smoke:
-        precompile(CANDIDATES if args.sweep else [])
-    shapes = [(1, 256), (2, 300)] if smoke else SHAPES
-    hq, hkv = (8, 2) if smoke else (HQ, HKV)
-    setups = [Setup(b, n, hq, hkv, device, smoke) for b, n in shapes]
-    chosen = wa.TUNED_CONFIGS.get((HEAD_DIM, 4)) or wa.default_config(HEAD_DIM, 4)
-    if args.config:
-        chosen = wa.LaunchConfig(**json.loads(args.config))
-    # the peer first: a failure further down must not lose it
-    sdpa = [time_sdpa(s, smoke) for s in setups]
-    for (b, n), (graph_ms, plain_ms) in zip(shapes, sdpa, strict=True):
-        print(f"SDPA bf16 B={b} N={n}: {graph_ms:.4f} ms (CUDA graph), do_bench {plain_ms}", flush=True)
-    sweep_rows = []
-    if args.sweep:
-        print("sweep (ms per shape " + ", ".join(map(str, shapes)) + "):", flush=True)
-        chosen, sweep_rows = sweep(setups, smoke)
-        print(f"chosen: {chosen}", flush=True)
-    results = []
-    for setup, (b, n), (sdpa_ms, sdpa_plain) in zip(setups, shapes, sdpa, strict=True):
-        err = rel_error(setup, chosen)
-        ms = time_ours(setup, chosen, smoke)
-        floor_ms = setup.bytes / (COPY_TBPS * 1e12) * 1e3
-        row = dict(
-            B=b,
-            N=n,
-            ms=ms,
-            bytes=setup.bytes,
-            TBps=setup.bytes / (ms * 1e-3) / 1e12,
-            floor_ms=floor_ms,
-            x_floor=ms / floor_ms,
-            sdpa_ms=sdpa_ms,
-            sdpa_do_bench_ms=sdpa_plain,
-            speedup=sdpa_ms / ms,
-            rel_err=err,
-            num_splits=wa.choose_num_splits(b * hkv, n, setup.layout, chosen, torch.device(device)),
-        )
-        if not smoke and (b, n) in ((1, 32768), (8, 131072)):
-            row["kernels_us"] = kernel_breakdown(setup, chosen)
-        results.append(row)
-        print(json.dumps(row), flush=True)
-        setup.free()
-    info["config"] = chosen.__dict__
-    record = dict(info=info, results=results, sweep=sweep_rows)
-    (out / "attention.json").write_text(json.dumps(record, indent=1))
+def _table(info: dict, codec: str, chosen: wa.LaunchConfig, results: list[dict]) -> str:
     lines = [
-        f"{info['date']}, {info['gpu']}, torch {info['torch']}, triton {info['triton']}; "
-        f"codec `{CODEC}` ({info['bytes_per_vector']} B/vector); config {chosen}",
+        f"{info['date']}, {info['gpu']}, torch {info['torch']}, triton {info['triton']}; codec `{codec}` "
+        f"= `{CODECS[codec]}` ({info['bytes_per_vector']} B/vector); config {chosen}",
         "",
         "| B | N | ms | bytes read | TB/s | x floor | SDPA bf16 ms | speedup | rel err |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -402,9 +365,84 @@ def main() -> int:
             f"| {r['B']} | {r['N']} | {r['ms']:.4f} | {r['bytes'] / 1e6:.1f} MB | {r['TBps']:.2f} | "
             f"{r['x_floor']:.2f} | {r['sdpa_ms']:.4f} | {r['speedup']:.2f}x | {r['rel_err']:.1e} |"
         )
-    table = "\n".join(lines)
-    (out / "attention.md").write_text(table + "\n")
-    print(table, flush=True)
+    return "\n".join(lines)
+
+
+def main() -> int:
+    args = ARGS
+    smoke = args.smoke
+    device = "cpu" if smoke else "cuda"
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(0)
+    codecs = [c for c in CODECS if not args.codec or c in args.codec.split(",")]
+    info = dict(
+        date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        gpu="cpu (smoke)" if smoke else torch.cuda.get_device_name(),
+        torch=torch.__version__,
+        triton=triton.__version__,
+        command="python benchmarks/bench_attention.py " + " ".join(sys.argv[1:]),
+        codecs={c: CODECS[c] for c in codecs},
+        bytes_per_vector=compressed_layout(CODECS[codecs[0]], HEAD_DIM).bytes_per_vector,
+    )
+    bw = copy_bandwidth(smoke)
+    info["copy_TBps_this_run"] = bw
+    print(f"copy bandwidth this run: {bw} TB/s; floor uses {COPY_TBPS} TB/s", flush=True)
+    if (args.precompile or args.precompile_only) and not smoke:
+        precompile([(CODECS[c], cand) for c in codecs for cand in CANDIDATES[c]])
+        if args.precompile_only:
+            return 0
+    shapes = [(1, 256), (2, 300)] if smoke else SHAPES
+    hq, hkv = (8, 2) if smoke else (HQ, HKV)
+    setups = [Setup(b, n, hq, hkv, device, smoke) for b, n in shapes]
+    # the peer first: a failure further down must not lose it
+    sdpa = [time_sdpa(s, smoke) for s in setups]
+    for (b, n), (graph_ms, plain_ms) in zip(shapes, sdpa, strict=True):
+        print(f"SDPA bf16 B={b} N={n}: {graph_ms:.4f} ms (CUDA graph), do_bench {plain_ms}", flush=True)
+    for s in setups:
+        s.dense.clear()
+    record: dict = dict(info=info, codecs={})
+    tables = []
+    for codec in codecs:
+        for s in setups:
+            s.use_codec(CODECS[codec])
+        layout = setups[0].layout
+        chosen = wa.tuned_config(layout, HEAD_DIM, 4)
+        if args.config:
+            chosen = wa.LaunchConfig(**json.loads(args.config))
+        sweep_rows = []
+        if args.sweep:
+            print(f"[{codec}] sweep (ms per shape " + ", ".join(map(str, shapes)) + "):", flush=True)
+            chosen, sweep_rows = sweep(setups, CANDIDATES[codec], smoke)
+            print(f"[{codec}] chosen: {chosen}", flush=True)
+        results = []
+        for setup, (b, n), (sdpa_ms, sdpa_plain) in zip(setups, shapes, sdpa, strict=True):
+            err = rel_error(setup, chosen)
+            ms = time_ours(setup, chosen, smoke)
+            floor_ms = setup.bytes / (COPY_TBPS * 1e12) * 1e3
+            row = dict(
+                B=b,
+                N=n,
+                ms=ms,
+                bytes=setup.bytes,
+                TBps=setup.bytes / (ms * 1e-3) / 1e12,
+                floor_ms=floor_ms,
+                x_floor=ms / floor_ms,
+                sdpa_ms=sdpa_ms,
+                sdpa_do_bench_ms=sdpa_plain,
+                speedup=sdpa_ms / ms,
+                rel_err=err,
+                num_splits=wa.choose_num_splits(b * hkv, n, setup.layout, chosen, torch.device(device)),
+            )
+            if not smoke and (b, n) in ((1, 32768), (8, 131072)):
+                row["kernels_us"] = kernel_breakdown(setup, chosen)
+            results.append(row)
+            print(json.dumps(row), flush=True)
+        record["codecs"][codec] = dict(config=chosen.__dict__, results=results, sweep=sweep_rows)
+        (out / "attention.json").write_text(json.dumps(record, indent=1))
+        tables.append(_table(info, codec, chosen, results))
+        print(tables[-1], flush=True)
+    (out / "attention.md").write_text("\n\n".join(tables) + "\n")
     return 0
 
 

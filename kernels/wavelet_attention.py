@@ -765,12 +765,20 @@ def _plan_v2(layout: CompressedLayout, device: torch.device, subnormal: bool) ->
     return plan
 
 
-def _v2_reason(layout: CompressedLayout, k_codes: torch.Tensor, k_scales: torch.Tensor) -> str | None:
-    """None when the v2 kernel can run this layout and these cache strides, else why not."""
+def _v2_layout_reason(layout: CompressedLayout) -> str | None:
+    """None when the v2 kernel can run this layout, else why not."""
     try:
         _field_chunks(layout)
     except UnsupportedLayout as exc:
         return str(exc)
+    return None
+
+
+def _v2_reason(layout: CompressedLayout, k_codes: torch.Tensor, k_scales: torch.Tensor) -> str | None:
+    """None when the v2 kernel can run this layout and these cache strides, else why not."""
+    reason = _v2_layout_reason(layout)
+    if reason is not None:
+        return reason
     if any(st % 2 for st in k_codes.stride()[:3]) or k_codes.data_ptr() % 2:
         return "code cache strides are not int16-aligned"
     return None
@@ -799,21 +807,28 @@ class LaunchConfig:
     use_asm: bool = True  # field extraction in inline PTX (GPU only, never interpreted)
     ctas_per_sm: float = 16.0  # flash-decoding splits: aim for this many programs per SM ...
     min_split_tokens: int = 512  # ... but give each split at least this many compressed tokens
-    exact_block: int = 64
+    exact_block: int = 32  # exact sink/window tokens per step (64 spills v2's registers)
     kernel: str = "v2"  # "v2": int16 field planes (affine layouts; else v1 runs), "v1": byte planes
     subnormal: bool = True  # v2: fields as fp16 subnormals (no offset); False: 1024-offset magic
     lazy_rescale: bool = True  # v2: rescale accumulators only when a running max grows
     row_reduce_max_programs: float = 2.0  # v2: per-row reduce while rows <= this x SMs
 
 
-# (head_dim, block_m) -> config, from the tuning sweep of benchmarks/bench_attention.py on an H200
-# (2026-11-30, see benchmarks/RESULTS.md): one warp, 64-token steps and 2 stages won on all four
-# shapes; 16 programs per SM won for B >= 8, while B = 1 preferred ~500-token splits (64 splits
-# of 8 kv heads), which min_split_tokens reproduces. block_m is the number of query rows (q heads
-# of a group x new tokens) per program, a power of two >= 4. Other shapes use default_config().
-TUNED_CONFIGS: dict[tuple[int, int], LaunchConfig] = {
-    (128, 4): LaunchConfig(block_n=64, num_warps=1, num_stages=2, use_asm=True, ctas_per_sm=16.0),
+# (head_dim, block_m, kernel) -> config, from the tuning sweep of benchmarks/bench_attention.py on
+# an H200 (see benchmarks/RESULTS.md). kernel is "v2" for layouts v2 runs (affine grids), "v1"
+# otherwise (table grids such as the codec's Lloyd default). block_m is the number of query rows
+# (q heads of a group x new tokens) per program. Other shapes use default_config().
+TUNED_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
+    # 2026-11-30 sweep of the previous helper (v1 only): one warp, 64-token steps, 2 stages
+    (128, 4, "v1"): LaunchConfig(block_n=64, num_warps=1, num_stages=2, ctas_per_sm=16.0, kernel="v1"),
 }
+
+
+def tuned_config(layout: CompressedLayout, head_dim: int, block_m: int) -> LaunchConfig:
+    """The tuned launch config for this layout's kernel (v2 when it can run the layout), else the
+    untuned default."""
+    kernel = "v2" if _v2_layout_reason(layout) is None else "v1"
+    return TUNED_CONFIGS.get((head_dim, block_m, kernel)) or default_config(head_dim, block_m)
 
 
 def default_config(head_dim: int, block_m: int) -> LaunchConfig:
@@ -933,17 +948,28 @@ if HAS_TRITON:
         q_rows = q_ptr + batch * q_stride_b + head * q_stride_h + token * q_stride_t
         q = tl.load(q_rows[:, None] + d[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
         q = q * tl.load(k_channel_scale_ptr + kv_head * D + d)[None, :]
+        RC: tl.constexpr = 32  # the rotated query in 32-channel pieces (bounded registers)
+        pieces = ()
         if ROTATE:  # z = R y as rows: y @ R^T
-            rotation = tl.load(k_rotation_ptr + kv_head * D * D + d[:, None] * D + d[None, :])
-            q = tl.dot(q, tl.trans(rotation), input_precision="ieee")
+            for c in tl.static_range(D // RC):
+                rc = c * RC + tl.arange(0, RC)
+                r = tl.load(k_rotation_ptr + kv_head * D * D + rc[:, None] * D + d[None, :])  # [RC, D]
+                pieces = pieces + (tl.dot(q, tl.trans(r), input_precision="tf32x3"),)
         c0 = tl.zeros([BLOCK_M], tl.float32)
         c1 = tl.zeros([BLOCK_M], tl.float32)
         c2 = tl.zeros([BLOCK_M], tl.float32)
         c3 = tl.zeros([BLOCK_M], tl.float32)
         for chunk in tl.static_range(S // D_CHUNK):
             cols = chunk * D_CHUNK + tl.arange(0, D_CHUNK)
-            w = tl.load(transform_ptr + cols[:, None] * D + d[None, :])
-            qw = tl.dot(q, tl.trans(w), input_precision="ieee")
+            if ROTATE:
+                qw = tl.zeros([BLOCK_M, D_CHUNK], tl.float32)
+                for c in tl.static_range(D // RC):
+                    rc = c * RC + tl.arange(0, RC)
+                    w = tl.load(transform_ptr + cols[:, None] * D + rc[None, :])  # [D_CHUNK, RC]
+                    qw = tl.dot(pieces[c], tl.trans(w), qw, input_precision="tf32x3")
+            else:
+                w = tl.load(transform_ptr + cols[:, None] * D + d[None, :])
+                qw = tl.dot(q, tl.trans(w), input_precision="tf32x3")
             qw16 = (qw * (tl.load(col_step_ptr + cols) * qk_scale)[None, :]).to(tl.float16)
             tl.store(qw_ptr + pid * BLOCK_M * S + local[:, None] * S + cols[None, :], qw16)
             band = tl.load(col_band_ptr + cols)[None, :]
@@ -2265,9 +2291,9 @@ if HAS_TRITON:
             for chunk in tl.static_range(D // D_CHUNK):
                 cols = chunk * D_CHUNK + tl.arange(0, D_CHUNK)
                 w = tl.load(transform_ptr + d[:, None] * D + cols[None, :])
-                y = tl.dot(acc, w, input_precision="ieee")
+                y = tl.dot(acc, w, input_precision="tf32x3")
                 r = tl.load(v_rotation_ptr + kv_head * D * D + cols[:, None] * D + d[None, :])
-                rotated = tl.dot(y, r, rotated, input_precision="ieee")
+                rotated = tl.dot(y, r, rotated, input_precision="tf32x3")
             _reduce_store(
                 rotated,
                 d,
@@ -2289,7 +2315,7 @@ if HAS_TRITON:
             for chunk in tl.static_range(D // D_CHUNK):
                 cols = chunk * D_CHUNK + tl.arange(0, D_CHUNK)
                 w = tl.load(transform_ptr + d[:, None] * D + cols[None, :])  # [D slots, D_CHUNK channels]
-                values = tl.dot(acc, w, input_precision="ieee")
+                values = tl.dot(acc, w, input_precision="tf32x3")
                 _reduce_store(
                     values,
                     cols,
@@ -2452,7 +2478,7 @@ def wavelet_attention_triton(
     block_m = _block_m(rows)
     n_row_blocks = -(-rows // block_m)
     if config is None:
-        config = TUNED_CONFIGS.get((d, block_m)) or default_config(d, block_m)
+        config = tuned_config(layout, d, block_m)
     if config.kernel not in ("v1", "v2"):
         raise ValueError(f"LaunchConfig.kernel must be 'v1' or 'v2', got {config.kernel!r}")
     use_v2 = config.kernel == "v2" and _v2_reason(layout, k_codes, k_scales) is None
@@ -2517,7 +2543,7 @@ def wavelet_attention_triton(
         D=d,
         S=n_slots,
         BLOCK_M=block_m,
-        D_CHUNK=min(64, n_slots & -n_slots),  # a power of two dividing the slot count
+        D_CHUNK=min(32 if k_rotation is not None else 64, n_slots & -n_slots),  # divides the slots
         ROTATE=k_rotation is not None,
         num_warps=4,
     )
@@ -2652,7 +2678,12 @@ def wavelet_attention_triton(
         )
     else:
         _reduce_kernel[(programs,)](
-            *reduce_args, D=d, BLOCK_M=block_m, D_CHUNK=min(d, 32), num_warps=4, **channel_flags
+            *reduce_args,
+            D=d,
+            BLOCK_M=block_m,
+            D_CHUNK=min(d, 32),
+            num_warps=8 if v_rotation is not None else 4,  # the rotation's [D, D] pieces
+            **channel_flags,
         )
     return out
 
@@ -2682,6 +2713,7 @@ __all__ = [
     "decode_coefficients",
     "default_config",
     "triton_support",
+    "tuned_config",
     "wavelet_attention_reference",
     "wavelet_attention_triton",
 ]

@@ -326,25 +326,43 @@ def test_unsupported_head_dim_errors_in_kernel_and_falls_back_in_op(triton_backe
 # GPU: real shapes
 
 
+# the codec default's bytes with affine grids (the v2 kernel) and the real window and sinks
+UNIFORM_REAL = "default;bands=1/2:4:uniform:mse,1/2:2:uniform:mse"
+V2_GPU_CONFIGS = [
+    K.LaunchConfig(),
+    K.LaunchConfig(use_asm=False),
+    K.LaunchConfig(subnormal=False, lazy_rescale=False),
+    K.LaunchConfig(row_reduce_max_programs=1e9),
+]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
-def test_gpu_real_shapes(head_dim):
+@pytest.mark.parametrize("spec", [UNIFORM_REAL, "default"])
+def test_gpu_real_shapes(head_dim, spec):
     capacity = 4096
     seq_lens = [4096, 1, 1000, 2049]
-    codec, args = make_case(
-        "default", 4, 8, 4, 1, head_dim, seq_lens, capacity, torch.bfloat16, device="cuda"
-    )
+    codec, args = make_case(spec, 4, 8, 4, 1, head_dim, seq_lens, capacity, torch.bfloat16, device="cuda")
     want = dense_reference(codec, args, head_dim**-0.5)
-    configs = [
-        K.LaunchConfig(),
-        K.LaunchConfig(use_asm=False),
-        K.LaunchConfig(subnormal=False, lazy_rescale=False),
-        K.LaunchConfig(row_reduce_max_programs=1e9),
-        K.LaunchConfig(kernel="v1"),
-    ]
+    # Lloyd grids (the default) run v1 whatever the config asks; v2 variants only for affine grids
+    configs = V2_GPU_CONFIGS if spec == UNIFORM_REAL else [K.LaunchConfig()]
     for config in configs:
         got = _run_triton(args, codec, head_dim**-0.5, config=config)
         assert rel_err(got, want) <= 1e-2, config
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("spec", [UNIFORM_REAL, "default"])
+def test_gpu_full_channel_params(spec):
+    codec, args = make_case(
+        spec, 2, 8, 4, 1, 128, [3000, 1234], 3000, torch.bfloat16, device="cuda", channel="full"
+    )
+    want = dense_reference(codec, args, 128**-0.5)
+    for config in (K.LaunchConfig(), K.LaunchConfig(row_reduce_max_programs=1e9)):
+        got = _run_triton(args, codec, 128**-0.5, config=config)
+        assert rel_err(got, want) <= 1e-2, config
+    got = torch.ops.wmoe.wavelet_attention(*args, codec.spec, 128**-0.5)
+    assert rel_err(got, want) <= 1e-2
 
 
 @pytest.mark.gpu
@@ -357,18 +375,21 @@ def test_gpu_other_layouts(spec):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("tq", [4, 300])
-def test_gpu_multi_token_and_prefill(tq):
-    codec, args = make_case("default", 2, 8, 4, tq, 128, [2500, tq], 2600, torch.bfloat16, device="cuda")
+@pytest.mark.parametrize("spec", [UNIFORM_REAL, "default"])
+def test_gpu_multi_token_and_prefill(tq, spec):
+    codec, args = make_case(spec, 2, 8, 4, tq, 128, [2500, tq], 2600, torch.bfloat16, device="cuda")
     got = torch.ops.wmoe.wavelet_attention(*args, codec.spec, 128**-0.5)
     assert rel_err(got, dense_reference(codec, args, 128**-0.5)) <= 1e-2
 
 
 @pytest.mark.gpu
-def test_gpu_long_split_precision():
+@pytest.mark.parametrize("spec", [UNIFORM_REAL, "default"])
+def test_gpu_long_split_precision(spec):
     # The benchmark's worst case: random codes (every bit pattern is a valid code), diffuse
-    # attention and one split of 32k tokens. The tensor cores' fp32 accumulation truncates; values
-    # must enter it as small exact integers (see _plane), or the error grows with the split length.
-    codec = get_codec("default", 128)
+    # attention and one split of 32k tokens. The tensor cores' fp32 accumulation truncates: value
+    # operands must be offset-free (v2: fp16 subnormals, or 1024-offset fields centred to small
+    # exact integers; v1: centred too), or the error grows with the split length.
+    codec = get_codec(spec, 128)
     layout = ops.compressed_layout(codec.spec, 128)
     n, hkv = 32768, 8
     shape = (1, hkv, n, layout.n_code_bytes)
@@ -381,7 +402,7 @@ def test_gpu_long_split_precision():
     args = (q, kc, ks, vc, vs, ke, ve, lens, cs, cs)
     want = K.wavelet_attention_reference(*args, layout, 128**-0.5).double()
     configs = [K.LaunchConfig(subnormal=True), K.LaunchConfig(subnormal=False), K.LaunchConfig(kernel="v1")]
-    for config in configs:
+    for config in configs if spec == UNIFORM_REAL else configs[2:]:
         for splits in (1, 64):
             got = K.wavelet_attention_triton(*args, layout, 128**-0.5, config=config, num_splits=splits)
             assert rel_err(got, want) <= 1e-2, (config, splits)
