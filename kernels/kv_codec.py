@@ -205,6 +205,75 @@ if HAS_TRITON:
         return tl.where(pos, tl.math.div_rn(c, tl.where(pos, s, 1.0)), 0.0)
 
     @triton.jit
+    def _encode_band(
+        c,
+        d,
+        row_ok,
+        row_finite,
+        code_base,
+        scale_base,
+        grid_ptr,
+        mids_ptr,
+        frac_ptr,
+        BLOCK_T: tl.constexpr,
+        BLOCK_D: tl.constexpr,
+        N_FRACTIONS: tl.constexpr,
+        BAND: tl.constexpr,
+        START: tl.constexpr,
+        SIZE: tl.constexpr,
+        BITS: tl.constexpr,
+        BYTE_OFFSET: tl.constexpr,
+        LUT_OFFSET: tl.constexpr,
+        MSE: tl.constexpr,
+        UNBIASED: tl.constexpr,
+    ):
+        # One band of coefficients c [BLOCK_T, BLOCK_D] (columns outside the band are masked).
+        in_band = (d >= START) & (d < START + SIZE)
+        absmax = tl.max(tl.where(in_band[None, :], tl.abs(c), 0.0), axis=1)
+        if MSE:
+            best_err = tl.full((BLOCK_T,), float("inf"), tl.float32)
+            best_scale = tl.zeros((BLOCK_T,), tl.float32)
+            best_code = tl.zeros((BLOCK_T, BLOCK_D), tl.int32)
+            for fi in range(N_FRACTIONS):  # a loop, not unrolled: keeps compile time down
+                f = tl.load(frac_ptr + fi)
+                s = tl.minimum(absmax * f, 65504.0).to(tl.float16).to(tl.float32)
+                code = _quantize_band(_safe_div(c, s[:, None]), mids_ptr, LUT_OFFSET, BITS)
+                deq = tl.load(grid_ptr + LUT_OFFSET + code) * s[:, None]
+                err = tl.sum(tl.where(in_band[None, :], (c - deq) * (c - deq), 0.0), axis=1)
+                better = err < best_err
+                best_err = tl.where(better, err, best_err)
+                best_scale = tl.where(better, s, best_scale)
+                best_code = tl.where(better[:, None], code, best_code)
+            scale = best_scale
+            code = best_code
+        else:
+            scale = tl.minimum(absmax, 65504.0).to(tl.float16).to(tl.float32)
+            code = _quantize_band(_safe_div(c, scale[:, None]), mids_ptr, LUT_OFFSET, BITS)
+        if UNBIASED:
+            # store |c|^2 / <grid[code], c>: no gain bias (codec.py: _unbiased_scale)
+            lv = tl.load(grid_ptr + LUT_OFFSET + code)
+            energy = tl.sum(tl.where(in_band[None, :], c * c, 0.0), axis=1)
+            proj = tl.sum(tl.where(in_band[None, :], lv * c, 0.0), axis=1)
+            proj_ok = proj > 0.0
+            ratio = tl.math.div_rn(energy, tl.where(proj_ok, proj, 1.0))
+            scale = tl.where(proj_ok, tl.minimum(ratio, 65504.0).to(tl.float16).to(tl.float32), scale)
+        code = tl.where(in_band[None, :] & row_finite[:, None], code, 0)
+        # pack: columns j*PER_BYTE .. j*PER_BYTE + PER_BYTE - 1 form byte j of the row (bands
+        # start at multiples of 4 columns, so groups never straddle two bands)
+        PER_BYTE: tl.constexpr = 8 // BITS
+        grouped = tl.reshape(code, (BLOCK_T, BLOCK_D // PER_BYTE, PER_BYTE))
+        shifts = tl.arange(0, PER_BYTE) * BITS
+        packed = tl.sum(grouped << shifts[None, None, :], axis=2)
+        g = tl.arange(0, BLOCK_D // PER_BYTE)
+        g_ok = (g >= START // PER_BYTE) & (g < (START + SIZE) // PER_BYTE)
+        byte = BYTE_OFFSET + g - START // PER_BYTE
+        tl.store(
+            code_base[:, None] + byte[None, :], packed.to(tl.uint8), mask=row_ok[:, None] & g_ok[None, :]
+        )
+        scale_out = tl.where(row_finite, scale, float("nan"))
+        tl.store(scale_base + BAND, scale_out.to(tl.float16), mask=row_ok)
+
+    @triton.jit
     def _kv_compress_kernel(
         x_ptr,
         cs_ptr,
@@ -226,6 +295,9 @@ if HAS_TRITON:
         sxd,
         scsh,
         scsd,
+        srh,
+        sri,
+        srj,
         scb,
         sch,
         sct,
@@ -242,13 +314,34 @@ if HAS_TRITON:
         D: tl.constexpr,
         BLOCK_D: tl.constexpr,
         BLOCK_T: tl.constexpr,
-        BAND_STARTS: tl.constexpr,
-        BAND_SIZES: tl.constexpr,
-        BAND_BITS: tl.constexpr,
-        BAND_BYTE_OFFSETS: tl.constexpr,
-        BAND_LUT_OFFSETS: tl.constexpr,
-        BAND_MSE: tl.constexpr,
-        BAND_UNBIASED: tl.constexpr,
+        B0_START: tl.constexpr,
+        B0_SIZE: tl.constexpr,
+        B0_BITS: tl.constexpr,
+        B0_BYTE_OFFSET: tl.constexpr,
+        B0_LUT_OFFSET: tl.constexpr,
+        B0_MSE: tl.constexpr,
+        B0_UNBIASED: tl.constexpr,
+        B1_START: tl.constexpr,
+        B1_SIZE: tl.constexpr,
+        B1_BITS: tl.constexpr,
+        B1_BYTE_OFFSET: tl.constexpr,
+        B1_LUT_OFFSET: tl.constexpr,
+        B1_MSE: tl.constexpr,
+        B1_UNBIASED: tl.constexpr,
+        B2_START: tl.constexpr,
+        B2_SIZE: tl.constexpr,
+        B2_BITS: tl.constexpr,
+        B2_BYTE_OFFSET: tl.constexpr,
+        B2_LUT_OFFSET: tl.constexpr,
+        B2_MSE: tl.constexpr,
+        B2_UNBIASED: tl.constexpr,
+        B3_START: tl.constexpr,
+        B3_SIZE: tl.constexpr,
+        B3_BITS: tl.constexpr,
+        B3_BYTE_OFFSET: tl.constexpr,
+        B3_LUT_OFFSET: tl.constexpr,
+        B3_MSE: tl.constexpr,
+        B3_UNBIASED: tl.constexpr,
         N_BANDS: tl.constexpr,
         N_FRACTIONS: tl.constexpr,
         HAS_CS: tl.constexpr,
@@ -282,7 +375,7 @@ if HAS_TRITON:
         # W [D, D] row-major; c = y @ W^T (exact fp32 products, ieee accumulation)
         dd_ok = d_ok[:, None] & d_ok[None, :]
         if HAS_ROT:  # z = R y per kv head (R [Hkv, D, D] row-major): rt[j, i] = R[h, i, j]
-            rt = tl.load(rot_ptr + h * D * D + d[None, :] * D + d[:, None], mask=dd_ok, other=0.0)
+            rt = tl.load(rot_ptr + h * srh + d[None, :] * sri + d[:, None] * srj, mask=dd_ok, other=0.0)
             y = tl.dot(y, rt, input_precision="ieee")
         if W_IDENTITY:
             c = y
@@ -302,57 +395,98 @@ if HAS_TRITON:
         code_base = codes_ptr + b * scb + h * sch + p * sct
         scale_base = scales_ptr + b * ssb + h * ssh + p * sst
 
-        for bi in tl.static_range(N_BANDS):
-            start: tl.constexpr = BAND_STARTS[bi]
-            size: tl.constexpr = BAND_SIZES[bi]
-            bits: tl.constexpr = BAND_BITS[bi]
-            lut_off: tl.constexpr = BAND_LUT_OFFSETS[bi]
-            in_band = (d >= start) & (d < start + size)
-            absmax = tl.max(tl.where(in_band[None, :], tl.abs(c), 0.0), axis=1)
-            if BAND_MSE[bi]:
-                best_err = tl.full((BLOCK_T,), float("inf"), tl.float32)
-                best_scale = tl.zeros((BLOCK_T,), tl.float32)
-                best_code = tl.zeros((BLOCK_T, BLOCK_D), tl.int32)
-                for fi in tl.static_range(N_FRACTIONS):
-                    f = tl.load(frac_ptr + fi)
-                    s = tl.minimum(absmax * f, 65504.0).to(tl.float16).to(tl.float32)
-                    code = _quantize_band(_safe_div(c, s[:, None]), mids_ptr, lut_off, bits)
-                    deq = tl.load(grid_ptr + lut_off + code) * s[:, None]
-                    err = tl.sum(tl.where(in_band[None, :], (c - deq) * (c - deq), 0.0), axis=1)
-                    better = err < best_err
-                    best_err = tl.where(better, err, best_err)
-                    best_scale = tl.where(better, s, best_scale)
-                    best_code = tl.where(better[:, None], code, best_code)
-                scale = best_scale
-                code = best_code
-            else:
-                scale = tl.minimum(absmax, 65504.0).to(tl.float16).to(tl.float32)
-                code = _quantize_band(_safe_div(c, scale[:, None]), mids_ptr, lut_off, bits)
-            if BAND_UNBIASED[bi]:
-                # store |c|^2 / <grid[code], c>: no gain bias (codec.py: _unbiased_scale)
-                lv = tl.load(grid_ptr + lut_off + code)
-                energy = tl.sum(tl.where(in_band[None, :], c * c, 0.0), axis=1)
-                proj = tl.sum(tl.where(in_band[None, :], lv * c, 0.0), axis=1)
-                proj_ok = proj > 0.0
-                ratio = tl.math.div_rn(energy, tl.where(proj_ok, proj, 1.0))
-                scale = tl.where(proj_ok, tl.minimum(ratio, 65504.0).to(tl.float16).to(tl.float32), scale)
-            code = tl.where(in_band[None, :] & row_finite[:, None], code, 0)
-            # pack: columns j*per_byte .. j*per_byte + per_byte - 1 form byte j of the row (bands
-            # start at multiples of 4 columns, so groups never straddle two bands)
-            per_byte: tl.constexpr = 8 // bits
-            grouped = tl.reshape(code, (BLOCK_T, BLOCK_D // per_byte, per_byte))
-            shifts = tl.arange(0, per_byte) * bits
-            packed = tl.sum(grouped << shifts[None, None, :], axis=2)
-            g = tl.arange(0, BLOCK_D // per_byte)
-            g_ok = (g >= start // per_byte) & (g < (start + size) // per_byte)
-            byte = BAND_BYTE_OFFSETS[bi] + g - start // per_byte
-            tl.store(
-                code_base[:, None] + byte[None, :],
-                packed.to(tl.uint8),
-                mask=row_ok[:, None] & g_ok[None, :],
+        if N_BANDS > 0:
+            _encode_band(
+                c,
+                d,
+                row_ok,
+                row_finite,
+                code_base,
+                scale_base,
+                grid_ptr,
+                mids_ptr,
+                frac_ptr,
+                BLOCK_T,
+                BLOCK_D,
+                N_FRACTIONS,
+                0,
+                B0_START,
+                B0_SIZE,
+                B0_BITS,
+                B0_BYTE_OFFSET,
+                B0_LUT_OFFSET,
+                B0_MSE,
+                B0_UNBIASED,
             )
-            scale_out = tl.where(row_finite, scale, float("nan"))
-            tl.store(scale_base + bi, scale_out.to(tl.float16), mask=row_ok)
+        if N_BANDS > 1:
+            _encode_band(
+                c,
+                d,
+                row_ok,
+                row_finite,
+                code_base,
+                scale_base,
+                grid_ptr,
+                mids_ptr,
+                frac_ptr,
+                BLOCK_T,
+                BLOCK_D,
+                N_FRACTIONS,
+                1,
+                B1_START,
+                B1_SIZE,
+                B1_BITS,
+                B1_BYTE_OFFSET,
+                B1_LUT_OFFSET,
+                B1_MSE,
+                B1_UNBIASED,
+            )
+        if N_BANDS > 2:
+            _encode_band(
+                c,
+                d,
+                row_ok,
+                row_finite,
+                code_base,
+                scale_base,
+                grid_ptr,
+                mids_ptr,
+                frac_ptr,
+                BLOCK_T,
+                BLOCK_D,
+                N_FRACTIONS,
+                2,
+                B2_START,
+                B2_SIZE,
+                B2_BITS,
+                B2_BYTE_OFFSET,
+                B2_LUT_OFFSET,
+                B2_MSE,
+                B2_UNBIASED,
+            )
+        if N_BANDS > 3:
+            _encode_band(
+                c,
+                d,
+                row_ok,
+                row_finite,
+                code_base,
+                scale_base,
+                grid_ptr,
+                mids_ptr,
+                frac_ptr,
+                BLOCK_T,
+                BLOCK_D,
+                N_FRACTIONS,
+                3,
+                B3_START,
+                B3_SIZE,
+                B3_BITS,
+                B3_BYTE_OFFSET,
+                B3_LUT_OFFSET,
+                B3_MSE,
+                B3_UNBIASED,
+            )
 
         if WRITE_EXACT:
             ex_base = exact_ptr + b * seb + h * seh
@@ -375,6 +509,36 @@ if HAS_TRITON:
                     x_ex,
                     mask=ring_ok[:, None] & d_ok[None, :],
                 )
+
+
+MAX_KERNEL_BANDS = 4
+
+
+def _band_constants(codec, lut_offsets: list[int]) -> dict[str, int | bool]:
+    """Per-band constexprs B{i}_* for up to MAX_KERNEL_BANDS bands (Triton wants scalars here)."""
+    if codec.n_bands > MAX_KERNEL_BANDS:
+        raise ValueError(
+            f"the Triton compress kernel handles up to {MAX_KERNEL_BANDS} bands, this codec has "
+            f"{codec.n_bands}; "
+            "use the reference implementation (ops.set_backend('reference')) or fewer bands"
+        )
+    out: dict[str, int | bool] = {}
+    for i in range(MAX_KERNEL_BANDS):
+        used = i < codec.n_bands
+        band = codec.bands[i] if used else None
+        rule = codec.scale_rules[i] if used else "absmax"
+        out.update(
+            {
+                f"B{i}_START": band.start if used else 0,
+                f"B{i}_SIZE": band.size if used else 0,
+                f"B{i}_BITS": band.bits if used else 8,
+                f"B{i}_BYTE_OFFSET": codec.band_byte_offsets[i] if used else 0,
+                f"B{i}_LUT_OFFSET": lut_offsets[i] if used else 0,
+                f"B{i}_MSE": rule.startswith("mse"),
+                f"B{i}_UNBIASED": rule.endswith("-ub"),
+            }
+        )
+    return out
 
 
 def _next_pow2(n: int) -> int:
@@ -402,15 +566,20 @@ def _launch(
     if t == 0 or b * h == 0:
         return
     device = x.device
-    grids, mids = codec.band_tensors(device)
+    # device copies of W and the tables are cached per device: nothing is copied per launch, so the
+    # launch can be captured in a CUDA graph
+    w, grids, mids, fractions = codec.device_tables(device)
     scale, offset, rotation = channel_params(channel_scale, h, d)
-    w = codec.transform.to(device).contiguous()
-    rot = w if rotation is None else rotation.float().contiguous()
-    fractions = codec.scale_fractions.to(device)
-    # scale and offset travel as contiguous fp32 [Hkv, D] (same strides; unused -> W as a dummy)
-    scale2 = w if scale is None else scale.squeeze(1).float().contiguous()
-    offset2 = w if offset is None else offset.squeeze(1).float().contiguous()
-    cs_args = (scale2, d, 1)
+    # channel parameters are read in place through their strides (fp32 avoids a conversion copy)
+    if scale is not None and offset is not None and scale.stride() != offset.stride():
+        scale, offset = scale.contiguous(), offset.contiguous()
+    scale2 = w if scale is None else scale.float()
+    offset2 = w if offset is None else offset.float()
+    if scale is not None and offset is not None and scale2.stride() != offset2.stride():
+        scale2, offset2 = scale2.contiguous(), offset2.contiguous()
+    ref = scale2 if scale is not None else offset2
+    cs_args = (scale2, ref.stride(0), ref.stride(2)) if ref is not w else (scale2, 0, 0)
+    rot = w.unsqueeze(0) if rotation is None else rotation.float()
     lut_offsets, off = [], 0
     for band in codec.bands:
         lut_offsets.append(off)
@@ -446,6 +615,7 @@ def _launch(
         *x.stride(),
         cs_args[1],
         cs_args[2],
+        *rot.stride(),
         codes.stride(0),
         codes.stride(1),
         codes.stride(2),
@@ -459,13 +629,7 @@ def _launch(
         D=d,
         BLOCK_D=block_d,
         BLOCK_T=block_t,
-        BAND_STARTS=tuple(bd.start for bd in codec.bands),
-        BAND_SIZES=tuple(bd.size for bd in codec.bands),
-        BAND_BITS=tuple(bd.bits for bd in codec.bands),
-        BAND_BYTE_OFFSETS=tuple(codec.band_byte_offsets),
-        BAND_LUT_OFFSETS=tuple(lut_offsets),
-        BAND_MSE=tuple(rule.startswith("mse") for rule in codec.scale_rules),
-        BAND_UNBIASED=tuple(rule.endswith("-ub") for rule in codec.scale_rules),
+        **_band_constants(codec, lut_offsets),
         N_BANDS=codec.n_bands,
         N_FRACTIONS=int(fractions.numel()),
         HAS_CS=scale is not None,

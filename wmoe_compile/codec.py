@@ -437,6 +437,12 @@ class WaveletKVCodec:
     def bits_per_element(self) -> float:
         return 8.0 * self.bytes_per_vector / self.head_dim
 
+    def device_tables(
+        self, device: torch.device | str
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(W, grids, midpoints, scale fractions) on `device`, cached: what the kernels read."""
+        return _device_tables(self.spec, self.head_dim, str(torch.device(device)))
+
     def band_tensors(self, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
         """All grids and midpoints concatenated (fp32) for kernels: band b's LUT starts at the
         sum of 2**bits of the bands before it; its 2**bits - 1 midpoints (then +inf) at the same offset."""
@@ -594,6 +600,18 @@ def _band_tensors(spec: str, head_dim: int, device: str) -> tuple[torch.Tensor, 
     codec = get_codec(spec, head_dim)
     with unset_fake_temporarily():
         return _concat_tables(codec, device)
+
+
+@lru_cache(maxsize=64)
+def _device_tables(
+    spec: str, head_dim: int, device: str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    codec = get_codec(spec, head_dim)
+    grids, mids = _band_tensors(spec, head_dim, device)
+    with unset_fake_temporarily():
+        w = codec.transform.to(device).contiguous()
+        fractions = codec.scale_fractions.to(device)
+    return w, grids, mids, fractions
 
 
 def _concat_tables(codec: WaveletKVCodec, device: str) -> tuple[torch.Tensor, torch.Tensor]:
