@@ -332,6 +332,12 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(args.out, exist_ok=True)
     import wmoe_compile.ops  # noqa: F401  (registers the wmoe ops)
 
+    if "wmoe" not in torch._dynamo.list_backends(exclude_tags=()):
+        # Not pip-installed (no entry point): register the backend by hand.
+        from wmoe_compile.lowering.compile_backend import wmoe_backend
+
+        torch._dynamo.register_backend(wmoe_backend, name="wmoe")
+
     env = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "gpu": torch.cuda.get_device_name(),
