@@ -114,6 +114,7 @@ def token_agreement(
     device: str | None = None,
     dtype: torch.dtype | None = None,
     check_bypass: bool = True,
+    progress: Any = None,
 ) -> AgreementReport:
     """Compare greedy decoding of the compiled, compressed model with the eager uncompressed one.
 
@@ -121,11 +122,17 @@ def token_agreement(
                (then pass `tokenizer`, or prompts are random ids)
     options    torch.compile(backend="wmoe") options for the compressed run (default: compression
                on with the default codec)
+    progress   optional callable(str) told when each stage starts
     """
     from ..pipeline import HFStaticCacheLM
     from .compile_backend import compile_reports, split_options
 
     start = time.perf_counter()
+
+    def stage(text: str) -> None:
+        if progress is not None:
+            progress(f"[{time.perf_counter() - start:7.1f} s] {text}")
+
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if model is None or isinstance(model, str):
         from ..eval.harness import load_model
@@ -143,17 +150,21 @@ def token_agreement(
     capacity = prompt_tokens + new_tokens
     options = dict(options or {})
 
+    stage(f"eager reference: {new_tokens} greedy tokens")
     eager = HFStaticCacheLM(lm, 1, capacity)
     reference = _greedy(eager, prompt, new_tokens)
 
     torch._dynamo.reset()
+    stage("compiled, compressed: compile and generate")
     compressed = _compiled(lm, capacity, options)
     generated = _greedy(compressed, prompt, new_tokens)
     report = compile_reports()[-1]
+    stage("compiled, compressed: teacher-forced")
     forced = _teacher_forced(compressed, prompt, reference)
 
     bypass_identical = None
     if check_bypass:
+        stage("compiled, codec bypassed: compile and generate")
         torch._dynamo.reset()
         exact = _compiled(lm, capacity, {**options, "bypass_codec": True})
         bypass_identical = bool(torch.equal(_greedy(exact, prompt, new_tokens), reference))
@@ -205,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         device=args.device,
         dtype=getattr(torch, args.dtype) if args.dtype else None,
         check_bypass=not args.no_bypass_check,
+        progress=lambda text: print(text, file=sys.stderr, flush=True),
     )
     print(report.table())
     return 0
