@@ -59,15 +59,18 @@ ROTATE_BYTES = 160e6  # > 3x the 50 MB L2
 CANDIDATES = {
     "uniform": [
         dict(kernel="v2", block_n=64, num_stages=2),
-        dict(kernel="v2", block_n=64, num_stages=3),
+        dict(kernel="v2", block_n=64, num_stages=2, maxnreg=168),
+        dict(kernel="v2", block_n=64, num_stages=2, maxnreg=128),
+        dict(kernel="v2", block_n=64, num_stages=3, maxnreg=168),
         dict(kernel="v2", block_n=128, num_stages=2),
-        dict(kernel="v2", block_n=64, num_stages=2, subnormal=False),
-        dict(kernel="v2", block_n=64, num_stages=2, lazy_rescale=False),
+        dict(kernel="v2", block_n=64, num_stages=2, subnormal=False, maxnreg=168),
         dict(kernel="v1", block_n=64, num_stages=2),  # the previous kernel, for the record
+        dict(kernel="v1", block_n=64, num_stages=2, maxnreg=168),
     ],
     "default": [
-        dict(kernel="v1", block_n=64, num_stages=2),
         dict(kernel="v1", block_n=32, num_stages=3),
+        dict(kernel="v1", block_n=32, num_stages=3, maxnreg=168),
+        dict(kernel="v1", block_n=64, num_stages=2, maxnreg=168),
     ],
 }
 RUNTIME_DEFAULT = dict(ctas_per_sm=16.0, min_split_tokens=256)

@@ -249,36 +249,50 @@ def channel_scale_2d(
 @dataclass(frozen=True)
 class ChannelParams:
     """The per-(layer, kv head) channel parameters of one cache (docs/CONTRACTS.md):
-    coefficients c = W R ((x - m) / s). scale [Hkv, D] fp32; offset [Hkv, D] fp32 or None;
-    rotation [Hkv, D, D] fp32 or None."""
+    coefficients c = W R ((x - m) / s). scale [Hkv, D]; offset [Hkv, D] or None;
+    rotation [Hkv, D, D] or None (fp32 copies, or views when copy=False)."""
 
     scale: torch.Tensor
     offset: torch.Tensor | None
     rotation: torch.Tensor | None
 
 
+_ONES: dict[tuple, torch.Tensor] = {}
+
+
+def _ones(hkv: int, d: int, device: torch.device) -> torch.Tensor:
+    """A cached [Hkv, D] fp32 ones (no scale): no fill kernel per call."""
+    key = (hkv, d, str(device))
+    if key not in _ONES:
+        _ONES[key] = torch.ones(hkv, d, dtype=torch.float32, device=device)
+    return _ONES[key]
+
+
+def _on(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """t on `device` with its last dimension contiguous (the kernels' row reads)."""
+    t = t.to(device)
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
 def attention_channel_params(
-    channel_scale: torch.Tensor, hkv: int, d: int, name: str = "channel_scale"
+    channel_scale: torch.Tensor, hkv: int, d: int, name: str = "channel_scale", copy: bool = True
 ) -> ChannelParams:
     """Any accepted `channel_scale` form (empty; [D], [1, D], [Hkv, D]: scale; [2, Hkv, D] or
-    [2, 1, D]: scale and offset; [Hkv, D + 2, D]: rotation, scale, offset) -> ChannelParams."""
+    [2, 1, D]: scale and offset; [Hkv, D + 2, D]: rotation, scale, offset) -> ChannelParams.
+    copy=False returns views of `channel_scale` in its dtype (possibly broadcast along Hkv)."""
     if channel_scale.numel() and not channel_scale.is_floating_point():
         raise ValueError(f"{name} must be a float tensor, got {channel_scale.dtype}")
     try:
         scale, offset, rotation = _codec_channel_params(channel_scale, hkv, d)
     except ValueError as exc:
         raise ValueError(f"{name}: {exc}") from None
-    device = channel_scale.device
-    scale_2d = (
-        torch.ones(hkv, d, dtype=torch.float32, device=device)
-        if scale is None
-        else scale.reshape(hkv, d).to(torch.float32).contiguous()
-    )
-    return ChannelParams(
-        scale=scale_2d,
-        offset=None if offset is None else offset.reshape(hkv, d).to(torch.float32).contiguous(),
-        rotation=None if rotation is None else rotation.to(torch.float32).contiguous(),
-    )
+    scale = _ones(hkv, d, channel_scale.device) if scale is None else scale[:, 0]
+    offset = None if offset is None else offset[:, 0]
+    if copy:
+        scale = scale.to(torch.float32).contiguous()
+        offset = None if offset is None else offset.to(torch.float32).contiguous()
+        rotation = None if rotation is None else rotation.to(torch.float32).contiguous()
+    return ChannelParams(scale=scale, offset=offset, rotation=rotation)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -811,7 +825,8 @@ class LaunchConfig:
     kernel: str = "v2"  # "v2": int16 field planes (affine layouts; else v1 runs), "v1": byte planes
     subnormal: bool = True  # v2: fields as fp16 subnormals (no offset); False: 1024-offset magic
     lazy_rescale: bool = True  # v2: rescale accumulators only when a running max grows
-    row_reduce_max_programs: float = 2.0  # v2: per-row reduce while rows <= this x SMs
+    row_reduce_max_programs: float = 1.0  # per-row reduce while query rows <= this x SMs
+    maxnreg: int | None = None  # split kernel register cap: 168 -> 12 one-warp programs per SM
 
 
 # (head_dim, block_m, kernel) -> config, from the tuning sweep of benchmarks/bench_attention.py on
@@ -914,7 +929,9 @@ if HAS_TRITON:
         q_stride_h,
         q_stride_t,
         k_channel_scale_ptr,
+        k_scale_stride_h,
         k_rotation_ptr,
+        k_rotation_stride_h,
         transform_ptr,
         col_step_ptr,
         col_shift_ptr,
@@ -947,13 +964,14 @@ if HAS_TRITON:
         d = tl.arange(0, D)
         q_rows = q_ptr + batch * q_stride_b + head * q_stride_h + token * q_stride_t
         q = tl.load(q_rows[:, None] + d[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
-        q = q * tl.load(k_channel_scale_ptr + kv_head * D + d)[None, :]
+        q = q * tl.load(k_channel_scale_ptr + kv_head * k_scale_stride_h + d).to(tl.float32)[None, :]
         RC: tl.constexpr = 32  # the rotated query in 32-channel pieces (bounded registers)
         pieces = ()
         if ROTATE:  # z = R y as rows: y @ R^T
             for c in tl.static_range(D // RC):
                 rc = c * RC + tl.arange(0, RC)
-                r = tl.load(k_rotation_ptr + kv_head * D * D + rc[:, None] * D + d[None, :])  # [RC, D]
+                r = tl.load(k_rotation_ptr + kv_head * k_rotation_stride_h + rc[:, None] * D + d[None, :])
+                r = r.to(tl.float32)  # [RC, D]
                 pieces = pieces + (tl.dot(q, tl.trans(r), input_precision="tf32x3"),)
         c0 = tl.zeros([BLOCK_M], tl.float32)
         c1 = tl.zeros([BLOCK_M], tl.float32)
@@ -2115,7 +2133,9 @@ if HAS_TRITON:
                 offs_n = start + tl.arange(0, BLOCK_N)
                 n_ok = offs_n < hi
                 kc_rows = kc_base + offs_n * CODE_STRIDE
-                ks_rows = ks_base + offs_n * SCALE_STRIDE
+                # the scales as whole rows (4-byte cp.async for two bands; 2-byte loads per band
+                # would not pipeline and stall every step on global-memory latency)
+                ks0, ks1, ks2, ks3 = _load_scales(ks_base + offs_n * SCALE_STRIDE, n_ok, N_SCALES, BLOCK_N)
                 s = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
                 for c in tl.static_range(len(CHUNKS)):
                     dots = _chunk_scores(
@@ -2130,7 +2150,7 @@ if HAS_TRITON:
                         K_MODE,
                         USE_ASM,
                     )
-                    scale = tl.load(ks_rows + CHUNKS[c][3], mask=n_ok, other=0.0).to(tl.float32) * K_MUL
+                    scale = _pick(ks0, ks1, ks2, ks3, CHUNKS[c][3]) * K_MUL
                     s += (dots + qcs[c][None, :]) * scale[:, None]
                 s = tl.where(offs_n[:, None] < row_hi[None, :], s, float("-inf"))
                 m_new = tl.maximum(m_i, tl.max(s, axis=0))
@@ -2149,11 +2169,11 @@ if HAS_TRITON:
                 p = tl.exp2(s - m_i[None, :]).to(tl.float16)
                 l_acc = tl.dot(ones, p, l_acc)
                 vc_rows = vc_base + offs_n * CODE_STRIDE
-                vs_rows = vs_base + offs_n * SCALE_STRIDE
+                vs0, vs1, vs2, vs3 = _load_scales(vs_base + offs_n * SCALE_STRIDE, n_ok, N_SCALES, BLOCK_N)
                 new_accs = ()
                 new_psums = ()
                 for c in tl.static_range(len(CHUNKS)):
-                    ps = p * tl.load(vs_rows + CHUNKS[c][3], mask=n_ok, other=0.0)[:, None]
+                    ps = p * _pick(vs0, vs1, vs2, vs3, CHUNKS[c][3]).to(tl.float16)[:, None]
                     new_accs = new_accs + (
                         _chunk_values(
                             vc_rows,
@@ -2197,7 +2217,9 @@ if HAS_TRITON:
         acc_ptr,
         exact,
         v_channel_scale_ptr,
+        v_scale_stride_h,
         v_offset_ptr,
+        v_offset_stride_h,
         kv_head,
         alpha,
         beta,
@@ -2211,7 +2233,9 @@ if HAS_TRITON:
         """Columns `cols` of the output: compressed part (channel domain, before s) merged with the
         exact part under one softmax, plus the value offset."""
         local = tl.arange(0, BLOCK_M)
-        values = values * tl.load(v_channel_scale_ptr + kv_head * D + cols)[None, :]
+        values = (
+            values * tl.load(v_channel_scale_ptr + kv_head * v_scale_stride_h + cols).to(tl.float32)[None, :]
+        )
         acc_e = tl.load(
             acc_ptr + exact * BLOCK_M * D + local[:, None] * D + cols[None, :],
             mask=row_ok[:, None],
@@ -2219,7 +2243,7 @@ if HAS_TRITON:
         )
         o = (values * alpha[:, None] + acc_e * beta[:, None]) / denom[:, None]
         if OFFSET:
-            o = o + tl.load(v_offset_ptr + kv_head * D + cols)[None, :]
+            o = o + tl.load(v_offset_ptr + kv_head * v_offset_stride_h + cols).to(tl.float32)[None, :]
         tl.store(out_rows[:, None] + cols[None, :], o.to(out_rows.dtype.element_ty), mask=row_ok[:, None])
 
     @triton.jit
@@ -2229,8 +2253,11 @@ if HAS_TRITON:
         acc_ptr,
         transform_ptr,
         v_channel_scale_ptr,
+        v_scale_stride_h,
         v_offset_ptr,
+        v_offset_stride_h,
         v_rotation_ptr,
+        v_rotation_stride_h,
         out_ptr,
         out_stride_b,
         out_stride_h,
@@ -2292,7 +2319,8 @@ if HAS_TRITON:
                 cols = chunk * D_CHUNK + tl.arange(0, D_CHUNK)
                 w = tl.load(transform_ptr + d[:, None] * D + cols[None, :])
                 y = tl.dot(acc, w, input_precision="tf32x3")
-                r = tl.load(v_rotation_ptr + kv_head * D * D + cols[:, None] * D + d[None, :])
+                r = tl.load(v_rotation_ptr + kv_head * v_rotation_stride_h + cols[:, None] * D + d[None, :])
+                r = r.to(tl.float32)
                 rotated = tl.dot(y, r, rotated, input_precision="tf32x3")
             _reduce_store(
                 rotated,
@@ -2300,7 +2328,9 @@ if HAS_TRITON:
                 acc_ptr,
                 exact,
                 v_channel_scale_ptr,
+                v_scale_stride_h,
                 v_offset_ptr,
+                v_offset_stride_h,
                 kv_head,
                 alpha,
                 beta,
@@ -2322,7 +2352,9 @@ if HAS_TRITON:
                     acc_ptr,
                     exact,
                     v_channel_scale_ptr,
+                    v_scale_stride_h,
                     v_offset_ptr,
+                    v_offset_stride_h,
                     kv_head,
                     alpha,
                     beta,
@@ -2344,8 +2376,11 @@ if HAS_TRITON:
         acc_ptr,
         transform_ptr,
         v_channel_scale_ptr,
+        v_scale_stride_h,
         v_offset_ptr,
+        v_offset_stride_h,
         v_rotation_ptr,
+        v_rotation_stride_h,
         out_ptr,
         out_stride_b,
         out_stride_h,
@@ -2401,12 +2436,13 @@ if HAS_TRITON:
             w_t = tl.load(transform_ptr + c[:, None] * D + d[None, :])  # [coefficient, channel]
             values = tl.sum(acc[:, None] * w_t, axis=0)
             if ROTATE:  # x = y @ R
-                r = tl.load(v_rotation_ptr + kv_head * D * D + c[:, None] * D + d[None, :])
+                r = tl.load(v_rotation_ptr + kv_head * v_rotation_stride_h + c[:, None] * D + d[None, :])
+                r = r.to(tl.float32)
                 values = tl.sum(tl.reshape(values, [D, 1]) * r, axis=0)
-            values = values * tl.load(v_channel_scale_ptr + kv_head * D + d)
+            values = values * tl.load(v_channel_scale_ptr + kv_head * v_scale_stride_h + d).to(tl.float32)
             o = (values * alpha + tl.load(acc_ptr + exact * D + d) * beta) / denom
             if OFFSET:
-                o = o + tl.load(v_offset_ptr + kv_head * D + d)
+                o = o + tl.load(v_offset_ptr + kv_head * v_offset_stride_h + d).to(tl.float32)
             head = kv_head * group + row // n_new
             token = row % n_new
             out_row = out_ptr + batch * out_stride_b + head * out_stride_h + token * out_stride_t
@@ -2516,19 +2552,23 @@ def wavelet_attention_triton(
     acc_part = torch.empty(programs, num_splits + 1, block_m, d, device=device, dtype=torch.float32)
     out = torch.empty(q.shape, device=device, dtype=q.dtype)
     qk_scale = float(sm_scale) * LOG2E
-    k_params = attention_channel_params(k_channel_scale, hkv, d, "k_channel_scale")
-    v_params = attention_channel_params(v_channel_scale, hkv, d, "v_channel_scale")
-    k_cs, v_cs = k_params.scale.to(device), v_params.scale.to(device)
-    k_rotation = None if k_params.rotation is None else k_params.rotation.to(device)
-    v_rotation = None if v_params.rotation is None else v_params.rotation.to(device)
-    v_offset = None if v_params.offset is None else v_params.offset.to(device)
+    # views into the caller's channel tensors (no per-call copies): kernels read them with a
+    # per-kv-head stride and rows contiguous in D
+    k_params = attention_channel_params(k_channel_scale, hkv, d, "k_channel_scale", copy=False)
+    v_params = attention_channel_params(v_channel_scale, hkv, d, "v_channel_scale", copy=False)
+    k_cs, v_cs = _on(k_params.scale, device), _on(v_params.scale, device)
+    k_rotation = None if k_params.rotation is None else _on(k_params.rotation, device)
+    v_rotation = None if v_params.rotation is None else _on(v_params.rotation, device)
+    v_offset = None if v_params.offset is None else _on(v_params.offset, device)
     _prologue_kernel[(programs,)](
         q,
         q.stride(0),
         q.stride(1),
         q.stride(2),
         k_cs,
+        k_cs.stride(0),
         k_cs if k_rotation is None else k_rotation,  # unread without ROTATE
+        0 if k_rotation is None else k_rotation.stride(0),
         slot_rows,
         slot_factor,
         slot_shift,
@@ -2547,6 +2587,8 @@ def wavelet_attention_triton(
         ROTATE=k_rotation is not None,
         num_warps=4,
     )
+    # ptxas register cap for the split kernel (more resident programs per SM; GPU compile only)
+    split_options = {} if config.maxnreg is None or interpreting else {"maxnreg": config.maxnreg}
     common_exact = (
         k_exact,
         *k_exact.stride()[:3],
@@ -2604,6 +2646,7 @@ def wavelet_attention_triton(
             EXACT_SPLIT=k_exact.dtype in (torch.float16, torch.bfloat16) and not interpreting,
             num_warps=config.num_warps,
             num_stages=config.num_stages,
+            **split_options,
         )
     else:
         _split_kernel[(num_splits + 1, programs)](
@@ -2650,6 +2693,7 @@ def wavelet_attention_triton(
             USE_ASM=config.use_asm and not interpreting,
             num_warps=config.num_warps,
             num_stages=config.num_stages,
+            **split_options,
             **plan.constexprs,
         )
     reduce_args = (
@@ -2658,8 +2702,11 @@ def wavelet_attention_triton(
         acc_part,
         inverse,
         v_cs,
+        v_cs.stride(0),
         v_cs if v_offset is None else v_offset,  # unread without OFFSET
+        0 if v_offset is None else v_offset.stride(0),
         v_cs if v_rotation is None else v_rotation,  # unread without ROTATE
+        0 if v_rotation is None else v_rotation.stride(0),
         out,
         out.stride(0),
         out.stride(1),
@@ -2671,7 +2718,7 @@ def wavelet_attention_triton(
         num_splits,
     )
     channel_flags = dict(ROTATE=v_rotation is not None, OFFSET=v_offset is not None)
-    if use_v2 and programs * block_m <= config.row_reduce_max_programs * _sm_count(device):
+    if programs * block_m <= config.row_reduce_max_programs * _sm_count(device):
         # few (sequence, kv head) pairs and many splits: one program per query row
         _reduce_rows_kernel[(programs * block_m,)](
             *reduce_args, D=d, BLOCK_M=block_m, SPLIT_CHUNK=16, num_warps=4, **channel_flags
