@@ -1,46 +1,57 @@
-"""Decode attention over the wavelet-compressed KV cache: PyTorch reference and fused Triton kernel.
+"""Decode attention over the wavelet-compressed KV cache: PyTorch reference and fused Triton kernels.
 
 The compressed format (docs/CONTRACTS.md): a key or value vector x of head_dim D is stored as
-coefficients ``c = W @ (x / s)`` (W a D x D orthonormal wavelet matrix, s a per-channel smoothing
-vector) cut into contiguous bands; band b keeps ``bits_b``-bit codes and one fp16 scale per vector,
-``c_j ~= grid_b[code_j] * scale_b``. Beside the codes an ``exact`` cache holds full-precision copies
-of the first ``sinks`` positions and, in a ring, the last ``window`` positions.
+coefficients ``c = W R ((x - m) / s)`` (W a D x D orthonormal wavelet matrix; channel parameters:
+offset m, smoothing s, per-kv-head rotation R, each optional) cut into contiguous bands; band b
+keeps ``bits_b``-bit codes and one fp16 scale per vector, ``c_j ~= grid_b[code_j] * scale_b``.
+Beside the codes an ``exact`` cache holds full-precision centred copies (x - m) of the first
+``sinks`` positions and, in a ring, the last ``window`` positions.
 
-Why attention can run on coefficients (W orthonormal):
-    q . k          = (W (q * s_k)) . c_k            -> transform the query once, not every key
-    sum_i p_i v_i  = (W^T sum_i p_i c_v,i) * s_v    -> accumulate coefficients, inverse once
+Why attention can run on coefficients (W R orthonormal):
+    q . (k - m_k)  = (W R (q * s_k)) . c_k          -> transform the query once, not every key
+    sum_i p_i v_i  = (R^T W^T sum_i p_i c_v,i) * s_v + m_v  -> accumulate coefficients, inverse once
+(the key offset shifts every score of a query equally: softmax drops it; the weights sum to 1).
 
 The Triton path (``wavelet_attention_triton``) is three launches:
   1. prologue: per (sequence, kv head, row block) transform the q rows of the GQA group
-     (``q_w = W (q * s_k) * sm_scale * log2(e)``), stored in fp16 in the kernel's coefficient order;
+     (``q_w = W R (q * s_k) * sm_scale * log2(e)``), stored in fp16 in the kernel's slot order;
   2. split kernel (flash-decoding): the compressed positions of each sequence are cut into
-     ``num_splits`` ranges, one program per (range, sequence, kv head, row block). A program reads
-     each compressed token's code bytes once for *all* q heads of the group, dequantizes them in
-     registers and keeps an online softmax and a coefficient-domain accumulator. Tokens are the
-     MMAs' M dimension and the few query rows their N (padded only to 8): scores^T = K_plane @ q^T,
-     acc^T += V_plane^T @ p^T. One more program per (sequence, kv head, row block) handles the
-     exact sink/window tokens in the original domain with its own softmax state;
-  3. reduce: merges the compressed ranges, applies ``W^T`` and ``s_v`` once, merges the exact part
-     under the same softmax, writes the output in q's dtype.
+     ``num_splits`` ranges, one program (one warp) per (range, sequence, kv head, row block). A
+     program reads each compressed token's code bytes once for *all* q heads of the group,
+     dequantizes them in registers and keeps an online softmax and a coefficient-domain
+     accumulator. Tokens are the key MMAs' M dimension and the few query rows their N (padded to
+     8): scores^T = K_field @ q^T; values put slots on M: acc^T += V_field^T @ p^T. One more program
+     per (sequence, kv head, row block) handles the exact sink/window tokens in the channel domain;
+  3. reduce: merges the compressed ranges, applies W, R, s and m once, merges the exact part under
+     the same softmax, writes the output in q's dtype (one program per query row when there are
+     few of them, else one per row block).
 
-Kernel coefficient order. Codes are loaded as whole byte rows ``[BLOCK_N, n_bytes]`` (wide loads,
-cp.async-pipelined); each bit plane (the field at bit ``j * bits`` of every byte of a band) is one
-MMA operand, masked in place. Plane j of byte k is kernel slot ``j * n_bytes + k`` (coefficient
-``k * codes_per_byte + j`` of the band); that permutation is folded into the rows of W on the host,
-so nothing is shuffled in the kernel, and Triton converts the raw bytes (not fp16 values) into the
-MMA operand layout.
+Two split kernels decode the codes:
 
-Dequantization. A band whose grid is affine in the code (``grid[v] = a + b * v``, e.g. the codec's
-``uniform`` grid) never looks anything up: the field, kept in place (``code << (bits * j)``), is
-ORed into the fp16 pattern of 1024 (one PRMT + one LOP3 per fp16 pair with ``use_asm``), giving
-``1024 + field`` exactly. ``b / 2**(bits*j)`` folds into the query (keys) or into the final
-accumulator (values); ``a`` and the 1024 come back as one per-row correction. Values are centred
-to exact small integers before their MMA (see ``_plane``: the fp32 tensor-core accumulation over
-thousands of tokens would otherwise lose precision against the 1024). Other grids gather from a
-2**bits-entry fp16 table (correct, slower).
+v1 (``_split_kernel``, every layout): code bytes as MMA operands per bit plane; affine grids via the
+fp16 magic number (``0x6400 | field`` is ``1024 + field``; one PRMT + LOP3 per pair), value planes
+centred to small exact integers before their MMA (the tensor cores' fp32 accumulation over
+thousands of tokens would lose the field against the 1024); other grids gather from a
+2**bits-entry fp16 table per element (correct, ~4x slower).
+
+v2 (``_split_kernel_v2``, affine grids only): code rows read as int16 elements, one MMA operand
+per bit field of the element, ``(x >> 8?) & mask`` in place (one LOP3 per pair, the shift shared by
+the fields); keys of narrow chunks (< 16 elements) as byte fields instead, so their MMAs need no
+padding; values transposed through ldmatrix.trans on the int16 view (token pairs in one register,
+no byte gathers). Token sums (softmax denominator, sum of p * scale) come out of the tensor cores
+(ones @ p); accumulators are rescaled only when a running max grows. Field operands are either
+magic (default: values centred as in v1) or fp16 subnormals (``field * 2**-24``, no offset and no
+subtract, but the value sums then keep the grid offset and cancel against it at the end: measured
+1.0e-2 error on one 32k-token split of random codes). On the H200 v2 issues ~25% fewer
+instructions per token than v1 yet runs within ~3% of it: the loop is not issue-bound
+(benchmarks/RESULTS.md); the tuned table keeps the measured winner.
+
+Kernel slot order: each kernel visits coefficients in the order its operands are built (fields of
+bytes or int16 elements); that permutation (and each field's power of two) is folded into the
+rows of W and per-slot factors on the host, so nothing is shuffled in the kernel.
 
 Long prefill chunks appended to a compressed history use the same kernels with several row blocks
-(64 query rows each, causal per row); the full-precision cache is never materialised.
+(causal per row); the full-precision cache is never materialised.
 """
 
 from __future__ import annotations
@@ -823,27 +834,38 @@ class LaunchConfig:
     min_split_tokens: int = 512  # ... but give each split at least this many compressed tokens
     exact_block: int = 32  # exact sink/window tokens per step (64 spills v2's registers)
     kernel: str = "v2"  # "v2": int16 field planes (affine layouts; else v1 runs), "v1": byte planes
-    subnormal: bool = True  # v2: fields as fp16 subnormals (no offset); False: 1024-offset magic
+    # v2 operand encoding. False: 1024-offset "magic" fields, values centred to small exact integers
+    # (one packed subtract per pair). True: fields as fp16 subnormals (no offset, no subtract; ~4%
+    # faster measured), but the value sums then carry the grid offset and cancel against it at the
+    # end: with diffuse attention over one 32k-token split the error reached 1.0e-2 on the H200.
+    subnormal: bool = False
     lazy_rescale: bool = True  # v2: rescale accumulators only when a running max grows
     row_reduce_max_programs: float = 1.0  # per-row reduce while query rows <= this x SMs
     maxnreg: int | None = None  # split kernel register cap: 168 -> 12 one-warp programs per SM
 
 
-# (head_dim, block_m, kernel) -> config, from the tuning sweep of benchmarks/bench_attention.py on
-# an H200 (see benchmarks/RESULTS.md). kernel is "v2" for layouts v2 runs (affine grids), "v1"
-# otherwise (table grids such as the codec's Lloyd default). block_m is the number of query rows
-# (q heads of a group x new tokens) per program. Other shapes use default_config().
+# (head_dim, block_m, grids) -> config, from the sweep of benchmarks/bench_attention.py --sweep on an
+# H200 (2026-11-30 12:05 UTC, torch 2.11, triton 3.6; benchmarks/RESULTS.md has the numbers).
+# grids: "affine" when every band's grid is code * step + offset (v2 can run), else "table" (e.g.
+# the codec's Lloyd default). block_m: query rows (q heads of a group x new tokens) per program.
+# Measured: on affine grids v1 and v2 tie within ~3% at equal settings (v2 issues ~25% fewer
+# instructions; the loop is not issue-bound), v1 with a 168-register cap (12 programs per SM) and
+# ~32 programs per SM was best; on Lloyd grids (table lookups) 32-token steps and 3 stages.
 TUNED_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
-    # 2026-11-30 sweep of the previous helper (v1 only): one warp, 64-token steps, 2 stages
-    (128, 4, "v1"): LaunchConfig(block_n=64, num_warps=1, num_stages=2, ctas_per_sm=16.0, kernel="v1"),
+    (128, 4, "affine"): LaunchConfig(
+        block_n=64, num_stages=2, ctas_per_sm=32.0, min_split_tokens=512, kernel="v1", maxnreg=168
+    ),
+    (128, 4, "table"): LaunchConfig(
+        block_n=32, num_stages=3, ctas_per_sm=32.0, min_split_tokens=512, kernel="v1"
+    ),
 }
 
 
 def tuned_config(layout: CompressedLayout, head_dim: int, block_m: int) -> LaunchConfig:
-    """The tuned launch config for this layout's kernel (v2 when it can run the layout), else the
-    untuned default."""
-    kernel = "v2" if _v2_layout_reason(layout) is None else "v1"
-    return TUNED_CONFIGS.get((head_dim, block_m, kernel)) or default_config(head_dim, block_m)
+    """The tuned launch config for this layout's grids (affine: v2 could run it), else the untuned
+    default."""
+    grids = "affine" if _v2_layout_reason(layout) is None else "table"
+    return TUNED_CONFIGS.get((head_dim, block_m, grids)) or default_config(head_dim, block_m)
 
 
 def default_config(head_dim: int, block_m: int) -> LaunchConfig:
