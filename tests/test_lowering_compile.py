@@ -91,15 +91,15 @@ def test_bad_option_fails_at_compile_time():
 def test_reference_generate_bypass_identical_and_no_recompiles():
     # Compression bypassed (the ops run, the codec is exact): the compiled model must generate the
     # same greedy tokens as the eager model, compile once for prefill and once for decode, and
-    # release the dense caches it no longer reads.
+    # release the dense caches it no longer reads. (The MoE rewrite is left off here: under the
+    # Triton interpreter every decode step would run it slowly; the compressed test covers it.)
     model = build_model("tiny", seed=int(torch.randint(0, 1000, ())))
     prompt = torch.randint(0, model.cfg.vocab_size, (2, 7))
-    new_tokens = 12
+    new_tokens = 10
     expected = model.generate(prompt, new_tokens)
     dense_k = model.layers[0].attn.k_cache
-    compiled = torch.compile(
-        model, backend="wmoe", options={"bypass_codec": True, "release_dense_cache": True}
-    )
+    options = {"bypass_codec": True, "release_dense_cache": True, "replace_moe": False}
+    compiled = torch.compile(model, backend="wmoe", options=options)
     before = _graphs_compiled()
     got = model.generate(prompt, new_tokens, step_fn=lambda tokens, positions: compiled(tokens, positions))
     assert _graphs_compiled() - before == 2, "expected one prefill graph and one decode graph"
