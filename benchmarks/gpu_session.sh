@@ -18,4 +18,4 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 timeout "${TESTS_S:-60}" $PY -m pytest -q -m gpu tests/test_model.py tests/test_lowering_gpu.py 2>&1 | tail -4
 timeout "${BENCH_S:-300}" $PY benchmarks/bench_decode.py --out "$OUT" --shapes "${SHAPES:-8x131072,32x32768}" --codec "${CODEC:-default}" 2>&1 | tee "$OUT/bench_decode.log" | grep -v Warning
-if [ -n "${DEMO_S:-}" ]; then timeout "$DEMO_S" $PY -m wmoe_compile.cli demo --dump-dir "$OUT/dumps" --codec "${CODEC:-default}" 2>&1 | tail -12; fi
+if [ -n "${DEMO_S:-}" ]; then timeout "$DEMO_S" $PY -m wmoe_compile.cli demo --dump-dir /tmp/wmoe_dumps --codec "${CODEC:-default}" 2>&1 | tail -12; fi
