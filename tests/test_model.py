@@ -87,6 +87,14 @@ def test_generates_on_cuda(dtype):
     prompt = torch.randint(0, model.cfg.vocab_size, (2, 5), device="cuda")
     out = model.generate(prompt, 8)
     assert out.shape == (2, 8) and out.device.type == "cuda"
-    cpu = build_model("tiny").generate(prompt.cpu(), 8)
-    if dtype == torch.float32:
-        assert torch.equal(out.cpu(), cpu)
+    # Same weights on the CPU in fp32: teacher-forced logits over the GPU's tokens agree. (Greedy
+    # tokens themselves may differ: random weights give near-tied logits, and CUDA kernels round
+    # differently; seen on the H200 for fp32.)
+    seq = torch.cat([prompt, out], dim=1)
+    cpu = build_model("tiny")
+    for m in (model, cpu):
+        m.setup_cache(2, seq.shape[1])
+    gpu_logits = model(seq, torch.arange(seq.shape[1], device="cuda")).float().cpu()
+    cpu_logits = cpu(seq.cpu(), torch.arange(seq.shape[1]))
+    rel = (gpu_logits - cpu_logits).norm() / cpu_logits.norm()
+    assert rel < (1e-3 if dtype == torch.float32 else 0.2), rel
