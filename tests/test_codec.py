@@ -7,12 +7,14 @@ from fractions import Fraction
 
 import pytest
 import torch
+from wmoe_compile.kernels.kv_codec import channel_params
 from wmoe_compile.kernels.wavelet_transform import band_sizes, max_levels, wavelet_matrix
 
 from wmoe_compile import WaveletKVCodec, WaveletKVConfig
 from wmoe_compile.codec import (
     PRESETS,
     BandConfig,
+    calibrate_channel_params,
     calibrate_channel_scale,
     channel_scale_from_weights,
     grid_values,
@@ -257,10 +259,6 @@ def test_band_config_validates():
 
 
 def test_calibrated_channel_params_fold_into_query_and_output():
-    from wmoe_compile.kernels.kv_codec import channel_params
-
-    from wmoe_compile.codec import calibrate_channel_params
-
     cfg = WaveletKVConfig()  # default: offsets + PCA rotation
     mix = torch.linalg.qr(torch.randn(64, 64))[0]
     k = (torch.randn(1, 2, 300, 64) * torch.logspace(1, -1, 64)) @ mix.T + torch.randn(2, 1, 64) * 3
@@ -287,3 +285,30 @@ def test_calibrated_channel_params_fold_into_query_and_output():
     assert torch.allclose(p @ k_hat, ((p @ c_hat) @ m) * scale.double() + offset.double(), atol=1e-4)
     rel = (k_hat - k).norm() / (k - offset).norm()
     assert rel < 0.2  # compaction: most energy sits in the 4-bit half
+
+
+@pytest.mark.parametrize(
+    "spec,kind",
+    [
+        ("default;k_smoothing=qk", "k"),
+        ("default;k_smoothing=q", "k"),
+        ("default;k_smoothing=weights", "k"),
+        ("default;v_smoothing=ov", "v"),
+        ("default;v_smoothing=o", "v"),
+        ("default;k_smoothing=calibrated;rotation=none;k_offset=none", "k"),
+    ],
+)
+def test_smoothing_rules_produce_positive_pair_consistent_scales(spec, kind):
+    cfg = WaveletKVConfig.from_spec(spec)
+    x = torch.randn(1, 2, 50, 64) * (torch.rand(2, 1, 64) * 4 + 0.1)
+    q = torch.randn(1, 6, 50, 64) * (torch.rand(6, 1, 64) * 4 + 0.1)
+    weight = torch.randn(128, 96) if kind == "k" else torch.randn(96, 6 * 64)
+    params = calibrate_channel_params(cfg, kind, x, q, weight)
+    scale = channel_params(params, 2, 64)[0]
+    assert scale.shape == (2, 1, 64) and bool((scale > 0).all()) and torch.isfinite(scale).all()
+    if kind == "k":  # keys: equal within RoPE pairs
+        assert torch.allclose(scale[..., :32], scale[..., 32:])
+    with pytest.raises(ValueError, match="needs"):
+        calibrate_channel_params(cfg, kind, x, None, None) if "calibrated" not in spec else (
+            _ for _ in ()
+        ).throw(ValueError("needs nothing"))

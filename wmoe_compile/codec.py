@@ -42,8 +42,8 @@ from .kernels.wavelet_transform import WAVELETS, band_sizes, max_levels, wavelet
 
 GRIDS = ("uniform", "int", "lloyd", "log", "ternary")
 SCALE_RULES = ("absmax", "mse", "absmax-ub", "mse-ub")
-K_SMOOTHING = ("none", "calibrated", "weights", "qk")
-V_SMOOTHING = ("none", "calibrated", "ov")
+K_SMOOTHING = ("none", "calibrated", "weights", "qk", "q")
+V_SMOOTHING = ("none", "calibrated", "ov", "o")
 OFFSETS = ("none", "calibrated")
 ROTATIONS = ("none", "pca")
 ALLOWED_BITS = (2, 4, 8)
@@ -810,6 +810,22 @@ def calibrate_channel_params(
         if proj_weight is None:
             raise ValueError("v_smoothing=ov needs o_proj's weight")
         scale = channel_scale_ov(x, proj_weight)
+    elif smooth_rule == "q":
+        # s = 1 / rms_q: the coded vector is k * rms_q, whose squared error is the expected
+        # score error E[(q . e)^2] for decorrelated query channels
+        if queries is None:
+            raise ValueError("k_smoothing=q needs sample queries")
+        rms_q = rope_pair_rms(queries)
+        hq = rms_q.shape[0]
+        rms_q = rms_q.pow(2).reshape(hkv, hq // hkv, -1).mean(1).sqrt()
+        scale = smoothing_from_rms(1.0 / rms_q.clamp_min(1e-6), 1.0)
+    elif smooth_rule == "o":
+        # s = 1 / |o_proj column|: the coded vector's squared error is the error after o_proj
+        if proj_weight is None:
+            raise ValueError("v_smoothing=o needs o_proj's weight")
+        cols = proj_weight.float().pow(2).sum(0)
+        w = cols.reshape(hkv, -1, d).sum(1).sqrt()
+        scale = smoothing_from_rms(1.0 / w.clamp_min(1e-12), 1.0)
     if scale is not None:
         x = x / scale.unsqueeze(1)
     rotation = pca_rotation(x[..., config.sinks :, :]) if config.rotation == "pca" else None

@@ -5,9 +5,9 @@ from __future__ import annotations
 from .harness import EvalReport
 
 
-def _family(method: str) -> str:
+def _family(method: str, spec: str = "") -> str:
     if method.startswith("wavelet"):
-        return "wavelet codec"
+        return "wavelet codec, fixed transform" if "rotation=none" in spec else "wavelet codec"
     if method.startswith("int"):
         return "INT per token"
     if method.startswith("kivi"):
@@ -18,7 +18,8 @@ def _family(method: str) -> str:
 
 
 def plot_rate_distortion(report: EvalReport, path: str) -> None:
-    """Write a PNG: x = bytes per vector, y = CE drift (log scale; drifts <= 1e-4 drawn at 1e-4)."""
+    """Write a PNG: x = bytes per vector, y = CE drift (log scale; drifts <= 1e-4, including
+    negative ones, are drawn at 1e-4)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -29,9 +30,17 @@ def plot_rate_distortion(report: EvalReport, path: str) -> None:
     for r in report.results:
         if r.method == "none":
             continue
-        families.setdefault(_family(r.method), []).append((r.bytes_per_vector, max(r.drift, floor), r.method))
+        families.setdefault(_family(r.method, r.spec), []).append(
+            (r.bytes_per_vector, max(r.drift, floor), r.method)
+        )
     fig, ax = plt.subplots(figsize=(7.5, 5))
-    markers = {"wavelet codec": "o", "INT per token": "s", "KIVI": "^", "FP8 e4m3 per token": "D"}
+    markers = {
+        "wavelet codec": "o",
+        "wavelet codec, fixed transform": "v",
+        "INT per token": "s",
+        "KIVI": "^",
+        "FP8 e4m3 per token": "D",
+    }
     for family, pts in sorted(families.items()):
         pts.sort()
         xs, ys, names = zip(*pts, strict=True)
