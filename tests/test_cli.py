@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from wmoe_compile.cli import SUBCOMMANDS, main
+from wmoe_compile.cli import main
 
 
 def test_help_lists_subcommands():
