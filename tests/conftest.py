@@ -32,6 +32,10 @@ os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(_ROOT / "build" / "inductor
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+# torch.library.opcheck imports this lazily; in one full CI run (not reproducible in isolation) the
+# lazy import failed with ModuleNotFoundError late in the session, so import it up front.
+import torch.testing._internal.optests  # noqa: E402, F401
+
 
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
