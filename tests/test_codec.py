@@ -312,3 +312,26 @@ def test_smoothing_rules_produce_positive_pair_consistent_scales(spec, kind):
         calibrate_channel_params(cfg, kind, x, None, None) if "calibrated" not in spec else (
             _ for _ in ()
         ).throw(ValueError("needs nothing"))
+
+
+def test_rope_averaged_moments_match_brute_force_over_positions():
+    from wmoe_compile.codec import RopeSpec, rope_averaged_moments, rope_theta_per_pair
+
+    d, h, context = 8, 4, 48
+    theta = rope_theta_per_pair(d, 10.0)
+
+    def rope(x, p):
+        c, s = torch.cos(theta * p.unsqueeze(-1)), torch.sin(theta * p.unsqueeze(-1))
+        return torch.cat([x[..., :h] * c - x[..., h:] * s, x[..., h:] * c + x[..., :h] * s], -1)
+
+    k_pre = torch.randn(1, 2, 500, d, dtype=torch.float64) * torch.rand(d, dtype=torch.float64) * 3
+    k_pre = k_pre + torch.randn(2, 1, d, dtype=torch.float64)
+    positions = torch.randint(0, 1000, (500,))
+    mean, second = rope_averaged_moments(rope(k_pre, positions.double()), RopeSpec(theta, positions, context))
+    want_mean, want_second = 0, 0
+    for p in range(context):  # every sample placed at every served position
+        y = rope(k_pre, torch.full((500,), float(p), dtype=torch.float64))[0]
+        want_mean = want_mean + y.mean(1) / context
+        want_second = want_second + y.transpose(1, 2) @ y / 500 / context
+    assert torch.allclose(mean, want_mean, atol=1e-10)
+    assert torch.allclose(second, want_second, atol=1e-9)

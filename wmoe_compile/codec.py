@@ -743,17 +743,82 @@ def channel_scale_from_weights(
 
 def pca_rotation(x: torch.Tensor) -> torch.Tensor:
     """Per-head principal axes of samples x [..., Hkv, T, D] as rows, largest variance first:
-    an orthonormal [Hkv, D, D] R (R @ R.T == I). The sign of each axis is fixed (largest entry
-    positive) so the result is deterministic."""
+    an orthonormal [Hkv, D, D] R (R @ R.T == I)."""
     hkv, d = x.shape[-3], x.shape[-1]
     xs = x.double().transpose(-3, 0).reshape(hkv, -1, d)
-    cov = xs.transpose(1, 2) @ xs / max(1, xs.shape[1])
-    _, vecs = torch.linalg.eigh(cov)  # ascending eigenvalues, eigenvectors as columns
+    return pca_rotation_from_moments(xs.transpose(1, 2) @ xs / max(1, xs.shape[1]))
+
+
+def pca_rotation_from_moments(cov: torch.Tensor) -> torch.Tensor:
+    """Eigenvectors of a symmetric [Hkv, D, D] moment matrix as rows, largest eigenvalue first;
+    each axis signed so its largest entry is positive (deterministic)."""
+    _, vecs = torch.linalg.eigh(cov.double())  # ascending eigenvalues, eigenvectors as columns
     rot = vecs.flip(-1).transpose(1, 2)
     idx = rot.abs().argmax(dim=-1, keepdim=True)
     sign = torch.sign(rot.gather(-1, idx))
     sign = torch.where(sign == 0, torch.ones_like(sign), sign)
     return (rot * sign).float()
+
+
+@dataclass(frozen=True)
+class RopeSpec:
+    """How the calibration keys were rotated, and the positions the codec will serve.
+
+    theta      [D/2] radians per position of each rotate-half pair (i, i + D/2)
+    positions  [T] position of every calibration sample
+    context    statistics are averaged over positions [0, context)
+    """
+
+    theta: torch.Tensor
+    positions: torch.Tensor
+    context: int
+
+
+def rope_theta_per_pair(head_dim: int, base: float) -> torch.Tensor:
+    """Default (Llama) RoPE frequencies: base ** (-2 i / D), i < D / 2."""
+    return float(base) ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+
+
+def _position_average(omega: torch.Tensor, context: int) -> torch.Tensor:
+    """(1 / L) sum_{p < L} exp(j omega p), elementwise (complex128)."""
+    omega = omega.double()
+    num = 1 - torch.exp(1j * omega * context)
+    den = context * (1 - torch.exp(1j * omega))
+    small = omega.abs() < 1e-12
+    return torch.where(small, torch.ones_like(num), num / torch.where(small, torch.ones_like(den), den))
+
+
+def rope_averaged_moments(
+    keys: torch.Tensor, rope: RopeSpec, skip: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean [Hkv, D] and second moment [Hkv, D, D] of RoPE'd keys averaged over the positions
+    [0, rope.context), from calibration keys [..., Hkv, T, D] taken at rope.positions.
+
+    Keys are stored after RoPE, so their statistics depend on where in the sequence they sit: a
+    pair rotating by theta per position carries its mean and correlations around. Un-rotating the
+    samples (z = k_i + j k_{i+D/2}, z_pre = z exp(-j theta p)) and averaging the rotation over the
+    served positions gives statistics valid for the whole context, from a short sample."""
+    hkv, t, d = keys.shape[-3], keys.shape[-2], keys.shape[-1]
+    h = d // 2
+    x = keys.double().transpose(-3, 0).reshape(hkv, -1, t, d)[:, :, skip:]  # [Hkv, N, T', D]
+    pos = rope.positions.double()[skip:]
+    theta = rope.theta.double()
+    z = torch.complex(x[..., :h], x[..., h:]) * torch.exp(-1j * theta * pos.unsqueeze(-1))
+    z = z.reshape(hkv, -1, h)
+    n = z.shape[1]
+    mu = z.mean(1)  # [Hkv, h]
+    a = z.transpose(1, 2) @ z.conj() / n  # A_il = E[z_i conj(z_l)]
+    b = z.transpose(1, 2) @ z / n  # B_il = E[z_i z_l]
+    mu = mu * _position_average(theta, rope.context)
+    a = a * _position_average(theta[:, None] - theta[None, :], rope.context)
+    b = b * _position_average(theta[:, None] + theta[None, :], rope.context)
+    mean = torch.cat([mu.real, mu.imag], dim=-1)
+    second = torch.empty(hkv, d, d, dtype=torch.float64)
+    second[:, :h, :h] = (a + b).real / 2  # E[x1_i x1_l]
+    second[:, h:, h:] = (a - b).real / 2  # E[x2_i x2_l]
+    second[:, h:, :h] = (a + b).imag / 2  # E[x2_i x1_l]
+    second[:, :h, h:] = (b - a).imag / 2  # E[x1_i x2_l]
+    return mean, second
 
 
 def pack_channel_params(
@@ -779,11 +844,14 @@ def calibrate_channel_params(
     samples: torch.Tensor,
     queries: torch.Tensor | None = None,
     proj_weight: torch.Tensor | None = None,
+    rope: RopeSpec | None = None,
 ) -> torch.Tensor | None:
     """Offset, smoothing and rotation for one layer's keys (kind "k") or values ("v") from
     calibration samples [..., Hkv, T, D], as the ops' `channel_scale` tensor [Hkv, D + 2, D]
     (None when the config asks for none of them). `queries` [..., Hq, T, D] serve k_smoothing=qk;
-    `proj_weight` is k_proj's weight (k_smoothing=weights) or o_proj's (v_smoothing=ov)."""
+    `proj_weight` is k_proj's weight (k_smoothing=weights) or o_proj's (v_smoothing=ov).
+    `rope` (keys only): the keys' offset and rotation come from statistics averaged over the
+    served positions (rope_averaged_moments) instead of the samples' own positions."""
     if kind not in ("k", "v"):
         raise ValueError(f"kind must be 'k' or 'v', got {kind!r}")
     hkv, d = samples.shape[-3], samples.shape[-1]
@@ -828,5 +896,17 @@ def calibrate_channel_params(
         scale = smoothing_from_rms(1.0 / w.clamp_min(1e-12), 1.0)
     if scale is not None:
         x = x / scale.unsqueeze(1)
-    rotation = pca_rotation(x[..., config.sinks :, :]) if config.rotation == "pca" else None
+    rotation = None
+    if kind == "k" and rope is not None:
+        mean, second = rope_averaged_moments(samples, rope, skip=config.sinks)
+        if offset_rule == "calibrated":
+            offset = mean.float()
+            second = second - mean.unsqueeze(-1) * mean.unsqueeze(-2)
+        if config.rotation == "pca":
+            if scale is not None:
+                inv = 1.0 / scale.double()
+                second = second * inv.unsqueeze(-1) * inv.unsqueeze(-2)
+            rotation = pca_rotation_from_moments(second)
+    elif config.rotation == "pca":
+        rotation = pca_rotation(x[..., config.sinks :, :])
     return pack_channel_params(d, hkv, scale, offset, rotation)

@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from ..codec import RopeSpec, rope_theta_per_pair
 from .methods import KVMethod, parse_method
 
 ATTN_NAME = "wmoe_kv_eval"
@@ -239,6 +240,19 @@ def _install_attention(model) -> None:
         model.config._attn_implementation = ATTN_NAME
 
 
+def _rope_spec(config, head_dim: int, n_calib: int, context: int) -> RopeSpec | None:
+    """Default (Llama-style, rotate-half) RoPE of the model, so key statistics can be averaged over
+    the evaluated positions; None for other RoPE variants (statistics then come from the
+    calibration positions as they are)."""
+    params = getattr(config, "rope_parameters", None) or {}
+    rope_type = params.get("rope_type", "default") if isinstance(params, dict) else "default"
+    base = params.get("rope_theta") if isinstance(params, dict) else None
+    base = base if base is not None else getattr(config, "rope_theta", None)
+    if base is None or rope_type != "default" or getattr(config, "partial_rotary_factor", 1.0) != 1.0:
+        return None
+    return RopeSpec(rope_theta_per_pair(head_dim, base), torch.arange(n_calib), context)
+
+
 def _attention_modules(model) -> list[torch.nn.Module]:
     mods = [m for m in model.modules() if hasattr(m, "layer_idx") and hasattr(m, "k_proj")]
     if not mods:
@@ -322,6 +336,7 @@ def run_eval(
             bar.update(1)
     base_ce = -float(torch.cat(base_lp).mean())
     calib: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+    rope = None if calib_ids is None else _rope_spec(lm.config, head_dim, calib_ids.numel(), context)
     if calib_ids is not None:
         _STATE.calibrating, _STATE.calib = True, {}
         forward(calib_ids)
@@ -348,7 +363,7 @@ def run_eval(
         for mod in modules:
             if mod.layer_idx in calib:
                 q, k, v = calib[mod.layer_idx]
-                method.calibrate(mod.layer_idx, q, k, v, mod)
+                method.calibrate(mod.layer_idx, q, k, v, mod, rope=rope)
         _STATE.method, _STATE.err = method, {}
         lps, agree = [], 0
         for win, top in zip(windows, base_top, strict=True):

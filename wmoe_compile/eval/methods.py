@@ -20,7 +20,7 @@ import math
 
 import torch
 
-from ..codec import PRESETS, WaveletKVCodec, WaveletKVConfig, calibrate_channel_params
+from ..codec import PRESETS, RopeSpec, WaveletKVCodec, WaveletKVConfig, calibrate_channel_params
 from ..kernels.kv_codec import compress_reference, decompress_reference
 
 KIVI_GROUP = 32
@@ -43,8 +43,10 @@ class KVMethod:
         keys: torch.Tensor,
         values: torch.Tensor,
         module: torch.nn.Module,
+        rope: RopeSpec | None = None,
     ) -> None:
-        """See sample queries/keys/values of a layer (calibration text) before the evaluation."""
+        """See sample queries/keys/values of a layer (calibration text) before the evaluation;
+        `rope` says where the sample keys sat and which positions will be served."""
 
     def quantize(self, x: torch.Tensor, kind: str, layer: int) -> torch.Tensor:
         return x
@@ -77,12 +79,18 @@ class CodecMethod(KVMethod):
         keys: torch.Tensor,
         values: torch.Tensor,
         module: torch.nn.Module,
+        rope: RopeSpec | None = None,
     ) -> None:
         k_weight = getattr(getattr(module, "k_proj", None), "weight", None)
         o_weight = getattr(getattr(module, "o_proj", None), "weight", None)
         for kind, x, weight in (("k", keys, k_weight), ("v", values, o_weight)):
             params = calibrate_channel_params(
-                self.config, kind, x, queries, None if weight is None else weight.detach()
+                self.config,
+                kind,
+                x,
+                queries,
+                None if weight is None else weight.detach(),
+                rope if kind == "k" else None,
             )
             if params is not None:
                 self._params[(layer, kind)] = params
