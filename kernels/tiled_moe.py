@@ -127,17 +127,25 @@ class PackedDims:
 
 def packed_dims(w_gate_up: torch.Tensor, w_down: torch.Tensor) -> PackedDims:
     """Read (E, F_PAD, H_PAD, layout) off packed weights; raise if they do not form a packed pair."""
+    key = (w_gate_up.shape, w_down.shape, w_gate_up.dtype, w_down.dtype)
+    try:
+        return _packed_dims_cached(*key)
+    except TypeError:  # symbolic sizes (fake tensors with dynamic shapes) are not hashable
+        return _packed_dims(*key)
+
+
+def _packed_dims(gu: torch.Size, dn: torch.Size, gu_dtype: torch.dtype, dn_dtype: torch.dtype) -> PackedDims:
     expected = (
         "packed weights from wmoe_compile.pack_expert_weights: 'tiles64' w_gate_up "
         "[E, F_PAD/64, H_PAD/64, 2, 64, 64] with w_down [E, H_PAD/64, F_PAD/64, 64, 64], or 'rows' "
         "w_gate_up [E, 2*F_PAD, H_PAD] with w_down [E, H_PAD, F_PAD] (F_PAD, H_PAD multiples of 64)"
     )
-    gu, dn = tuple(w_gate_up.shape), tuple(w_down.shape)
-    if w_gate_up.dim() == 6 and w_down.dim() == 5:
+    gu, dn = tuple(gu), tuple(dn)
+    if len(gu) == 6 and len(dn) == 5:
         e, fb, hb, two, s1, s2 = gu
         ok = (two, s1, s2) == (2, SUBTILE, SUBTILE) and dn == (e, hb, fb, SUBTILE, SUBTILE)
         dims = PackedDims(e, fb * SUBTILE, hb * SUBTILE, "tiles64")
-    elif w_gate_up.dim() == 3 and w_down.dim() == 3:
+    elif len(gu) == 3 and len(dn) == 3:
         e, f2, hp = gu
         ok = f2 % (2 * SUBTILE) == 0 and hp % SUBTILE == 0 and dn == (e, hp, f2 // 2)
         dims = PackedDims(e, f2 // 2, hp, "rows")
@@ -145,9 +153,13 @@ def packed_dims(w_gate_up: torch.Tensor, w_down: torch.Tensor) -> PackedDims:
         ok = False
     if not ok:
         raise ValueError(f"expected {expected}; got w_gate_up {list(gu)} and w_down {list(dn)}")
-    if w_gate_up.dtype != w_down.dtype:
-        raise ValueError(f"w_gate_up is {w_gate_up.dtype} but w_down is {w_down.dtype}; pack both alike")
+    if gu_dtype != dn_dtype:
+        raise ValueError(f"w_gate_up is {gu_dtype} but w_down is {dn_dtype}; pack both alike")
     return dims
+
+
+# The op reads the dims on every call, and at decode host time is the budget (a raise is not cached).
+_packed_dims_cached = functools.lru_cache(maxsize=64)(_packed_dims)
 
 
 def unpack_gate_up(w_gate_up: torch.Tensor, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -309,6 +321,50 @@ def lookup_config(num_tokens: int, top_k: int, num_experts: int, hidden_pad: int
 def _fitted(config: MoEConfig, ffn_pad: int, hidden_pad: int) -> MoEConfig:
     # Cached: the op looks its config up on every call, and at decode host time is the budget.
     return config.fitted(ffn_pad, hidden_pad)
+
+
+# Direct decode path (see _gate_up_direct_kernel): taken for P = T k <= DIRECT_MAX_PAIRS routed pairs
+# when no explicit config is given. 16 pairs fill one M = 16 tensor-core tile, the grouped decode
+# configs' BLOCK_M, so the masked rows of the direct kernels cost no extra dot work.
+DIRECT_MAX_PAIRS = 16
+
+
+@dataclass(frozen=True)
+class DirectConfig:
+    up_n: int  # gate_up: ffn columns per program (gate and up each)
+    up_k: int
+    up_warps: int
+    up_stages: int
+    down_n: int  # down: hidden columns per program (each program covers every live expert's F)
+    down_k: int
+    down_warps: int
+    down_stages: int
+
+    def fitted(self, ffn_pad: int, hidden_pad: int) -> DirectConfig:
+        """Shrink block sizes that do not divide the padded dims (weight loads are unmasked)."""
+
+        def fit(block: int, dim: int, floor: int) -> int:
+            while block > floor and dim % block:
+                block //= 2
+            return block
+
+        return replace(
+            self,
+            up_n=fit(self.up_n, ffn_pad, 16),
+            up_k=fit(self.up_k, hidden_pad, SUBTILE),
+            down_n=fit(self.down_n, hidden_pad, 16),
+            down_k=fit(self.down_k, ffn_pad, SUBTILE),
+        )
+
+
+# gate_up: the tile shapes of the grouped decode bucket 1 (CONFIG_TABLE, swept on the H200).
+# down: one program per down_n hidden columns, so down_n sets the grid (H_PAD / down_n programs:
+# 256 at Mixtral's 4096 with 16, 128 at the fine-grained 2048 with 16); not yet swept on the GPU:
+# benchmarks/bench_moe.py times the candidates of DIRECT_DOWN_CANDIDATES and prints the winner.
+DIRECT_CONFIGS: dict[str, DirectConfig] = {
+    "large": DirectConfig(128, 128, 4, 3, 16, 256, 4, 4),
+    "small": DirectConfig(64, 256, 4, 3, 16, 128, 4, 4),
+}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -517,6 +573,166 @@ def _down_kernel(
 
 
 # ----------------------------------------------------------------------------------------------
+# Direct decode path: few pairs, no grouping launch
+# ----------------------------------------------------------------------------------------------
+# With P = T k <= DIRECT_MAX_PAIRS routed pairs, every program reads all P expert ids itself (one
+# small load) and takes as its M rows every pair routed to its expert, masking the others. No
+# grouping launch, no sorted-pair or tile buffers, no host synchronisation. Expert slot s of the
+# grid names its expert one of two ways (BY_PAIR, chosen from shapes alone):
+# - P <= E (BY_PAIR): slot s is pair s; it is live when pair s is the first pair routed to its
+#   (valid) expert, so each expert hit gets exactly one live slot and the grid is P slots: at T = 1
+#   exactly the k experts hit, nothing launched for padding;
+# - P > E: slot s is expert s, live when any pair is routed to it (grid E slots).
+# M is P padded to 16 (the smallest tensor-core tile), which is what the grouped decode configs
+# use too, so the dots do no extra work. The down launch writes the output directly: one program
+# per block of hidden columns loops over the live expert slots (the full F reduction of each), so
+# the k-way weighted combine happens in registers: no atomics, no fp32 buffer to zero, no cast
+# launch, and a deterministic sum.
+
+
+@triton.jit
+def _direct_slot(ids, pairs, ids_ptr, slot, num_experts, BY_PAIR: tl.constexpr):
+    """(expert, live) of expert slot `slot`; ids [PAIRS] are the routed ids (-1 past the last pair)."""
+    if BY_PAIR:
+        expert = tl.load(ids_ptr + slot)
+        earlier = tl.sum(((ids == expert) & (pairs < slot)).to(tl.int32), axis=0)
+        live = (expert >= 0) & (expert < num_experts) & (earlier == 0)
+    else:
+        expert = slot
+        live = tl.sum((ids == expert).to(tl.int32), axis=0) > 0
+    return expert, live
+
+
+@triton.jit(do_not_specialize=["num_pairs", "top_k"])
+def _gate_up_direct_kernel(
+    x_ptr,  # [T, H] hidden
+    w_ptr,  # packed w_gate_up
+    h_ptr,  # [P, F_PAD] out: silu(gate) * up, row p = pair p (rows of invalid pairs left unwritten)
+    ids_ptr,  # [P] expert ids, contiguous
+    num_pairs,
+    top_k,
+    num_experts,
+    hidden_size,
+    stride_x,
+    ffn_pad,
+    hidden_pad,
+    TILED: tl.constexpr,
+    PAIRS: tl.constexpr,  # P padded to a power of two >= 16: the M tile
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BY_PAIR: tl.constexpr,
+    EVEN_H: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    n_blocks = ffn_pad // BLOCK_N
+    slot = pid // n_blocks
+    pid_n = pid % n_blocks
+    pairs = tl.arange(0, PAIRS)
+    ids = tl.load(ids_ptr + pairs, mask=pairs < num_pairs, other=-1)
+    expert, live = _direct_slot(ids, pairs, ids_ptr, slot, num_experts, BY_PAIR)
+    if not live:
+        return
+    row_in = ids == expert  # live experts are valid ids, so padding rows (-1) never match
+    tokens = pairs // top_k
+    ks = tl.arange(0, BLOCK_K)
+    x_ptrs = x_ptr + tokens.to(tl.int64)[:, None] * stride_x + ks[None, :]
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    w_base = w_ptr + expert.to(tl.int64) * (2 * ffn_pad) * hidden_pad
+    gate_ptrs = w_base + _gate_up_offsets(cols, 0, ks, hidden_pad, TILED)
+    if TILED:
+        up_ptrs = gate_ptrs + 64 * 64
+        k_step = (BLOCK_K // 64) * (2 * 64 * 64)
+    else:
+        up_ptrs = gate_ptrs + 64 * hidden_pad
+        k_step = BLOCK_K
+    acc_gate = tl.zeros((PAIRS, BLOCK_N), dtype=tl.float32)
+    acc_up = tl.zeros((PAIRS, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, hidden_pad, BLOCK_K):
+        x = _load_x(x_ptrs, row_in, k0 + ks < hidden_size, EVEN_H)
+        w_gate = tl.load(gate_ptrs)
+        w_up = tl.load(up_ptrs)
+        if DOT_FP32:  # the interpreter's bf16 dot is wrong; exact fp32 there
+            x = x.to(tl.float32)
+            w_gate = w_gate.to(tl.float32)
+            w_up = w_up.to(tl.float32)
+        acc_gate = tl.dot(x, w_gate, acc_gate, input_precision=PRECISION)
+        acc_up = tl.dot(x, w_up, acc_up, input_precision=PRECISION)
+        x_ptrs += BLOCK_K
+        gate_ptrs += k_step
+        up_ptrs += k_step
+    h = acc_gate * tl.sigmoid(acc_gate) * acc_up
+    h_ptrs = h_ptr + pairs[:, None] * ffn_pad + cols[None, :]
+    tl.store(h_ptrs, h.to(h_ptr.dtype.element_ty), mask=row_in[:, None])
+
+
+@triton.jit(do_not_specialize=["num_pairs", "top_k", "n_slots"])
+def _down_direct_kernel(
+    h_ptr,  # [P, F_PAD] from _gate_up_direct_kernel
+    w_ptr,  # packed w_down
+    out_ptr,  # [T, H] out, hidden's dtype
+    ids_ptr,  # [P]
+    topk_weights_ptr,  # [P]
+    num_pairs,
+    top_k,
+    n_slots,
+    num_experts,
+    hidden_size,
+    stride_out,
+    ffn_pad,
+    hidden_pad,
+    TILED: tl.constexpr,
+    PAIRS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BY_PAIR: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # hidden columns of this program
+    pairs = tl.arange(0, PAIRS)
+    pair_in = pairs < num_pairs
+    ids = tl.load(ids_ptr + pairs, mask=pair_in, other=-1)
+    ks = tl.arange(0, BLOCK_K)
+    if TILED:
+        w_offsets = (cols[None, :] // 64) * (ffn_pad // 64) * (64 * 64) + (cols[None, :] % 64) * 64
+        w_offsets += (ks[:, None] // 64) * (64 * 64) + ks[:, None] % 64
+        k_step = (BLOCK_K // 64) * (64 * 64)
+    else:
+        w_offsets = cols[None, :] * ffn_pad + ks[:, None]
+        k_step = BLOCK_K
+    # Rows are pairs; each pair belongs to one expert, so the experts' masked dots add up to
+    # y[p] = W2[e_p] h[p] for every valid pair (rows of other experts load as zeros).
+    acc = tl.zeros((PAIRS, BLOCK_N), dtype=tl.float32)
+    for slot in range(0, n_slots):
+        expert, live = _direct_slot(ids, pairs, ids_ptr, slot, num_experts, BY_PAIR)
+        row_in = (ids == expert) & live
+        a_ptrs = h_ptr + pairs[:, None] * ffn_pad + ks[None, :]
+        w_ptrs = w_ptr + tl.where(live, expert, 0).to(tl.int64) * hidden_pad * ffn_pad + w_offsets
+        k_end = tl.where(live, ffn_pad, 0)  # a dead slot runs no iteration (reads nothing)
+        for _ in range(0, k_end, BLOCK_K):
+            a = tl.load(a_ptrs, mask=row_in[:, None], other=0.0)
+            w = tl.load(w_ptrs)
+            if DOT_FP32:
+                a = a.to(tl.float32)
+                w = w.to(tl.float32)
+            acc = tl.dot(a, w, acc, input_precision=PRECISION)
+            a_ptrs += BLOCK_K
+            w_ptrs += k_step
+    # Weighted combine of each token's k pairs as one small fp32 product: out = S @ acc with
+    # S[t, p] = topk_weights[p] for the pairs p of token t (TOKENS = PAIRS >= T rows).
+    route = tl.load(topk_weights_ptr + pairs, mask=pair_in, other=0.0).to(tl.float32)
+    tokens = tl.arange(0, PAIRS)
+    combine = tl.where((pairs[None, :] // top_k) == tokens[:, None], route[None, :], 0.0)
+    out = tl.dot(combine, acc, input_precision="ieee")
+    out_ptrs = out_ptr + tokens[:, None] * stride_out + cols[None, :]
+    out_mask = (tokens < num_pairs // top_k)[:, None] & (cols < hidden_size)[None, :]
+    tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=out_mask)
+
+
+# ----------------------------------------------------------------------------------------------
 # Launcher
 # ----------------------------------------------------------------------------------------------
 
@@ -600,6 +816,110 @@ def launch_down(
     )
 
 
+@dataclass(frozen=True)
+class _DirectPlan:
+    """Everything about a direct-path launch that depends on shapes only, built once per shape."""
+
+    up_grid: tuple[int]
+    down_grid: tuple[int]
+    n_slots: int
+    up_constants: dict
+    down_constants: dict
+
+
+@functools.lru_cache(maxsize=1024)
+def _direct_plan(
+    num_pairs: int, num_experts: int, hidden_size: int, dims: PackedDims, dtype: torch.dtype, on_gpu: bool
+) -> _DirectPlan:
+    cfg = DIRECT_CONFIGS[shape_class(dims.hidden_pad, dims.ffn_pad)].fitted(dims.ffn_pad, dims.hidden_pad)
+    by_pair = num_pairs <= num_experts
+    n_slots = num_pairs if by_pair else num_experts
+    shared = dict(
+        TILED=dims.layout == "tiles64",
+        PAIRS=max(16, triton.next_power_of_2(num_pairs)),
+        BY_PAIR=by_pair,
+        DOT_FP32=not on_gpu,  # CPU tensors: the interpreter, whose bf16 dot is wrong
+        PRECISION="ieee" if (dtype == torch.float32 or not on_gpu) else "tf32",
+    )
+    return _DirectPlan(
+        up_grid=(n_slots * (dims.ffn_pad // cfg.up_n),),
+        down_grid=(dims.hidden_pad // cfg.down_n,),
+        n_slots=n_slots,
+        up_constants=dict(
+            shared,
+            BLOCK_N=cfg.up_n,
+            BLOCK_K=cfg.up_k,
+            EVEN_H=hidden_size % cfg.up_k == 0,
+            num_warps=cfg.up_warps,
+            num_stages=cfg.up_stages,
+        ),
+        down_constants=dict(
+            shared,
+            BLOCK_N=cfg.down_n,
+            BLOCK_K=cfg.down_k,
+            num_warps=cfg.down_warps,
+            num_stages=cfg.down_stages,
+        ),
+    )
+
+
+def tiled_moe_direct(
+    hidden: torch.Tensor,  # [T, H], T k <= DIRECT_MAX_PAIRS
+    topk_ids: torch.Tensor,  # [T, k] integer
+    topk_weights: torch.Tensor,  # [T, k] float
+    w_gate_up: torch.Tensor,
+    w_down: torch.Tensor,
+    dims: PackedDims,
+) -> torch.Tensor:
+    """The direct decode path: two Triton launches, two torch.empty, no grouping, no host sync.
+
+    Inputs already validated. Pairs routed to an id outside [0, E) contribute nothing.
+    """
+    num_tokens, hidden_size = hidden.shape
+    top_k = topk_ids.shape[1]
+    num_pairs = num_tokens * top_k
+    plan = _direct_plan(num_pairs, dims.num_experts, hidden_size, dims, hidden.dtype, hidden.is_cuda)
+    if hidden.stride(1) != 1:
+        hidden = hidden.contiguous()
+    if not topk_ids.is_contiguous():
+        topk_ids = topk_ids.contiguous()
+    if not topk_weights.is_contiguous():
+        topk_weights = topk_weights.contiguous()
+    h = torch.empty((num_pairs, dims.ffn_pad), dtype=hidden.dtype, device=hidden.device)
+    out = torch.empty((num_tokens, hidden_size), dtype=hidden.dtype, device=hidden.device)
+    _gate_up_direct_kernel[plan.up_grid](
+        hidden,
+        w_gate_up,
+        h,
+        topk_ids,
+        num_pairs,
+        top_k,
+        dims.num_experts,
+        hidden_size,
+        hidden.stride(0),
+        dims.ffn_pad,
+        dims.hidden_pad,
+        **plan.up_constants,
+    )
+    _down_direct_kernel[plan.down_grid](
+        h,
+        w_down,
+        out,
+        topk_ids,
+        topk_weights,
+        num_pairs,
+        top_k,
+        plan.n_slots,
+        dims.num_experts,
+        hidden_size,
+        hidden_size,  # out's row stride
+        dims.ffn_pad,
+        dims.hidden_pad,
+        **plan.down_constants,
+    )
+    return out
+
+
 def tiled_moe_triton(
     hidden: torch.Tensor,  # [T, H]
     topk_ids: torch.Tensor,  # [T, k] integer
@@ -607,17 +927,22 @@ def tiled_moe_triton(
     w_gate_up: torch.Tensor,
     w_down: torch.Tensor,
     config: MoEConfig | None = None,
+    dims: PackedDims | None = None,
 ) -> torch.Tensor:
     """The op on CUDA (or on CPU tensors under TRITON_INTERPRET=1). Inputs already validated.
 
     No host synchronisation: grouping, both GEMMs and the combine are queued back to back.
     Pairs routed to an expert id outside [0, E) contribute nothing (never read out of bounds).
+    With no explicit config and T k <= DIRECT_MAX_PAIRS, the direct decode path (two launches).
     """
-    dims = packed_dims(w_gate_up, w_down)
+    if dims is None:
+        dims = packed_dims(w_gate_up, w_down)
     num_tokens, hidden_size = hidden.shape
     top_k = topk_ids.shape[1]
     if num_tokens == 0:
         return hidden.new_zeros(0, hidden_size)
+    if config is None and num_tokens * top_k <= DIRECT_MAX_PAIRS:
+        return tiled_moe_direct(hidden, topk_ids, topk_weights, w_gate_up, w_down, dims)
     if config is None:
         cfg = lookup_config(num_tokens, top_k, dims.num_experts, dims.hidden_pad, dims.ffn_pad)
     else:

@@ -393,6 +393,105 @@ def test_out_of_range_ids_without_validation_are_dropped_not_read():
     assert rel_err(got, ref) < 1e-5
 
 
+# ---------------------------------------------------------------- direct decode path (T k small)
+
+
+def direct_case(
+    num_tokens, top_k, num_experts, layout="tiles64", dtype=torch.float32, allowed=None, ids=None
+):
+    """tm.tiled_moe_direct (no grouping) against the fp32 per-expert loop."""
+    gate, up, down = random_experts(num_experts, 72, 100, device=DEVICE)
+    packed = pack_expert_weights(w1=gate, w3=up, w2=down, layout=layout, dtype=dtype)
+    x = torch.randn(num_tokens, 72, device=DEVICE)
+    routed, weights = random_routing(num_tokens, top_k, num_experts, device=DEVICE, allowed=allowed)
+    ids = routed if ids is None else ids.to(DEVICE)
+    dims = tm.packed_dims(packed.w_gate_up, packed.w_down)
+    got = tm.tiled_moe_direct(x.to(dtype), ids, weights, packed.w_gate_up, packed.w_down, dims)
+    ref = tm.moe_reference(
+        x.to(dtype).float(), ids, weights, *(w.to(dtype).float() for w in (gate, up, down))
+    )
+    assert got.dtype == dtype and got.shape == (num_tokens, 72)
+    err = rel_err(got, ref)
+    assert err < REL_TOL[dtype], f"relative error {err:.2e} >= {REL_TOL[dtype]:.0e}"
+
+
+@pytest.mark.parametrize(
+    "num_tokens,top_k,num_experts",
+    [
+        (1, 1, 4),  # k = 1: one expert hit, three without tokens
+        (1, 2, 8),  # Mixtral decode: slots are pairs (P <= E)
+        (1, 8, 16),  # fine-grained decode, k = 8
+        (2, 2, 8),
+        (3, 2, 8),
+        (2, 8, 16),  # 16 pairs, one full M tile
+        (3, 1, 2),  # P > E: slots are experts
+        (3, 8, 8),  # P = 24 > E: slots are experts, M tile 32 (past DIRECT_MAX_PAIRS, still exact)
+    ],
+)
+def test_direct_path_matches_fp32_loop(num_tokens, top_k, num_experts):
+    direct_case(num_tokens, top_k, num_experts)
+
+
+@pytest.mark.parametrize("layout,dtype", [("rows", torch.float16), ("tiles64", torch.bfloat16)])
+def test_direct_path_layouts_and_half_dtypes(layout, dtype):
+    direct_case(2, 2, 8, layout=layout, dtype=dtype)
+
+
+def test_direct_path_experts_shared_by_tokens():
+    # Every token routed to experts 2 and 5: each expert owns one live slot and all three tokens' rows.
+    direct_case(3, 2, 8, allowed=[2, 5])
+    direct_case(3, 1, 8, allowed=[4])  # all tokens on one expert, k = 1
+
+
+def test_direct_path_drops_out_of_range_ids():
+    ids = torch.tensor([[1, 1000], [-1, 3]])  # the bad pairs contribute nothing, never index weights
+    gate, up, down = random_experts(4, 64, 64, device=DEVICE)
+    packed = pack_expert_weights(w1=gate, w3=up, w2=down)
+    x = torch.randn(2, 64, device=DEVICE)
+    _, weights = random_routing(2, 2, 4, device=DEVICE)
+    dims = tm.packed_dims(packed.w_gate_up, packed.w_down)
+    got = tm.tiled_moe_direct(x, ids.to(DEVICE), weights, packed.w_gate_up, packed.w_down, dims)
+    kept = weights.clone()
+    kept[0, 1] = kept[1, 0] = 0.0
+    ref = tm.moe_reference(x, ids.clamp(0, 3).to(DEVICE), kept, gate, up, down)
+    assert rel_err(got, ref) < 1e-5
+
+
+def test_direct_path_non_contiguous_routing():
+    ids = torch.stack([torch.randperm(8)[:3] for _ in range(2)]).T.contiguous().T  # [2, 3], transposed
+    assert not ids.is_contiguous()
+    direct_case(2, 3, 8, ids=ids)
+
+
+def test_op_takes_the_direct_path_at_decode(monkeypatch):
+    # T k <= DIRECT_MAX_PAIRS: two launches, no grouping; one pair more: the grouped path.
+    x, ids, weights, packed = op_inputs(num_tokens=8, top_k=2, num_experts=8)
+    routes = []
+    real_direct = tm.tiled_moe_direct
+    monkeypatch.setattr(tm, "tiled_moe_direct", lambda *a: routes.append("direct") or real_direct(*a))
+    real_group = moe_align.group_by_expert
+    monkeypatch.setattr(tm, "group_by_expert", lambda *a: routes.append("grouped") or real_group(*a))
+    assert 8 * 2 == tm.DIRECT_MAX_PAIRS
+    out_direct = packed(x, ids, weights)
+    assert routes == ["direct"]
+    monkeypatch.setattr(tm, "DIRECT_MAX_PAIRS", 15)
+    out_grouped = packed(x, ids, weights)
+    assert routes == ["direct", "grouped"]
+    assert rel_err(out_direct, out_grouped) < 1e-5
+
+
+def test_op_direct_path_validates_ids():
+    x, ids, weights, packed = op_inputs(num_tokens=1, top_k=2, num_experts=4)
+    bad_ids = ids.clone()
+    bad_ids[0, 1] = -1
+    with pytest.raises(ValueError, match=r"outside \[0, 4\)"):
+        packed(x, bad_ids, weights, validate=True)
+    bad_ids[0, 1] = 4
+    with pytest.raises(ValueError, match=r"e.g. \[4\]"):
+        packed(x, bad_ids, weights, validate=True)
+    packed(x, ids, weights, validate=True)  # valid ids pass
+
+
 # ---------------------------------------------------------------- GPU, real shapes
 
 MIXTRAL = dict(num_experts=8, hidden=4096, ffn=14336, top_k=2)
@@ -456,6 +555,18 @@ def test_gpu_blocked_grouping_matches_torch(num_tokens, top_k, num_experts):
 @pytest.mark.gpu
 def test_gpu_fp16_rows_layout_one_hot_expert():
     gpu_case(MIXTRAL, 40, dtype=torch.float16, layout="rows", allowed=[3, 6])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "shape,num_tokens,allowed",
+    [(MIXTRAL, 8, None), (MIXTRAL, 3, [1, 6]), (FINE_GRAINED, 2, None)],
+)
+def test_gpu_direct_decode_path(shape, num_tokens, allowed):
+    # T k <= DIRECT_MAX_PAIRS: slots are experts (Mixtral T = 8), pairs sharing experts (T = 3 on two
+    # experts), or pairs (fine-grained T = 2, 16 pairs of 64 experts).
+    assert num_tokens * shape["top_k"] <= tm.DIRECT_MAX_PAIRS
+    gpu_case(shape, num_tokens, allowed=allowed)
 
 
 @pytest.mark.gpu

@@ -13,14 +13,24 @@ off by default.
 
 Dispatch: CUDA tensors (and CPU tensors under TRITON_INTERPRET=1, as in the tests) run the Triton
 kernels in wmoe_compile.kernels.tiled_moe; other CPU tensors run the fp32 per-expert reference.
+At decode (T k <= DIRECT_MAX_PAIRS routed pairs) the op is two Triton launches and two torch.empty
+after its metadata checks (tiled_moe_direct); above, grouping, two GEMM launches, a zero-fill and a
+cast (tiled_moe_triton).
 """
 
 from __future__ import annotations
 
 import torch
 
+from ..kernels import tiled_moe as _kernels
 from ..kernels.moe_align import interpreting
-from ..kernels.tiled_moe import packed_dims, round_up, tiled_moe_reference, tiled_moe_triton
+from ..kernels.tiled_moe import (
+    PackedDims,
+    packed_dims,
+    round_up,
+    tiled_moe_reference,
+    tiled_moe_triton,
+)
 
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _INT_DTYPES = (torch.int32, torch.int64)
@@ -32,8 +42,8 @@ def _check_inputs(
     topk_weights: torch.Tensor,
     w_gate_up: torch.Tensor,
     w_down: torch.Tensor,
-) -> int:
-    """Metadata checks only (no device reads); returns the number of experts."""
+) -> PackedDims:
+    """Metadata checks only (no device reads, a few us of host time); returns the packed dims."""
     dims = packed_dims(w_gate_up, w_down)
     if hidden.dim() != 2:
         raise ValueError(f"hidden must be [tokens, hidden]; got shape {list(hidden.shape)}")
@@ -57,17 +67,23 @@ def _check_inputs(
             f"topk_weights must be floating point with topk_ids' shape {list(topk_ids.shape)}; got "
             f"{topk_weights.dtype} {list(topk_weights.shape)}"
         )
-    devices = {t.device for t in (hidden, topk_ids, topk_weights, w_gate_up, w_down)}
-    if len(devices) != 1:
+    device = hidden.device
+    if not (
+        topk_ids.device == device
+        and topk_weights.device == device
+        and w_gate_up.device == device
+        and w_down.device == device
+    ):
+        devices = {t.device for t in (hidden, topk_ids, topk_weights, w_gate_up, w_down)}
         raise ValueError(f"all tensors must be on one device; got {sorted(map(str, devices))}")
-    return dims.num_experts
+    return dims
 
 
 def check_expert_ids(topk_ids: torch.Tensor, num_experts: int) -> None:
     """Raise if any id is outside [0, num_experts). Reads back to the host: a synchronisation."""
     if topk_ids.numel() == 0:
         return
-    low, high = int(topk_ids.min()), int(topk_ids.max())
+    low, high = torch.stack(torch.aminmax(topk_ids)).tolist()  # one read-back, not two
     if low < 0 or high >= num_experts:
         bad = topk_ids[(topk_ids < 0) | (topk_ids >= num_experts)]
         raise ValueError(
@@ -85,11 +101,14 @@ def tiled_moe(
     w_down: torch.Tensor,
     validate: bool = False,
 ) -> torch.Tensor:
-    num_experts = _check_inputs(hidden, topk_ids, topk_weights, w_gate_up, w_down)
+    dims = _check_inputs(hidden, topk_ids, topk_weights, w_gate_up, w_down)
     if validate:
-        check_expert_ids(topk_ids, num_experts)
+        check_expert_ids(topk_ids, dims.num_experts)
     if hidden.is_cuda or interpreting():
-        return tiled_moe_triton(hidden, topk_ids, topk_weights, w_gate_up, w_down)
+        num_tokens = hidden.shape[0]
+        if 0 < num_tokens * topk_ids.shape[1] <= _kernels.DIRECT_MAX_PAIRS:  # decode: two launches
+            return _kernels.tiled_moe_direct(hidden, topk_ids, topk_weights, w_gate_up, w_down, dims)
+        return tiled_moe_triton(hidden, topk_ids, topk_weights, w_gate_up, w_down, dims=dims)
     return tiled_moe_reference(hidden, topk_ids, topk_weights, w_gate_up, w_down)
 
 
