@@ -816,20 +816,66 @@ def launch_down(
     )
 
 
+# Launching a compiled kernel directly. JITFunction.run binds every argument, specialises it and
+# builds a cache key from the options on every call: about 6 us per launch on this project's CPU
+# machine, as much as the rest of the direct path's host work together. The direct path instead
+# keeps, per kernel and argument signature, the CompiledKernel that its first (ordinary) launch
+# returned, and launches it again through CompiledKernel[grid] (Triton's launcher for compiled
+# kernels). The signature key holds everything Triton specialises these kernels on: each tensor's
+# dtype and 16-byte alignment, and the specialised ints, which are shape constants of the plan (the
+# routing-dependent ints are do_not_specialize). Off under the interpreter (nothing is compiled).
+FAST_LAUNCH = True
+
+
+class _CompiledLaunches:
+    """Compiled kernels of one @triton.jit kernel by argument signature, launched without rebinding."""
+
+    def __init__(self, kernel) -> None:
+        self.kernel = kernel
+        self.compiled: dict = {}
+
+    def __call__(self, key, grid: tuple, args: tuple, constants: dict, tail: tuple) -> None:
+        """Launch kernel[grid](*args, **constants); `tail` holds the constexpr values in parameter order."""
+        compiled = self.compiled.get(key) if key is not None else None
+        if compiled is not None:
+            compiled[grid](*args, *tail)
+            return
+        compiled = self.kernel[grid](*args, **constants)
+        if key is not None and FAST_LAUNCH and hasattr(compiled, "packed_metadata"):
+            self.compiled[key] = compiled
+
+
+def _constexpr_tail(kernel, num_runtime_args: int, constants: dict) -> tuple:
+    """The constexpr values of `constants` in the kernel's parameter order (they follow the runtime args)."""
+    names = kernel.arg_names[num_runtime_args:]
+    missing = [name for name in names if name not in constants]
+    assert not missing, f"{kernel.__name__}: constexprs {missing} have no value"
+    return tuple(constants[name] for name in names)
+
+
 @dataclass(frozen=True)
 class _DirectPlan:
     """Everything about a direct-path launch that depends on shapes only, built once per shape."""
 
-    up_grid: tuple[int]
-    down_grid: tuple[int]
+    up_grid: tuple[int, int, int]
+    down_grid: tuple[int, int, int]
     n_slots: int
     up_constants: dict
     down_constants: dict
+    up_tail: tuple
+    down_tail: tuple
+    key: tuple  # the arguments the plan was built from (hashable, unlike the plan's dicts)
+
+
+_UP_RUNTIME_ARGS = 11  # _gate_up_direct_kernel's parameters before its constexprs
+_DOWN_RUNTIME_ARGS = 13  # _down_direct_kernel's
+_gate_up_direct_launches = _CompiledLaunches(_gate_up_direct_kernel)
+_down_direct_launches = _CompiledLaunches(_down_direct_kernel)
 
 
 @functools.lru_cache(maxsize=1024)
 def _direct_plan(
-    num_pairs: int, num_experts: int, hidden_size: int, dims: PackedDims, dtype: torch.dtype, on_gpu: bool
+    num_pairs: int, num_experts: int, hidden_size: int, dims: PackedDims, dtype: torch.dtype, interpret: bool
 ) -> _DirectPlan:
     cfg = DIRECT_CONFIGS[shape_class(dims.hidden_pad, dims.ffn_pad)].fitted(dims.ffn_pad, dims.hidden_pad)
     by_pair = num_pairs <= num_experts
@@ -838,28 +884,33 @@ def _direct_plan(
         TILED=dims.layout == "tiles64",
         PAIRS=max(16, triton.next_power_of_2(num_pairs)),
         BY_PAIR=by_pair,
-        DOT_FP32=not on_gpu,  # CPU tensors: the interpreter, whose bf16 dot is wrong
-        PRECISION="ieee" if (dtype == torch.float32 or not on_gpu) else "tf32",
+        DOT_FP32=interpret,  # the interpreter's bf16 dot is wrong
+        PRECISION="ieee" if (dtype == torch.float32 or interpret) else "tf32",
+    )
+    up_constants = dict(
+        shared,
+        BLOCK_N=cfg.up_n,
+        BLOCK_K=cfg.up_k,
+        EVEN_H=hidden_size % cfg.up_k == 0,
+        num_warps=cfg.up_warps,
+        num_stages=cfg.up_stages,
+    )
+    down_constants = dict(
+        shared,
+        BLOCK_N=cfg.down_n,
+        BLOCK_K=cfg.down_k,
+        num_warps=cfg.down_warps,
+        num_stages=cfg.down_stages,
     )
     return _DirectPlan(
-        up_grid=(n_slots * (dims.ffn_pad // cfg.up_n),),
-        down_grid=(dims.hidden_pad // cfg.down_n,),
+        up_grid=(n_slots * (dims.ffn_pad // cfg.up_n), 1, 1),  # 3-D: CompiledKernel[grid] wants all three
+        down_grid=(dims.hidden_pad // cfg.down_n, 1, 1),
         n_slots=n_slots,
-        up_constants=dict(
-            shared,
-            BLOCK_N=cfg.up_n,
-            BLOCK_K=cfg.up_k,
-            EVEN_H=hidden_size % cfg.up_k == 0,
-            num_warps=cfg.up_warps,
-            num_stages=cfg.up_stages,
-        ),
-        down_constants=dict(
-            shared,
-            BLOCK_N=cfg.down_n,
-            BLOCK_K=cfg.down_k,
-            num_warps=cfg.down_warps,
-            num_stages=cfg.down_stages,
-        ),
+        up_constants=up_constants,
+        down_constants=down_constants,
+        up_tail=_constexpr_tail(_gate_up_direct_kernel, _UP_RUNTIME_ARGS, up_constants),
+        down_tail=_constexpr_tail(_down_direct_kernel, _DOWN_RUNTIME_ARGS, down_constants),
+        key=(num_pairs, num_experts, hidden_size, dims, dtype, interpret, cfg),
     )
 
 
@@ -878,44 +929,71 @@ def tiled_moe_direct(
     num_tokens, hidden_size = hidden.shape
     top_k = topk_ids.shape[1]
     num_pairs = num_tokens * top_k
-    plan = _direct_plan(num_pairs, dims.num_experts, hidden_size, dims, hidden.dtype, hidden.is_cuda)
-    if hidden.stride(1) != 1:
+    # CPU tensors run here only under the interpreter (or in an offline sm_90 compile, see
+    # benchmarks/bench_moe.py --prewarm-offline, which must build the GPU variants).
+    interpret = False if hidden.is_cuda else interpreting()
+    plan = _direct_plan(num_pairs, dims.num_experts, hidden_size, dims, hidden.dtype, interpret)
+    stride_x, unit_stride = hidden.stride()
+    if unit_stride != 1:
         hidden = hidden.contiguous()
+        stride_x = hidden_size
     if not topk_ids.is_contiguous():
         topk_ids = topk_ids.contiguous()
     if not topk_weights.is_contiguous():
         topk_weights = topk_weights.contiguous()
     h = torch.empty((num_pairs, dims.ffn_pad), dtype=hidden.dtype, device=hidden.device)
     out = torch.empty((num_tokens, hidden_size), dtype=hidden.dtype, device=hidden.device)
-    _gate_up_direct_kernel[plan.up_grid](
-        hidden,
-        w_gate_up,
-        h,
-        topk_ids,
-        num_pairs,
-        top_k,
-        dims.num_experts,
-        hidden_size,
-        hidden.stride(0),
-        dims.ffn_pad,
-        dims.hidden_pad,
-        **plan.up_constants,
+    if interpret:
+        up_key = down_key = None
+    else:  # what Triton specialises on beyond the plan (see FAST_LAUNCH)
+        aligned = (
+            hidden.data_ptr() % 16 == 0,
+            topk_ids.data_ptr() % 16 == 0,
+            topk_weights.data_ptr() % 16 == 0,
+            w_gate_up.data_ptr() % 16 == 0,
+            w_down.data_ptr() % 16 == 0,
+        )
+        up_key = (plan.key, stride_x, w_gate_up.dtype, topk_ids.dtype, aligned, hidden.device.index)
+        down_key = (plan.key, w_down.dtype, topk_ids.dtype, topk_weights.dtype, aligned, hidden.device.index)
+    _gate_up_direct_launches(
+        up_key,
+        plan.up_grid,
+        (
+            hidden,
+            w_gate_up,
+            h,
+            topk_ids,
+            num_pairs,
+            top_k,
+            dims.num_experts,
+            hidden_size,
+            stride_x,
+            dims.ffn_pad,
+            dims.hidden_pad,
+        ),
+        plan.up_constants,
+        plan.up_tail,
     )
-    _down_direct_kernel[plan.down_grid](
-        h,
-        w_down,
-        out,
-        topk_ids,
-        topk_weights,
-        num_pairs,
-        top_k,
-        plan.n_slots,
-        dims.num_experts,
-        hidden_size,
-        hidden_size,  # out's row stride
-        dims.ffn_pad,
-        dims.hidden_pad,
-        **plan.down_constants,
+    _down_direct_launches(
+        down_key,
+        plan.down_grid,
+        (
+            h,
+            w_down,
+            out,
+            topk_ids,
+            topk_weights,
+            num_pairs,
+            top_k,
+            plan.n_slots,
+            dims.num_experts,
+            hidden_size,
+            hidden_size,  # out's row stride
+            dims.ffn_pad,
+            dims.hidden_pad,
+        ),
+        plan.down_constants,
+        plan.down_tail,
     )
     return out
 

@@ -570,6 +570,32 @@ def test_gpu_direct_decode_path(shape, num_tokens, allowed):
 
 
 @pytest.mark.gpu
+def test_gpu_direct_path_compiled_launches():
+    # From the second call of an argument signature on, the direct path launches the stored compiled
+    # kernels (tm.FAST_LAUNCH): same result bit for bit (no atomics), and a hidden state that is not
+    # 16-byte aligned gets kernels of its own signature.
+    x, ids, weights, packed = op_inputs(
+        num_tokens=2, top_k=2, num_experts=8, hidden=128, ffn=192, dtype=torch.bfloat16, device="cuda"
+    )
+    launches = (tm._gate_up_direct_launches, tm._down_direct_launches)
+    for launch in launches:
+        launch.compiled.clear()
+    first = packed(x, ids, weights)
+    assert [len(launch.compiled) for launch in launches] == [1, 1]
+    assert torch.equal(packed(x, ids, weights), first)
+    shifted = torch.empty(x.numel() + 1, dtype=x.dtype, device="cuda")[1:].view_as(x)
+    shifted.copy_(x)
+    assert shifted.data_ptr() % 16 != 0
+    assert torch.equal(packed(shifted, ids, weights), first)
+    assert torch.equal(packed(shifted, ids, weights), first)
+    assert [len(launch.compiled) for launch in launches] == [2, 2]
+    gate, up = tm.unpack_gate_up(packed.w_gate_up, packed.layout)
+    down = tm.unpack_down(packed.w_down, packed.layout)
+    ref = tm.moe_reference(x.float(), ids, weights, gate.float(), up.float(), down.float())
+    assert rel_err(first, ref) < REL_TOL[torch.bfloat16]
+
+
+@pytest.mark.gpu
 def test_gpu_validate_flag():
     x, ids, weights, packed = op_inputs(
         num_tokens=4, hidden=128, ffn=128, dtype=torch.bfloat16, device="cuda"
