@@ -1,0 +1,106 @@
+"""Probe the attention split kernel on the GPU: one call pattern for a profiler, or a timing grid of
+launch configs (CUDA-graph medians, the same method as bench_attention.py).
+
+    python benchmarks/probe_attention.py once --config JSON [--shape B,N]      # for ncu
+    python benchmarks/probe_attention.py grid --configs FILE.json --out DIR   # list of LaunchConfig dicts
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import pathlib
+import sys
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import bench_attention as ba  # noqa: E402
+
+import torch  # noqa: E402
+from wmoe_compile.kernels import wavelet_attention as wa  # noqa: E402
+
+UNIFORM = ba.CODECS["uniform"]
+
+
+def _compile_worker(configs: list[dict], queue) -> None:
+    try:
+        setup = ba.Setup(1, 2048, ba.HQ, ba.HKV, "cuda", smoke=True)
+        setup.use_codec(UNIFORM)
+        for c in configs:
+            for splits in (1, 3, 16):
+                for rr in (0.0, 1e9):
+                    cfg = wa.LaunchConfig(**{**c, "row_reduce_max_programs": rr})
+                    try:
+                        wa.wavelet_attention_triton(*setup.args(0), setup.layout, setup.sm_scale, config=cfg, num_splits=splits)
+                    except Exception as exc:  # noqa: BLE001
+                        print(f"compile failed {c}: {str(exc)[:200]}", flush=True)
+        torch.cuda.synchronize()
+    finally:
+        queue.put(1)
+
+
+def precompile(configs: list[dict]) -> None:
+    t = time.time()
+    workers = min(len(configs), 12)
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_compile_worker, args=(configs[w::workers], queue)) for w in range(workers)]
+    for p in procs:
+        p.start()
+    for _ in procs:
+        queue.get()
+    for p in procs:
+        p.join()
+    print(f"precompiled {len(configs)} configs in {time.time() - t:.0f}s", flush=True)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("mode", choices=["once", "grid"])
+    p.add_argument("--config", default="{}")
+    p.add_argument("--configs", default="")
+    p.add_argument("--shape", default="8,131072")
+    p.add_argument("--shapes", default="8,131072;32,32768;1,32768")
+    p.add_argument("--out", default="benchmarks/out")
+    a = p.parse_args()
+    if a.mode == "once":
+        b, n = map(int, a.shape.split(","))
+        ba.ROTATE_BYTES = 1  # one copy
+        s = ba.Setup(b, n, ba.HQ, ba.HKV, "cuda", smoke=False)
+        s.use_codec(UNIFORM)
+        cfg = wa.LaunchConfig(**json.loads(a.config))
+        for _ in range(3):
+            s.call(0, cfg)
+        torch.cuda.synchronize()
+        print("ok", cfg, flush=True)
+        return
+    configs = json.loads(pathlib.Path(a.configs).read_text())
+    precompile(configs)
+    shapes = [tuple(map(int, x.split(","))) for x in a.shapes.split(";")]
+    setups = []
+    for b, n in shapes:
+        s = ba.Setup(b, n, ba.HQ, ba.HKV, "cuda", smoke=False)
+        s.use_codec(UNIFORM)
+        s.dense.clear()
+        setups.append(s)
+    rows = []
+    for c in configs:
+        cfg = wa.LaunchConfig(**c)
+        try:
+            err = ba.rel_error(setups[0], cfg)
+            ms = [ba.time_ours(s, cfg, False) for s in setups]
+        except Exception as exc:  # noqa: BLE001
+            print(f"{c}: failed {str(exc)[:200]}", flush=True)
+            continue
+        floor = [s.bytes / ba.COPY_TBPS / 1e9 for s in setups]
+        rows.append(dict(config=c, ms=ms, x_floor=[m / f for m, f in zip(ms, floor)], err=err))
+        print(f"{c}: " + " ".join(f"{m:.4f}" for m in ms) + "  x floor " + " ".join(f"{m / f:.2f}" for m, f in zip(ms, floor)) + f"  err {err:.1e}", flush=True)
+    out = pathlib.Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "probe_grid.json").write_text(json.dumps(dict(shapes=shapes, rows=rows), indent=1))
+
+
+if __name__ == "__main__":
+    main()
