@@ -31,6 +31,7 @@ run can load them instead of compiling (a miss just compiles, as without the cac
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import itertools
 import json
@@ -68,6 +69,7 @@ GROUPING_CASES = ((4096, 2, 8), (1024, 8, 64), (4096, 8, 64))
 TEST_GROUPING_CASES = ((3000, 2, 8), (4096, 8, 64), (16384, 8, 256))
 SINGLE_LAUNCH_TIMED_UP_TO = 8192
 ROTATE = 4
+DECODE_MAX_TOKENS = 64  # T up to which the decode table times every path as graph and eager loops
 DEV = "cuda"  # --smoke runs the whole script on the CPU (Triton interpreter, tiny shapes, fake timings)
 
 # Sweep candidates: gate_up (up_n, up_k, warps, stages), down (down_n, down_k, split, warps, stages).
@@ -112,6 +114,33 @@ def bench_ms(fn, warmup: int = 25, rep: int = 100) -> float:
         fn()
         return (time.perf_counter() - t0) * 1e3
     return triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
+
+
+def loop_ms(step, calls: int = 200, warmup: int = 20, repeats: int = 3) -> float:
+    """Per-call time of `calls` back-to-back steps (median of `repeats` loops), CUDA events around the loop.
+
+    The decode comparison's one method for every path: a step is one eager call (host launch work
+    included: the time is max(host, GPU) per call, as in an eager decode loop) or one CUDA graph
+    replay. Inputs rotate between steps (ROTATE sets); no cache flush between calls (every routed
+    expert set is far larger than the L2).
+    """
+    if DEV == "cpu":  # --smoke: exercise the code path only
+        t0 = time.perf_counter()
+        step()
+        return (time.perf_counter() - t0) * 1e3
+    for _ in range(warmup):
+        step()
+    times = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(calls):
+            step()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / calls)
+    return sorted(times)[len(times) // 2]
 
 
 def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
@@ -298,6 +327,9 @@ def offline_cases(shapes, tokens, sweep_tokens):
     cases += [("test", mixtral, 40, torch.float16, "rows", None), ("test", fine, 1024, bf16, "rows", None)]
     prefill = tm.lookup_config(1000, 2, 8, 4096, 14336)
     cases += [("test", mixtral, 1000, bf16, "tiles64", replace(prefill, fused=f)) for f in (True, False)]
+    # The direct decode path: pairs sharing experts, expert slots (Mixtral T = 8), 16 pairs of 64 experts.
+    cases += [("test", mixtral, t, bf16, "tiles64", None) for t in (3, 8)]
+    cases += [("test", fine, 2, bf16, "tiles64", None)]
     # The benchmark: CONFIG_TABLE entries (both layouts), and every sweep composition.
     for shape in shapes.values():
         e, k = shape["num_experts"], shape["top_k"]
@@ -336,6 +368,7 @@ def prewarm_offline(cache_dir: str, shapes, tokens, sweep_tokens, foreign_triton
         hashlib.sha256(key.encode()).hexdigest() + "\n"
     )
     driver.set_active(_OfflineCudaDriver())
+    tm.FAST_LAUNCH = False  # nothing can launch here: keep every call on JITFunction.run (compile only)
     compiled = {}
 
     def compile_only(self, grid):
@@ -371,6 +404,22 @@ def prewarm_offline(cache_dir: str, shapes, tokens, sweep_tokens, foreign_triton
         try:
             run_cfg = cfg or tm.lookup_config(t, k, e, hp, fp)
             tm.tiled_moe_triton(x, ids, weights, w_gate_up, w_down, config=run_cfg)
+            if cfg is None and t * k <= tm.DIRECT_MAX_PAIRS:
+                # The op's decode path (the grouped path above is timed beside it), and in the
+                # benchmark every direct-sweep candidate.
+                dims = tm.packed_dims(w_gate_up, w_down)
+                klass = tm.shape_class(hp, fp)
+                candidates = [None]
+                if layout == "tiles64":  # (a test case of the same T comes first and dedups the bench's)
+                    candidates += [
+                        c for cs in direct_candidates(tm.DIRECT_CONFIGS[klass]).values() for c in cs
+                    ]
+                for candidate in dict.fromkeys(candidates):
+                    table = {**tm.DIRECT_CONFIGS, klass: candidate} if candidate else tm.DIRECT_CONFIGS
+                    with _patched(tm, "DIRECT_CONFIGS", table):
+                        tm._direct_plan.cache_clear()
+                        tm.tiled_moe_direct(x, ids, weights, w_gate_up, w_down, dims)
+                tm._direct_plan.cache_clear()
             # The grouping route the GPU takes for this many pairs (the CPU op above took torch's).
             if t * k <= moe_align.TRITON_MAX_PAIRS:
                 moe_align.group_by_expert_triton(ids, e, run_cfg.block_m)
@@ -551,6 +600,148 @@ def choose_bucket_configs(prob: Problem, sweep: dict) -> dict:
     return chosen
 
 
+class _patched:
+    """Set a module attribute for the duration of a with-block (graph capture, timing)."""
+
+    def __init__(self, module, name, value):
+        self.module, self.name, self.value = module, name, value
+
+    def __enter__(self):
+        self.saved = getattr(self.module, self.name)
+        setattr(self.module, self.name, self.value)
+
+    def __exit__(self, *exc):
+        setattr(self.module, self.name, self.saved)
+
+
+def decode_timings(row, prob, t, sets, ours, vllm_fn, log):
+    """Decode T: ours and vLLM each as CUDA graph replays and as an eager host loop, one method (loop_ms).
+
+    Also ours through the grouped path (grouping launch + GEMMs + zero-fill + cast) where the direct
+    path applies, and ours eager with Triton's ordinary launches (FAST_LAUNCH off): what each saves.
+    vLLM's token alignment is outside its timed call in both modes (its prepared tensors, as above).
+    """
+    paths = {"ours": (ours, ())}
+    if t * prob.k <= tm.DIRECT_MAX_PAIRS:
+        paths["ours_grouped"] = (ours, ((tm, "DIRECT_MAX_PAIRS", 0),))
+        paths["ours_jit_launch"] = (ours, ((tm, "FAST_LAUNCH", False),))
+    if vllm_fn is not None and math.isfinite(row.get("vllm_ms", float("nan"))):
+        paths["vllm"] = (vllm_fn, ())
+    for name, (fn, patches) in paths.items():
+        modes = ("eager",) if name == "ours_jit_launch" else ("graph", "eager")
+        for mode in modes:
+            try:
+                with contextlib.ExitStack() as stack:
+                    for patch in patches:
+                        stack.enter_context(_patched(*patch))
+                    if name == "ours_jit_launch":
+                        for launch in (tm._gate_up_direct_launches, tm._down_direct_launches):
+                            launch.compiled.clear()
+                    if mode == "graph" and DEV == "cuda":
+                        step = cuda_graph_rotation(fn, sets)
+                    else:
+                        step = timed_rotation(fn, sets)
+                    row[f"{name}_{mode}_loop_ms"] = loop_ms(step)
+            except Exception as exc:  # noqa: BLE001
+                log(f"  {prob.name} T={t} {name} {mode} loop failed: {type(exc).__name__}: {str(exc)[:200]}")
+
+
+# Direct decode path (kernels/tiled_moe.py DIRECT_CONFIGS): candidates timed through the op, per shape
+# class, at the decode T whose T k <= DIRECT_MAX_PAIRS. down: (down_n, down_k, warps, stages) with
+# gate_up kept; then gate_up: (up_n, up_k, warps, stages) with the best down.
+DIRECT_DOWN_CANDIDATES = (
+    (16, 256, 4, 4),
+    (16, 128, 4, 4),
+    (16, 512, 4, 3),
+    (32, 256, 4, 3),
+    (32, 128, 4, 4),
+    (64, 128, 4, 4),
+)
+DIRECT_UP_CANDIDATES = ((128, 128, 4, 3), (64, 256, 4, 3), (64, 128, 4, 4), (128, 64, 4, 4))
+
+
+def direct_candidates(base: tm.DirectConfig) -> dict[str, list[tm.DirectConfig]]:
+    """Candidates varying one kernel's fields each (the kernels are separate launches: times add)."""
+    downs = [
+        replace(base, down_n=n, down_k=k, down_warps=w, down_stages=st)
+        for n, k, w, st in DIRECT_DOWN_CANDIDATES
+    ]
+    ups = [replace(base, up_n=n, up_k=k, up_warps=w, up_stages=st) for n, k, w, st in DIRECT_UP_CANDIDATES]
+    return {"down": list(dict.fromkeys([base, *downs])), "up": list(dict.fromkeys([base, *ups]))}
+
+
+def sweep_direct(prob: Problem, tokens, log) -> dict:
+    """Time the direct path's candidate configs (CUDA graph loop of the whole op); set the winner.
+
+    Down candidates keep the table's gate_up and gate_up candidates its down; the winner combines the
+    best of each (scored by the summed ratio to each T's best) and is timed once more.
+    """
+    dims = prob.dims["tiles64"]
+    klass = tm.shape_class(dims.hidden_pad, dims.ffn_pad)
+    ts = [t for t in tokens if t * prob.k <= tm.DIRECT_MAX_PAIRS]
+    if not ts:
+        return {}
+    packed = prob.packed["tiles64"]
+    sets = {t: [prob.inputs(t, s) for s in range(ROTATE)] for t in ts}
+
+    def op(x, ids, w):
+        return torch.ops.wmoe.tiled_moe(x, ids, w, packed.w_gate_up, packed.w_down)
+
+    def time_config(cfg):
+        tm.DIRECT_CONFIGS[klass] = cfg
+        tm._direct_plan.cache_clear()
+        rotation = cuda_graph_rotation if DEV == "cuda" else timed_rotation
+        return [loop_ms(rotation(op, sets[t])) for t in ts]
+
+    original = tm.DIRECT_CONFIGS[klass]
+    results, winners = {}, {}
+    for kind, cands in direct_candidates(original).items():
+        for cfg in cands:
+            if cfg.fitted(dims.ffn_pad, dims.hidden_pad) != cfg:
+                continue  # would run as another candidate
+            try:
+                if cfg not in results:
+                    results[cfg] = time_config(cfg)
+            except Exception as exc:  # noqa: BLE001
+                log(f"  direct sweep {prob.name} {cfg}: {type(exc).__name__}: {str(exc)[:200]}")
+        timed = [c for c in cands if c in results]
+        if timed:
+            best = [min(results[c][i] for c in timed) for i in range(len(ts))]
+            winners[kind] = min(timed, key=lambda c: sum(results[c][i] / best[i] for i in range(len(ts))))
+    chosen = original
+    if "up" in winners:
+        up = winners["up"]
+        chosen = replace(chosen, up_n=up.up_n, up_k=up.up_k, up_warps=up.up_warps, up_stages=up.up_stages)
+    if "down" in winners:
+        down = winners["down"]
+        chosen = replace(
+            chosen,
+            down_n=down.down_n,
+            down_k=down.down_k,
+            down_warps=down.down_warps,
+            down_stages=down.down_stages,
+        )
+    try:
+        if chosen not in results:
+            results[chosen] = time_config(chosen)
+    except Exception as exc:  # noqa: BLE001
+        msg = f"{type(exc).__name__}: {str(exc)[:200]}"
+        log(f"  direct sweep {prob.name} chosen {chosen}: {msg}; keeping the table's")
+        chosen = original
+    tm.DIRECT_CONFIGS[klass] = chosen
+    tm._direct_plan.cache_clear()
+    for cfg, ms in sorted(results.items(), key=lambda kv: sum(kv[1])):
+        log(f"  direct sweep {prob.name} T={ts}: {cfg} {[round(m * 1e3, 1) for m in ms]} us")
+    log(f"  direct sweep {prob.name}: chose {chosen} (table had {original})")
+    return dict(
+        shape_class=klass,
+        T=ts,
+        results={str(c): v for c, v in results.items()},
+        chosen=str(chosen),
+        table=str(original),
+    )
+
+
 def bench_shape(prob: Problem, tokens, bw, flops_rate, vllm, configs, log, layouts):
     rows = []
     gate_up_t = prob.gate_up_proj.transpose(1, 2)  # [E, H, 2F] view, as HF passes it
@@ -623,16 +814,8 @@ def bench_shape(prob: Problem, tokens, bw, flops_rate, vllm, configs, log, layou
                 row[f"{name}_ms"] = float("nan")
                 row[f"{name}_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
                 log(f"  {prob.name} T={t} {name} failed: {row[f'{name}_error']}")
-        if t <= 64 and DEV == "cuda":  # decode: replayed from CUDA graphs (no host launch overhead)
-            graphed = {"ours": ours}
-            if "vllm" in methods and "vllm_ms" in row and math.isfinite(row["vllm_ms"]):
-                graphed["vllm"] = methods["vllm"]  # its alignment (prepared above) stays outside, as eager
-            for name, fn in graphed.items():
-                try:
-                    row[f"{name}_graph_ms"] = bench_ms(cuda_graph_rotation(fn, sets))
-                except Exception as exc:  # noqa: BLE001
-                    msg = f"{type(exc).__name__}: {str(exc)[:200]}"
-                    log(f"  {prob.name} T={t} {name} CUDA graph capture failed: {msg}")
+        if t <= DECODE_MAX_TOKENS:
+            decode_timings(row, prob, t, sets, ours, methods.get("vllm"), log)
         row["ours_TBps"] = weight_bytes / row["ours_ms"] / 1e9
         row["ours_x_floor"] = row["ours_ms"] / floor_bytes_ms
         row["ours_x_roofline"] = row["ours_ms"] / max(floor_bytes_ms, floor_flops_ms)
@@ -714,9 +897,8 @@ def grouping_markdown(rows) -> str:
 def markdown(rows, has_vllm, layouts) -> str:
     head = (
         "| shape | T | experts hit | weight MB | floor ms (bytes / flops) | ours ms | TB/s | x floor "
-        "| ours graph ms "
         "| HF loop ms | grouped_mm ms |"
-        + (" vLLM ms | vLLM graph ms |" if has_vllm else "")
+        + (" vLLM ms |" if has_vllm else "")
         + "".join(f" ours {layout} ms |" for layout in layouts if layout != "tiles64")
         + " vs HF loop | vs grouped_mm |"
         + (" vs vLLM |" if has_vllm else "")
@@ -733,13 +915,11 @@ def markdown(rows, has_vllm, layouts) -> str:
             f"{r['ours_ms']:.3f}",
             f"{r['ours_TBps']:.2f}",
             f"{r['ours_x_floor']:.2f}",
-            f"{r['ours_graph_ms']:.3f}" if "ours_graph_ms" in r else "",
             f"{r['hf_loop_ms']:.3f}",
             f"{r['grouped_mm_ms']:.3f}",
         ]
         if has_vllm:
             cells.append(f"{r.get('vllm_ms', float('nan')):.3f}")
-            cells.append(f"{r['vllm_graph_ms']:.3f}" if "vllm_graph_ms" in r else "")
         cells += [
             f"{r.get(f'ours_{layout}_ms', float('nan')):.3f}" for layout in layouts if layout != "tiles64"
         ]
@@ -747,6 +927,42 @@ def markdown(rows, has_vllm, layouts) -> str:
         if has_vllm:
             cells.append(f"{r.get('speedup_vs_vllm', float('nan')):.2f}x")
         cells.append(f"{r['ours_err']:.1e}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+DECODE_COLUMNS = (
+    ("ours graph", "ours_graph_loop_ms"),
+    ("ours eager", "ours_eager_loop_ms"),
+    ("vLLM graph", "vllm_graph_loop_ms"),
+    ("vLLM eager", "vllm_eager_loop_ms"),
+    ("ours grouped graph", "ours_grouped_graph_loop_ms"),
+    ("ours grouped eager", "ours_grouped_eager_loop_ms"),
+    ("ours eager, Triton JIT launches", "ours_jit_launch_eager_loop_ms"),
+)
+
+
+def decode_markdown(rows) -> str:
+    """Decode T: every path timed by loop_ms, as CUDA graph replays and as an eager host loop."""
+    head = "| shape | T | floor ms | " + " | ".join(f"{c} ms" for c, _ in DECODE_COLUMNS)
+    head += " | ours eager x floor | vs vLLM graph | vs vLLM eager |"
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+
+    def cell(r, key):
+        return f"{r[key]:.3f}" if key in r and math.isfinite(r[key]) else ""
+
+    def ratio(r, num, den):
+        ok = num in r and den in r and math.isfinite(r[num]) and math.isfinite(r[den])
+        return f"{r[num] / r[den]:.2f}x" if ok else ""
+
+    for r in rows:
+        if "ours_eager_loop_ms" not in r:
+            continue
+        cells = [r["shape"], str(r["T"]), f"{r['floor_bytes_ms']:.3f}"]
+        cells += [cell(r, key) for _, key in DECODE_COLUMNS]
+        cells.append(f"{r['ours_eager_loop_ms'] / r['floor_bytes_ms']:.2f}")
+        cells.append(ratio(r, "vllm_graph_loop_ms", "ours_graph_loop_ms"))
+        cells.append(ratio(r, "vllm_eager_loop_ms", "ours_eager_loop_ms"))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -779,6 +995,9 @@ def main() -> int:
     parser.add_argument("--tokens", nargs="*", type=int, default=list(TOKENS))
     parser.add_argument("--layouts", nargs="*", default=list(tm.LAYOUTS))
     parser.add_argument("--no-vllm", action="store_true")
+    parser.add_argument(
+        "--no-direct-sweep", action="store_true", help="keep DIRECT_CONFIGS (no direct-path config sweep)"
+    )
     parser.add_argument("--smoke", action="store_true", help="CPU + TRITON_INTERPRET=1 check of this script")
     args = parser.parse_args()
     shapes = {k: SHAPES[k] for k in args.shapes}
@@ -826,7 +1045,7 @@ def main() -> int:
 
     vllm = None if args.no_vllm else load_vllm()
     log(f"vLLM fused_moe peer: {'present' if vllm else 'absent'}")
-    all_rows, chosen_all, sweeps, grouping_rows = [], {}, {}, []
+    all_rows, chosen_all, sweeps, grouping_rows, direct_sweeps = [], {}, {}, [], {}
 
     def save():  # after every part, so a run cut short still leaves its numbers
         result = dict(
@@ -835,9 +1054,13 @@ def main() -> int:
             rows=all_rows,
             sweep=sweeps,
             chosen={str(k): str(v) for k, v in chosen_all.items()},
+            direct_sweep=direct_sweeps,
+            direct_configs={k: str(v) for k, v in tm.DIRECT_CONFIGS.items()},
         )
         (out / "bench_moe.json").write_text(json.dumps(result, indent=1, default=str))
         text = markdown(all_rows, vllm is not None, args.layouts) if all_rows else ""
+        if any("ours_eager_loop_ms" in r for r in all_rows):
+            text += "\n\nDecode, one method for every path (loop_ms):\n\n" + decode_markdown(all_rows)
         if grouping_rows:
             text += "\n\nGrouping routes alone:\n\n" + grouping_markdown(grouping_rows)
         (out / "bench_moe.md").write_text(text + "\n")
@@ -853,6 +1076,11 @@ def main() -> int:
         t0 = time.time()
         prob = Problem(name, shape, layouts=tuple(args.layouts))
         chosen = {}
+        if not args.no_direct_sweep:
+            try:
+                direct_sweeps[name] = sweep_direct(prob, args.tokens, log)
+            except Exception:  # noqa: BLE001
+                log(traceback.format_exc())
         if args.sweep:
             try:
                 sweep = sweep_shape(prob, sweep_tokens, failed, log)
@@ -884,6 +1112,12 @@ def main() -> int:
         f"copy {info['copy_TBps']:.2f} TB/s  bf16 {info['bf16_TFLOPs']:.0f} TFLOP/s"
     )
     print(table)
+    print()
+    print(decode_markdown(all_rows))
+    if direct_sweeps:
+        print("\nDIRECT_CONFIGS after the direct sweep:")
+        for klass, cfg in tm.DIRECT_CONFIGS.items():
+            print(f"    {klass!r}: {cfg},")
     if grouping_rows:
         print(grouping_markdown(grouping_rows))
     return 0
