@@ -35,10 +35,13 @@ class PassContext:
     sites: Sites
     # Sample inputs (args, kwargs) when the caller gave them: used for calibration and checks.
     example_inputs: tuple[tuple, dict] | None = None
+    # Inputs to calibrate channel parameters on, when they differ from the example inputs.
+    calibration_inputs: tuple[tuple, dict] | None = None
     # Buffers the rewrites created (qualified names): state the numeric check resets.
     state_buffers: list[str] = field(default_factory=list)
-    # Set by the pass manager when there are sample inputs: record(nodes) runs the current graph
-    # on them (from an empty cache) and returns {node name: value} (e.g. K/V for calibration).
+    # Set by the pass manager when there are sample inputs: record(nodes, inputs=None) runs the
+    # current graph on `inputs` (default: the example inputs) from an empty cache and returns
+    # {node name: value} (e.g. K/V for calibration).
     record: Any = None
     # get_attr targets read before the pipeline ran (cleanup deletes those no longer read).
     initial_attrs: set[str] = field(default_factory=set)

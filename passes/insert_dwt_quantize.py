@@ -6,7 +6,9 @@ write found by find_sites (`cache.index_copy_(2, positions, k)`), this pass
 
 - allocates the compressed cache as module buffers at compressed size: codes uint8
   [B, Hkv, S, n_code_bytes], scales fp16 [B, Hkv, S, n_bands], and the exact sinks + recent-window
-  cache [B, Hkv, sinks + window, D] (docs/CONTRACTS.md), plus the per-channel smoothing vector;
+  cache [B, Hkv, sinks + window, D] (docs/CONTRACTS.md), plus the cache's channel parameters
+  (offset, smoothing, rotation; given, calibrated on sample inputs, or a reported fallback: see
+  _channel_params.py) as the `channel_scale` buffer the ops receive;
 - replaces the write by `wmoe::kv_compress_into_cache(k, codes, scales, exact, positions, s, codec)`;
 - gives the readers of the dense cache `wmoe::kv_decompress(codes, scales, s, codec, dtype)`, so the
   graph stays runnable on its own; swap_wavelet_attention then replaces the attention and this
@@ -24,6 +26,7 @@ from dataclasses import replace
 import torch
 from torch import fx
 
+from . import _channel_params
 from . import _matching as m
 from ._context import PassContext, PassResult, copy_meta, op_available, register_buffer, tag
 from .find_sites import CompressedCache, KVWriteSite
@@ -33,12 +36,7 @@ aten = torch.ops.aten
 
 
 def run(ctx: PassContext) -> PassResult:
-    from wmoe_compile.codec import (
-        WaveletKVCodec,
-        calibrate_channel_scale,
-        channel_scale_from_weights,
-        get_codec,
-    )
+    from wmoe_compile.codec import WaveletKVCodec, get_codec
 
     result = PassResult(changed=False)
     candidates = [kv for kv in ctx.sites.kv if kv.report.status == "found"]
@@ -55,12 +53,10 @@ def run(ctx: PassContext) -> PassResult:
             result.decided.append(kv.report)
         return result
 
-    needs_samples = [kv.value for kv in candidates]
-    samples = ctx.record(needs_samples) if ctx.record is not None and ctx.example_inputs else {}
-    measured = []
+    site_configs: dict[int, object] = {}
+    usable = []
     for kv in candidates:
-        cache_shape = m.shape(kv.buffer)
-        batch, heads, capacity, head_dim = cache_shape
+        _, _, capacity, head_dim = m.shape(kv.buffer)
         codec_config = ctx.config.codec
         if ctx.config.bypass_codec or codec_config.window >= capacity:
             # A window covering the whole cache reads every position exactly; sinks are then
@@ -70,27 +66,31 @@ def run(ctx: PassContext) -> PassResult:
         elif codec_config.sinks > capacity:
             codec_config = replace(codec_config, sinks=capacity)
         try:
-            codec = WaveletKVCodec(codec_config, head_dim)
+            WaveletKVCodec(codec_config, head_dim)
         except ValueError as exc:
             kv.report.skip(f"codec does not fit head_dim={head_dim}: {exc}", NAME)
             result.decided.append(kv.report)
             continue
+        site_configs[id(kv)] = codec_config
+        usable.append(kv)
+    candidates = usable
+    # Samples for the codec's error measurement (example inputs) and for calibration.
+    samples = (
+        ctx.record([kv.value for kv in candidates]) if ctx.record is not None and ctx.example_inputs else {}
+    )
+    params = _channel_params.resolve(ctx, candidates, site_configs, samples)
+    if params.notes:
+        result.notes.extend(params.notes)
+    measured = []
+    for kv in candidates:
+        batch, heads, capacity, head_dim = m.shape(kv.buffer)
+        codec_config = params.configs.get(id(kv), site_configs[id(kv)])
+        codec = WaveletKVCodec(codec_config, head_dim)
         # Build the ops' cached codec now, with real tensors: the ops' fake implementations look it
         # up, and a first lookup under fake-tensor tracing would cache fake lookup tables.
         get_codec(codec.spec, head_dim)
-        smoothing = codec_config.k_smoothing if kv.role == "K" else codec_config.v_smoothing
         sample = samples.get(kv.value.name)
-        channel_scale, note = _channel_scale(
-            ctx,
-            kv,
-            smoothing,
-            codec_config.smoothing_alpha,
-            heads,
-            head_dim,
-            sample,
-            calibrate_channel_scale,
-            channel_scale_from_weights,
-        )
+        channel_scale, note = params.tensors[id(kv)], params.site_notes.get(id(kv), "")
         dense = m.get_attr_tensor(ctx.gm, kv.buffer) if kv.buffer.op == "get_attr" else None
         device = dense.device if dense is not None else m.val(kv.buffer).device
         dtype = m.dtype(kv.buffer)
@@ -125,6 +125,8 @@ def run(ctx: PassContext) -> PassResult:
             summary += "; bypass_codec: exact cache holds every position"
         kv.report.rewritten(NAME, summary + (f"; {note}" if note else ""))
         kv.report.nodes["codec"] = spec
+        if kv.buffer.op == "get_attr":  # lets the torch.compile backend share state per cache
+            kv.report.nodes["dense_cache"] = str(kv.buffer.target)
         result.decided.append(kv.report)
         result.changed = True
     if measured:
@@ -139,36 +141,6 @@ def run(ctx: PassContext) -> PassResult:
         result.notes.append("no sample inputs: codec error not measured, numeric check not bounded")
         result.expected_error = float("inf")
     return result
-
-
-def _channel_scale(
-    ctx,
-    kv: KVWriteSite,
-    smoothing: str,
-    alpha: float,
-    heads: int,
-    head_dim: int,
-    sample,
-    calibrate,
-    from_weights,
-) -> tuple[torch.Tensor, str]:
-    """Per-channel smoothing vector s [Hkv, D] fp32 (ones when smoothing is off)."""
-    ones = torch.ones(heads, head_dim, dtype=torch.float32)
-    if ctx.config.bypass_codec or smoothing == "none":
-        return ones, ""
-    if smoothing == "calibrated":
-        if sample is not None:
-            return calibrate(sample, alpha).float().cpu(), "smoothing calibrated on the sample inputs"
-        smoothing, fallback = "weights", "calibrated smoothing needs sample inputs: "
-    else:
-        fallback = ""
-    weight_node = m.linear_weight(kv.projection) if kv.projection is not None else None
-    weight = m.get_attr_tensor(ctx.gm, weight_node) if weight_node is not None else None
-    if weight is not None and weight.dim() == 2 and weight.shape[0] == heads * head_dim:
-        return from_weights(
-            weight, heads, alpha
-        ).float().cpu(), fallback + "smoothing from projection weights"
-    return ones, fallback + "no projection weight readable: smoothing off"
 
 
 def _rewrite_write(

@@ -237,27 +237,39 @@ def _rounding_bound(outputs: list[torch.Tensor]) -> float:
 
 
 class _FakeProp(fx.Interpreter):
-    """FakeTensorProp that remembers the node it was on when something failed."""
+    """Fake-tensor shape propagation that never touches real module state.
+
+    Placeholders get fake tensors built from their recorded metadata, and every parameter,
+    buffer and constant a get_attr reads is converted into the same FakeTensorMode
+    (`mode.from_tensor`, memoised, so aliasing between module tensors is kept), so in-place ops
+    (cache writes) mutate fakes and no op ever runs on a real tensor; the mode refuses real
+    inputs. Remembers the node it was on when something failed."""
 
     def __init__(self, gm: fx.GraphModule, mode) -> None:
         super().__init__(gm)
         self.mode = mode
         self.current: fx.Node | None = None
 
+    def fetch_attr(self, target: str) -> Any:
+        value = super().fetch_attr(target)
+        if isinstance(value, torch.Tensor):
+            return self._fake(value)
+        return value
+
     def run_node(self, n: fx.Node) -> Any:
         self.current = n
         result = super().run_node(n)
         if n.op == "get_attr" and isinstance(n.meta.get("val"), torch.Tensor):
             return result
-        # Module tensors are real, and ops that alias their input (a same-dtype `to`) return them:
-        # record fake metadata, never a reference to a real tensor.
         n.meta["val"] = pytree.tree_map_only(torch.Tensor, self._fake, result)
         return result
 
     def _fake(self, tensor: torch.Tensor) -> torch.Tensor:
         from torch._subclasses.fake_tensor import FakeTensor
 
-        return tensor if isinstance(tensor, FakeTensor) else self.mode.from_tensor(tensor, static_shapes=True)
+        if isinstance(tensor, FakeTensor) and tensor.fake_mode is self.mode:
+            return tensor
+        return self.mode.from_tensor(tensor, static_shapes=True)
 
 
 def _fake_inputs(gm: fx.GraphModule, mode) -> list:
@@ -321,7 +333,7 @@ def _verify(gm: fx.GraphModule, pass_name: str) -> None:
     ):
         return  # no recorded input metadata (e.g. a symbolic_trace graph): nothing to propagate
     _warm_op_caches(gm)
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    mode = FakeTensorMode()
     prop = _FakeProp(gm, mode)
     try:
         with mode:
@@ -380,7 +392,14 @@ def run_passes(
     from .dump import GraphDumper
 
     report = TransformReport(config=config.to_dict(), dump_dir=str(dump_dir) if dump_dir else None)
-    ctx = PassContext(gm=gm, config=config, sites=Sites(), example_inputs=example_inputs)
+    calibration_inputs = config.calibration_inputs
+    ctx = PassContext(
+        gm=gm,
+        config=config,
+        sites=Sites(),
+        example_inputs=example_inputs,
+        calibration_inputs=calibration_inputs,
+    )
     ctx.initial_attrs = {str(n.target) for n in gm.graph.nodes if n.op == "get_attr"}
 
     def reset_names() -> list[str]:
@@ -391,8 +410,13 @@ def run_passes(
         ]
         return dense + list(ctx.state_buffers)
 
-    if example_inputs is not None:
-        ctx.record = lambda nodes: _record_nodes(gm, example_inputs, reset_names(), {n.name for n in nodes})
+    if example_inputs is not None or calibration_inputs is not None:
+
+        def record(nodes, inputs=None):
+            inputs = inputs if inputs is not None else example_inputs
+            return _record_nodes(gm, inputs, reset_names(), {n.name for n in nodes})
+
+        ctx.record = record
     dumper = GraphDumper(dump_dir) if dump_dir else None
     if dumper:
         dumper.dump(0, "input", gm, sites=[], notes=["captured graph, before any pass"])
@@ -572,19 +596,50 @@ def export(
     are registered). The transform report is attached as `program.wmoe_report`.
 
     `prepare(model)` runs first (e.g. HF experts_implementation="eager" -> "grouped_mm").
-    The args are the example inputs: they are traced, used to calibrate K smoothing when the
-    codec asks for it, and for the numeric check when config.check_numerics is set; start them
-    at position 0 (the compressed cache starts empty).
+    The args are the example inputs: they are traced, used to calibrate the codec's channel
+    parameters (unless config.calibration_inputs or config.channel_params are given), and for the
+    numeric check when config.check_numerics is set; start them at position 0 (the compressed
+    cache starts empty). The RoPE base for key calibration comes from the model's config when
+    config.rope_theta is not set (rope_base_of).
     """
     if not isinstance(args, tuple):
         raise TypeError(f"args must be a tuple of example inputs, got {type(args).__name__}")
     model = prepare(model)
     kwargs = dict(kwargs or {})
+    config = config or CompileConfig()
+    if config.rope_theta is None:
+        base = rope_base_of(model)
+        if base is not None:
+            config = config.replace(rope_theta=base)
     with torch.no_grad():
         captured = torch.export.export(model, args, kwargs, strict=strict)
     program, report = transform(captured, config, dump_dir, example_inputs=(args, kwargs))
     program.wmoe_report = report
     return program
+
+
+def rope_base_of(model: nn.Module) -> float | None:
+    """The RoPE base (theta) of the reference model or an HF model with default rotate-half RoPE
+    over the whole head (HF `rope_parameters` / `rope_theta`); None when unknown or another
+    RoPE variant (scaled, partial), whose keys are then calibrated at the sample positions."""
+    from .models.mixtral import MixtralModel
+
+    if isinstance(model, MixtralModel):
+        return float(model.cfg.rope_theta)
+    inner = model.model if isinstance(model, HFStaticCacheLM) else model
+    config = getattr(inner, "config", None)
+    if config is None:
+        return None
+    if hasattr(config, "get_text_config"):
+        config = config.get_text_config()
+    params = getattr(config, "rope_parameters", None)
+    params = params if isinstance(params, dict) else {}
+    if params.get("rope_type", "default") != "default":
+        return None
+    if (getattr(config, "partial_rotary_factor", None) or 1.0) != 1.0:
+        return None
+    base = params.get("rope_theta", getattr(config, "rope_theta", None))
+    return float(base) if base is not None else None
 
 
 # ----------------------------------------------------------------------------------------------

@@ -21,7 +21,17 @@ How one Dynamo graph is compiled:
 Graphs of one model share state: the prefill graph and the decode graph are separate
 compilations, but they must write and read the same compressed cache. The compressed tensors are
 kept per dense cache tensor (`_SHARED_STATE`), and a later graph whose passes rewrite the same
-cache reuses them (with the smoothing calibrated on the first call, usually the prompt).
+cache reuses them.
+
+Channel parameters (the default codec's per-(layer, kv head) offsets and rotations): calibrated
+on the real inputs of the first call that compiles a graph, which for a generate loop is the
+prefill, i.e. the prompt (it needs at least a few tokens past the sinks: see
+passes/_channel_params.py; otherwise the layer falls back to the codec without them and the
+report and a warning say so). Later graphs (decode) are handed those parameters by dense cache
+name and do not calibrate again. For parameters calibrated elsewhere, e.g. on held-out text as
+the quality harness does, pass `options={"channel_params": {layer: {"k": .., "v": ..}}}`. Key
+calibration is RoPE-aware when `rope_theta` is given or the RoPE frequencies can be measured on
+the graph (the key at position 1 before and after RoPE).
 
 Shapes: the passes allocate caches and pack weights for concrete shapes, so the backend
 specialises on input shapes. A Dynamo graph with symbolic sizes (after a shape change Dynamo
@@ -327,6 +337,23 @@ def _share_state(module: torch.nn.Module, frozen: Mapping[str, tuple[int, torch.
     return replaced
 
 
+def _with_shared_channel_params(config: Any, frozen: Mapping[str, tuple[int, torch.Tensor]]) -> Any:
+    """Channel parameters an earlier graph calibrated for the same dense caches (usually the
+    prefill's, from the prompt), handed to the passes by cache name so a later graph (a decode
+    step, whose single token cannot be calibrated on) uses them instead of calibrating again.
+    Parameters the user gave in the config win."""
+    shared = {}
+    for name, (_, tensor) in frozen.items():
+        if isinstance(tensor, torch.nn.Parameter):
+            continue
+        channel = compressed_state(tensor).get("channel_scale")
+        if channel is not None:
+            shared[name] = channel
+    if not shared:
+        return config
+    return dataclasses.replace(config, channel_params={**shared, **(config.channel_params or {})})
+
+
 def _rebind_frozen(module: torch.nn.Module, frozen: Mapping[str, tuple[int, torch.Tensor]]) -> None:
     """Make the rewritten module hold the model's own tensors (re-export may hand back copies,
     e.g. of 0-d buffers), so in-place updates reach the model's state."""
@@ -374,6 +401,7 @@ def _compile_static(
     # Capture and the passes' sample runs must not change the model's state (cache contents,
     # HF's cumulative_length counters): snapshot it and put it back afterwards.
     state = [t for _, t in frozen.frozen.values() if not isinstance(t, torch.nn.Parameter)]
+    config = _with_shared_channel_params(config, frozen.frozen)
     with torch.no_grad():
         snapshot = [t.clone() for t in state]
         captured = torch.export.export(frozen.module, user_inputs, strict=False)

@@ -31,8 +31,9 @@ import warnings
 from functools import lru_cache
 
 import torch
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from ..codec import get_codec
+from ..codec import WaveletKVConfig, codec_layout, get_codec
 from ..kernels import wavelet_attention as _k
 
 _BACKENDS = ("auto", "reference", "triton")
@@ -69,6 +70,26 @@ def compressed_layout(codec: str, head_dim: int) -> _k.CompressedLayout:
         sinks=c.config.sinks,
         window=c.config.window,
         key=f"{c.spec}|D={head_dim}",
+    )
+
+
+@lru_cache(maxsize=64)
+def shape_layout(codec: str, head_dim: int) -> _k.CompressedLayout:
+    """The layout's geometry (bands, sinks, window) from the codec spec alone: pure Python plus a
+    meta-device transform and placeholder grids, so the fake implementation never builds lookup
+    tables or reads a tensor value (it may first run under torch.export's fake mode)."""
+    config = WaveletKVConfig.from_spec(codec)
+    geometry = codec_layout(config, head_dim)
+    with unset_fake_temporarily():
+        transform = torch.empty(head_dim, head_dim, device="meta")
+    return _k.CompressedLayout(
+        head_dim=head_dim,
+        transform=transform,
+        bands=tuple((b.start, b.size, b.bits) for b in geometry.bands),
+        grids=tuple((0.0,) * 2**b.bits for b in geometry.bands),
+        sinks=config.sinks,
+        window=config.window,
+        key=f"{codec}|D={head_dim}|shape-only",
     )
 
 
@@ -149,19 +170,23 @@ def _(
     codec: str,
     sm_scale: float,
 ) -> torch.Tensor:
-    layout = compressed_layout(codec, int(q.shape[-1]))  # head_dim is static (int() specialises)
-    _k.check_attention_inputs(
-        q,
-        k_codes,
-        k_scales,
-        v_codes,
-        v_scales,
-        k_exact,
-        v_exact,
-        seq_lens,
-        k_channel_scale,
-        v_channel_scale,
-        layout,
-        check_values=False,
-    )
+    layout = shape_layout(codec, int(q.shape[-1]))  # head_dim is static (int() specialises)
+    # Shape checks only, never tensor values. Outside the fake mode, so anything the checks
+    # cache (e.g. a ones scale for an empty channel argument) is a real tensor; ops on the fake
+    # inputs still run fake (a FakeTensor dispatches through its own mode).
+    with unset_fake_temporarily():
+        _k.check_attention_inputs(
+            q,
+            k_codes,
+            k_scales,
+            v_codes,
+            v_scales,
+            k_exact,
+            v_exact,
+            seq_lens,
+            k_channel_scale,
+            v_channel_scale,
+            layout,
+            check_values=False,
+        )
     return q.new_empty(q.shape)
