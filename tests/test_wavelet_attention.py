@@ -218,6 +218,26 @@ def test_full_channel_params(spec, row_reduce):
     assert rel_err(K.wavelet_attention_reference(*args, ref, 0.125), want) <= 1e-2
 
 
+def test_query_transform_cache_follows_the_channel_tensor():
+    # the kernel caches W_slots R per channel tensor: an in-place update of the tensor (new rotation)
+    # and a fresh tensor must both be seen, else attention would silently use a stale rotation
+    capacity = 40
+    codec, args = make_case(UNIFORM_SPEC, 1, 2, 2, 1, 64, [capacity], capacity, torch.float16, channel="full")
+    config = K.LaunchConfig(block_n=16)
+    first = _run_triton(args, codec, 0.125, config=config, num_splits=2)
+    assert rel_err(first, dense_reference(codec, args, 0.125)) <= 1e-2
+    k_cs = args[8]
+    with torch.no_grad():
+        k_cs[:, :64] = _random_rotation(2, 64, k_cs.device)  # a different rotation, same tensor
+    cached = _run_triton(args, codec, 0.125, config=config, num_splits=2)
+    fresh = list(args)
+    fresh[8] = k_cs.clone()  # a new tensor with the same values: nothing cached for it yet
+    K._COMPOSITES.clear()
+    uncached = _run_triton(tuple(fresh), codec, 0.125, config=config, num_splits=2)
+    assert rel_err(cached, uncached.double()) <= 1e-6
+    assert rel_err(cached, first.double()) > 1e-2  # the new rotation changed the scores
+
+
 def test_v2_slot_maps_cover_every_coefficient():
     # every coefficient appears exactly once among the key slots and once among the value slots
     for head_dim in K.SUPPORTED_HEAD_DIMS:
