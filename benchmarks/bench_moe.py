@@ -20,6 +20,13 @@ then serves the timing process). Before the shapes, the three token-grouping rou
 kernels/moe_align.py are timed alone at the benchmark's large pair counts, each also run under
 torch.cuda.set_sync_debug_mode("error") to show whether it synchronises with the host.
 
+Decode (T <= DECODE_MAX_TOKENS): a second table times ours and vLLM by one method, loop_ms (a loop of
+back-to-back calls between two CUDA events), both as CUDA graph replays and as an eager host loop
+(host launch work included), plus ours through the grouped path and with Triton's ordinary launches
+where the direct decode path applies (what each saves). vLLM's token alignment stays outside its
+timed call in both modes (favouring vLLM by its alignment op). Before each shape, the direct path's
+launch configs (DIRECT_CONFIGS) are swept through the op (--no-direct-sweep keeps the table's).
+
 --prewarm-offline DIR compiles, for an sm_90 target and with no GPU present, every kernel variant
 the GPU run will launch (tests/test_tiled_moe.py's GPU tests, the sweep, the benchmark) into the
 Triton cache DIR, and prints each kernel's registers, spills and shared memory. It fails here, at
