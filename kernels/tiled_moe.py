@@ -49,9 +49,19 @@ Weight tiles are fetched with plain pointer loads in a loop that Triton software
 the "tiles64" layout is not a strided 2-D box, and at decode the loads are already bandwidth-
 bound with several stages in flight per SM.
 
-Decode path: with few tokens every tile holds < BLOCK_M = 16 pairs of one expert, the grid bound
-is exactly the number of experts hit (moe_align.max_tiles), and the down projection splits K so
-that the weight read at T = 1 is spread over more programs than the GPU has SMs.
+Small T through the grouped path: every tile holds < BLOCK_M = 16 pairs of one expert, the grid
+bound is exactly the number of experts hit (moe_align.max_tiles), and the down projection splits K
+so that the weight read at T = 1 is spread over more programs than the GPU has SMs.
+
+Direct decode path (T k <= DIRECT_MAX_PAIRS = 16, no explicit config): at decode the GPU work is a
+weight stream of ~0.06-0.2 ms, and the grouped path's host work (a grouping launch, two GEMM
+launches, a zero-fill, a cast, five allocations, each Triton launch binding ~20 arguments) was
+measured above that (benchmarks/RESULTS.md). The direct path is two Triton launches and two
+torch.empty: _gate_up_direct_kernel's programs find their expert's pairs in topk_ids themselves
+(no grouping), and _down_direct_kernel gives each program a block of hidden columns over every
+live expert, so the weighted combine is done in registers and the output written once in its dtype
+(no atomics, no fp32 buffer). Launch constants are built once per shape (_direct_plan), and after
+the first call of an argument signature the compiled kernels are launched directly (FAST_LAUNCH).
 """
 
 from __future__ import annotations
