@@ -654,15 +654,20 @@ def decode_timings(row, prob, t, sets, ours, vllm_fn, log):
 
 
 # Direct decode path (kernels/tiled_moe.py DIRECT_CONFIGS): candidates timed through the op, per shape
-# class, at the decode T whose T k <= DIRECT_MAX_PAIRS. down: (down_n, down_k, warps, stages) with
-# gate_up kept; then gate_up: (up_n, up_k, warps, stages) with the best down.
+# class, at the decode T whose T k <= DIRECT_MAX_PAIRS. down: (down_n, down_k, warps, stages, flat)
+# with gate_up kept (flat: one loop over (live expert, K block)); gate_up: (up_n, up_k, warps,
+# stages) with down kept.
 DIRECT_DOWN_CANDIDATES = (
-    (16, 256, 4, 4),
-    (16, 128, 4, 4),
-    (16, 512, 4, 3),
-    (32, 256, 4, 3),
-    (32, 128, 4, 4),
-    (64, 128, 4, 4),
+    (16, 256, 4, 4, False),
+    (16, 128, 4, 4, False),
+    (16, 512, 4, 3, False),
+    (32, 256, 4, 3, False),
+    (32, 128, 4, 4, False),
+    (64, 128, 4, 4, False),
+    (16, 128, 4, 4, True),
+    (16, 256, 4, 4, True),
+    (16, 512, 4, 3, True),
+    (32, 256, 4, 3, True),
 )
 DIRECT_UP_CANDIDATES = ((128, 128, 4, 3), (64, 256, 4, 3), (64, 128, 4, 4), (128, 64, 4, 4))
 
@@ -670,8 +675,8 @@ DIRECT_UP_CANDIDATES = ((128, 128, 4, 3), (64, 256, 4, 3), (64, 128, 4, 4), (128
 def direct_candidates(base: tm.DirectConfig) -> dict[str, list[tm.DirectConfig]]:
     """Candidates varying one kernel's fields each (the kernels are separate launches: times add)."""
     downs = [
-        replace(base, down_n=n, down_k=k, down_warps=w, down_stages=st)
-        for n, k, w, st in DIRECT_DOWN_CANDIDATES
+        replace(base, down_n=n, down_k=k, down_warps=w, down_stages=st, down_flat=flat)
+        for n, k, w, st, flat in DIRECT_DOWN_CANDIDATES
     ]
     ups = [replace(base, up_n=n, up_k=k, up_warps=w, up_stages=st) for n, k, w, st in DIRECT_UP_CANDIDATES]
     return {"down": list(dict.fromkeys([base, *downs])), "up": list(dict.fromkeys([base, *ups]))}
@@ -727,6 +732,7 @@ def sweep_direct(prob: Problem, tokens, log) -> dict:
             down_k=down.down_k,
             down_warps=down.down_warps,
             down_stages=down.down_stages,
+            down_flat=down.down_flat,
         )
     try:
         if chosen not in results:

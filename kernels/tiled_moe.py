@@ -349,6 +349,7 @@ class DirectConfig:
     down_k: int
     down_warps: int
     down_stages: int
+    down_flat: bool = False  # one loop over (live expert, K block), see _down_direct_kernel
 
     def fitted(self, ffn_pad: int, hidden_pad: int) -> DirectConfig:
         """Shrink block sizes that do not divide the padded dims (weight loads are unmasked)."""
@@ -697,6 +698,7 @@ def _down_direct_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     BY_PAIR: tl.constexpr,
+    FLAT: tl.constexpr,  # one loop over (live expert, K block) instead of a K loop per expert slot
     DOT_FP32: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
@@ -716,21 +718,53 @@ def _down_direct_kernel(
     # Rows are pairs; each pair belongs to one expert, so the experts' masked dots add up to
     # y[p] = W2[e_p] h[p] for every valid pair (rows of other experts load as zeros).
     acc = tl.zeros((PAIRS, BLOCK_N), dtype=tl.float32)
-    for slot in range(0, n_slots):
-        expert, live = _direct_slot(ids, pairs, ids_ptr, slot, num_experts, BY_PAIR)
-        row_in = (ids == expert) & live
-        a_ptrs = h_ptr + pairs[:, None] * ffn_pad + ks[None, :]
-        w_ptrs = w_ptr + tl.where(live, expert, 0).to(tl.int64) * hidden_pad * ffn_pad + w_offsets
-        k_end = tl.where(live, ffn_pad, 0)  # a dead slot runs no iteration (reads nothing)
-        for _ in range(0, k_end, BLOCK_K):
+    if FLAT:
+        # The live slots compacted up front (vectors over slots, n_slots <= PAIRS), then one loop
+        # over (live slot, K block): the software pipeline streams across experts without draining
+        # and refilling at each expert, and dead slots cost no iteration.
+        slots = tl.arange(0, PAIRS)
+        if BY_PAIR:  # slot s = pair s: live when the first pair of a valid expert
+            slot_expert = ids
+            earlier = tl.sum(
+                ((ids[None, :] == ids[:, None]) & (pairs[None, :] < slots[:, None])).to(tl.int32), 1
+            )
+            slot_live = (ids >= 0) & (ids < num_experts) & (earlier == 0)
+        else:  # slot s = expert s: live when any pair is routed to it
+            slot_expert = slots
+            hits = tl.sum((ids[None, :] == slots[:, None]).to(tl.int32), axis=1)
+            slot_live = (slots < n_slots) & (hits > 0)
+        live_rank = tl.cumsum(slot_live.to(tl.int32), axis=0) - 1
+        n_live = tl.sum(slot_live.to(tl.int32), axis=0)
+        k_blocks = ffn_pad // BLOCK_K
+        for step in range(0, n_live * k_blocks):
+            nth = step // k_blocks
+            kb = step - nth * k_blocks
+            expert = tl.sum(tl.where(slot_live & (live_rank == nth), slot_expert, 0), axis=0)
+            row_in = ids == expert
+            a_ptrs = h_ptr + pairs[:, None] * ffn_pad + kb * BLOCK_K + ks[None, :]
+            w_ptrs = w_ptr + expert.to(tl.int64) * hidden_pad * ffn_pad + w_offsets + kb * k_step
             a = tl.load(a_ptrs, mask=row_in[:, None], other=0.0)
             w = tl.load(w_ptrs)
             if DOT_FP32:
                 a = a.to(tl.float32)
                 w = w.to(tl.float32)
             acc = tl.dot(a, w, acc, input_precision=PRECISION)
-            a_ptrs += BLOCK_K
-            w_ptrs += k_step
+    else:
+        for slot in range(0, n_slots):
+            expert, live = _direct_slot(ids, pairs, ids_ptr, slot, num_experts, BY_PAIR)
+            row_in = (ids == expert) & live
+            a_ptrs = h_ptr + pairs[:, None] * ffn_pad + ks[None, :]
+            w_ptrs = w_ptr + tl.where(live, expert, 0).to(tl.int64) * hidden_pad * ffn_pad + w_offsets
+            k_end = tl.where(live, ffn_pad, 0)  # a dead slot runs no iteration (reads nothing)
+            for _ in range(0, k_end, BLOCK_K):
+                a = tl.load(a_ptrs, mask=row_in[:, None], other=0.0)
+                w = tl.load(w_ptrs)
+                if DOT_FP32:
+                    a = a.to(tl.float32)
+                    w = w.to(tl.float32)
+                acc = tl.dot(a, w, acc, input_precision=PRECISION)
+                a_ptrs += BLOCK_K
+                w_ptrs += k_step
     # Weighted combine of each token's k pairs as one small fp32 product: out = S @ acc with
     # S[t, p] = topk_weights[p] for the pairs p of token t (TOKENS = PAIRS >= T rows).
     route = tl.load(topk_weights_ptr + pairs, mask=pair_in, other=0.0).to(tl.float32)
@@ -909,6 +943,7 @@ def _direct_plan(
         shared,
         BLOCK_N=cfg.down_n,
         BLOCK_K=cfg.down_k,
+        FLAT=cfg.down_flat,
         num_warps=cfg.down_warps,
         num_stages=cfg.down_stages,
     )

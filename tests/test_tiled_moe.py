@@ -8,6 +8,7 @@ on sys.path, shadows it with a wmoe_compile/ that has no kernels/ mapped in.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import replace
 
@@ -415,6 +416,19 @@ def direct_case(
     assert err < REL_TOL[dtype], f"relative error {err:.2e} >= {REL_TOL[dtype]:.0e}"
 
 
+@contextlib.contextmanager
+def direct_down_flat(flat: bool):
+    """DIRECT_CONFIGS with the down kernel's loop form set (plans are cached per shape: rebuilt)."""
+    saved = tm.DIRECT_CONFIGS
+    tm.DIRECT_CONFIGS = {k: replace(cfg, down_flat=flat) for k, cfg in saved.items()}
+    tm._direct_plan.cache_clear()
+    try:
+        yield
+    finally:
+        tm.DIRECT_CONFIGS = saved
+        tm._direct_plan.cache_clear()
+
+
 @pytest.mark.parametrize(
     "num_tokens,top_k,num_experts",
     [
@@ -428,8 +442,11 @@ def direct_case(
         (3, 8, 8),  # P = 24 > E: slots are experts, M tile 32 (past DIRECT_MAX_PAIRS, still exact)
     ],
 )
-def test_direct_path_matches_fp32_loop(num_tokens, top_k, num_experts):
-    direct_case(num_tokens, top_k, num_experts)
+@pytest.mark.parametrize("flat", [False, True])
+def test_direct_path_matches_fp32_loop(num_tokens, top_k, num_experts, flat):
+    # flat: the down kernel's one loop over (live expert, K block) instead of a K loop per slot.
+    with direct_down_flat(flat):
+        direct_case(num_tokens, top_k, num_experts)
 
 
 @pytest.mark.parametrize("layout,dtype", [("rows", torch.float16), ("tiles64", torch.bfloat16)])
@@ -437,13 +454,22 @@ def test_direct_path_layouts_and_half_dtypes(layout, dtype):
     direct_case(2, 2, 8, layout=layout, dtype=dtype)
 
 
-def test_direct_path_experts_shared_by_tokens():
+@pytest.mark.parametrize("flat", [False, True])
+def test_direct_path_experts_shared_by_tokens(flat):
     # Every token routed to experts 2 and 5: each expert owns one live slot and all three tokens' rows.
-    direct_case(3, 2, 8, allowed=[2, 5])
-    direct_case(3, 1, 8, allowed=[4])  # all tokens on one expert, k = 1
+    with direct_down_flat(flat):
+        direct_case(3, 2, 8, allowed=[2, 5])
+        direct_case(3, 1, 8, allowed=[4])  # all tokens on one expert, k = 1
+        direct_case(6, 2, 4, allowed=[1, 3])  # P = 12 > E: expert slots, two of four live
 
 
-def test_direct_path_drops_out_of_range_ids():
+@pytest.mark.parametrize("flat", [False, True])
+def test_direct_path_drops_out_of_range_ids(flat):
+    with direct_down_flat(flat):
+        check_direct_path_drops_out_of_range_ids()
+
+
+def check_direct_path_drops_out_of_range_ids():
     ids = torch.tensor([[1, 1000], [-1, 3]])  # the bad pairs contribute nothing, never index weights
     gate, up, down = random_experts(4, 64, 64, device=DEVICE)
     packed = pack_expert_weights(w1=gate, w3=up, w2=down)
@@ -559,14 +585,21 @@ def test_gpu_fp16_rows_layout_one_hot_expert():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(
-    "shape,num_tokens,allowed",
-    [(MIXTRAL, 8, None), (MIXTRAL, 3, [1, 6]), (FINE_GRAINED, 2, None)],
+    "shape,num_tokens,allowed,flat",
+    [
+        (MIXTRAL, 8, None, False),
+        (MIXTRAL, 3, [1, 6], False),
+        (FINE_GRAINED, 2, None, False),
+        (MIXTRAL, 8, None, True),
+        (FINE_GRAINED, 2, None, True),
+    ],
 )
-def test_gpu_direct_decode_path(shape, num_tokens, allowed):
+def test_gpu_direct_decode_path(shape, num_tokens, allowed, flat):
     # T k <= DIRECT_MAX_PAIRS: slots are experts (Mixtral T = 8), pairs sharing experts (T = 3 on two
-    # experts), or pairs (fine-grained T = 2, 16 pairs of 64 experts).
+    # experts), or pairs (fine-grained T = 2, 16 pairs of 64 experts); both loop forms of the down kernel.
     assert num_tokens * shape["top_k"] <= tm.DIRECT_MAX_PAIRS
-    gpu_case(shape, num_tokens, allowed=allowed)
+    with direct_down_flat(flat):
+        gpu_case(shape, num_tokens, allowed=allowed)
 
 
 @pytest.mark.gpu
