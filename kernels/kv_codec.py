@@ -7,10 +7,12 @@ Shapes: x [B, Hkv, T, D] (any strides, fp16 / bf16 / fp32), channel_scale broadc
 [Hkv, D]. Outputs: codes uint8 [B, Hkv, T, n_code_bytes], scales fp16 [B, Hkv, T, n_bands].
 
 Triton vs reference: the Triton kernel follows the reference's rules step by step (fp32 maths,
-scale rounded to fp16 before coding, correctly rounded division, the same midpoint comparisons
-and candidate order). One difference is allowed: the transform's fp32 sums run in a different
-order (tl.dot vs torch.matmul; tl.sum vs torch.sum for band errors and `-ub` projections), so a
-coefficient or a sum can differ by a few ulp. A code then differs (by one level) only where the
+scale rounded to fp16 before coding, the same candidate scales and tie rule). Two differences are
+allowed: the transform's fp32 sums run in a different order (tl.dot or a matrix-vector tl.sum vs
+torch.matmul; tl.sum vs torch.sum for band errors and `-ub` projections), and affine grids code
+by arithmetic (c * 1 / (s * step) + const, rounded up) instead of a correctly rounded c / s
+compared with the midpoint table, so a coefficient, a sum or a decision value can differ by a few
+ulp. A code then differs (by one level) only where the
 coefficient lies within that rounding of a decision boundary, an `mse` scale choice differs only
 between two candidates whose errors tie to rounding, and an `-ub` scale only where the ratio sits
 on an fp16 rounding boundary (one fp16 ulp). Tests check codes equal on all but such boundary
@@ -185,6 +187,18 @@ def compress_into_cache_reference(
 
 # ----------------------------------------------------------------------------------------------
 # Triton
+#
+# One kernel, two paths chosen per launch (constexpr VEC):
+#   VEC (decode steps, T < VEC_MAX_T): one program per vector. Each band's coefficients are a
+#     matrix-vector product with the band's rows of M (R, W or W R); all scale candidates of a
+#     band are coded at once as a [candidates, band] tile, so a vector takes a few dependent
+#     steps instead of a 16-step loop per band.
+#   tile (prefill chunks): one program per (BLOCK_T tokens, b * h); one tl.dot per band, the
+#     candidates in an unrolled loop.
+# Affine grids (level v = offset + step * v, e.g. `uniform`) code without table lookups or
+# divisions: code = clamp(ceil(c / (s * step) - offset / step - 1/2), 0, 2**bits - 1), the count
+# of grid midpoints below c / s up to fp32 rounding. Other grids (lloyd, int, log) use the
+# midpoint table with a correctly rounded c / s, as the reference does.
 
 if HAS_TRITON:
 
@@ -205,9 +219,206 @@ if HAS_TRITON:
         return tl.where(pos, tl.math.div_rn(c, tl.where(pos, s, 1.0)), 0.0)
 
     @triton.jit
-    def _encode_band(
+    def _grid_code(
         c,
-        d,
+        s,
+        grid_ptr,
+        mids_ptr,
+        LUT_OFFSET: tl.constexpr,
+        BITS: tl.constexpr,
+        AFFINE: tl.constexpr,
+        STEP: tl.constexpr,
+        Z0: tl.constexpr,
+        GRID_OFFSET: tl.constexpr,
+    ):
+        # (code, grid[code]) of c against scale s (c and s broadcast against each other)
+        if AFFINE:
+            ok = s > 0.0
+            inv = tl.where(ok, 1.0 / tl.where(ok, s * STEP, 1.0), 0.0)
+            code_f = tl.minimum(tl.maximum(tl.math.ceil(c * inv + Z0), 0.0), (1 << BITS) - 1.0)
+            code = code_f.to(tl.int32)
+            level = GRID_OFFSET + STEP * code_f
+        else:
+            code = _quantize_band(_safe_div(c, s), mids_ptr, LUT_OFFSET, BITS)
+            level = tl.load(grid_ptr + LUT_OFFSET + code)
+        return code, level
+
+    @triton.jit
+    def _load_y(x_row, sxd, m_row, s_row, scsd, cols, mask, HAS_OFFSET: tl.constexpr, HAS_CS: tl.constexpr):
+        # (x - m) / s in fp32 at channel indices `cols` (pointer rows broadcast against cols)
+        y = tl.load(x_row + cols * sxd, mask=mask, other=0.0).to(tl.float32)
+        if HAS_OFFSET:
+            y = y - tl.load(m_row + cols * scsd, mask=mask, other=0.0)
+        if HAS_CS:
+            y = tl.math.div_rn(y, tl.load(s_row + cols * scsd, mask=mask, other=1.0))
+        return y
+
+    @triton.jit
+    def _band_coeffs(
+        y,
+        rows_ok,
+        x_row,
+        sxd,
+        m_row,
+        s_row,
+        scsd,
+        mat_ptr,
+        s_mi,
+        s_mj,
+        VEC: tl.constexpr,
+        START: tl.constexpr,
+        SIZE: tl.constexpr,
+        BLOCK_S: tl.constexpr,
+        D: tl.constexpr,
+        BLOCK_D: tl.constexpr,
+        MODE: tl.constexpr,
+        HAS_OFFSET: tl.constexpr,
+        HAS_CS: tl.constexpr,
+    ):
+        # The band's coefficients c_i = sum_j M[START + i, j] y_j: [BLOCK_S] (VEC) or
+        # [BLOCK_T, BLOCK_S] (rows_ok [BLOCK_T, 1] masks tokens past T); columns past SIZE are 0.
+        # MODE 0: no transform (c = y's channels).
+        i = tl.arange(0, BLOCK_S)
+        i_ok = i < SIZE
+        d = tl.arange(0, BLOCK_D)
+        d_ok = d < D
+        if MODE == 0:
+            if VEC:
+                c = _load_y(x_row, sxd, m_row, s_row, scsd, START + i, i_ok, HAS_OFFSET, HAS_CS)
+            else:
+                cols = (START + i)[None, :]
+                c = _load_y(x_row, sxd, m_row, s_row, scsd, cols, rows_ok & i_ok[None, :], HAS_OFFSET, HAS_CS)
+        elif VEC:
+            mat = tl.load(
+                mat_ptr + (START + i)[:, None] * s_mi + d[None, :] * s_mj,
+                mask=i_ok[:, None] & d_ok[None, :],
+                other=0.0,
+            )
+            c = tl.sum(mat * y[None, :], axis=1)
+        else:  # matt[j, i] = M[START + i, j]; exact fp32 products, ieee accumulation
+            matt = tl.load(
+                mat_ptr + (START + i)[None, :] * s_mi + d[:, None] * s_mj,
+                mask=d_ok[:, None] & i_ok[None, :],
+                other=0.0,
+            )
+            c = tl.dot(y, matt, input_precision="ieee")
+        return c
+
+    @triton.jit
+    def _n_non_finite(c, VEC: tl.constexpr):
+        bad = tl.where((c == c) & (tl.abs(c) < float("inf")), 0, 1)
+        if VEC:
+            n = tl.sum(bad, axis=0)
+        else:
+            n = tl.sum(bad, axis=1)
+        return n
+
+    @triton.jit
+    def _encode_band_vec(
+        c,
+        row_ok,
+        row_finite,
+        code_base,
+        scale_base,
+        grid_ptr,
+        mids_ptr,
+        frac_ptr,
+        BLOCK_F: tl.constexpr,
+        N_FRACTIONS: tl.constexpr,
+        BAND: tl.constexpr,
+        SIZE: tl.constexpr,
+        BLOCK_S: tl.constexpr,
+        BITS: tl.constexpr,
+        BYTE_OFFSET: tl.constexpr,
+        LUT_OFFSET: tl.constexpr,
+        MSE: tl.constexpr,
+        UNBIASED: tl.constexpr,
+        AFFINE: tl.constexpr,
+        STEP: tl.constexpr,
+        Z0: tl.constexpr,
+        GRID_OFFSET: tl.constexpr,
+    ):
+        # One vector's band c [BLOCK_S]: every scale candidate at once as a [BLOCK_F, BLOCK_S] tile.
+        i = tl.arange(0, BLOCK_S)
+        in_band = i < SIZE
+        absmax = tl.max(tl.where(in_band, tl.abs(c), 0.0), axis=0)
+        if MSE:
+            fi = tl.arange(0, BLOCK_F)
+            f_ok = fi < N_FRACTIONS
+            f = tl.load(frac_ptr + fi, mask=f_ok, other=0.0)
+            s = tl.minimum(absmax * f, 65504.0).to(tl.float16).to(tl.float32)
+            codes, levels = _grid_code(
+                c[None, :], s[:, None], grid_ptr, mids_ptr, LUT_OFFSET, BITS, AFFINE, STEP, Z0, GRID_OFFSET
+            )
+            diff = c[None, :] - levels * s[:, None]
+            err = tl.where(f_ok, tl.sum(tl.where(in_band[None, :], diff * diff, 0.0), axis=1), float("inf"))
+            # the first (largest) candidate among equal errors, as the reference's argmin
+            best = tl.min(tl.where(err == tl.min(err, axis=0), fi, BLOCK_F), axis=0)
+            pick = fi == best
+            code = tl.sum(tl.where(pick[:, None], codes, 0), axis=0)
+            level = tl.sum(tl.where(pick[:, None], levels, 0.0), axis=0)
+            scale = tl.sum(tl.where(pick, s, 0.0), axis=0)
+        else:
+            scale = tl.minimum(absmax, 65504.0).to(tl.float16).to(tl.float32)
+            code, level = _grid_code(
+                c, scale, grid_ptr, mids_ptr, LUT_OFFSET, BITS, AFFINE, STEP, Z0, GRID_OFFSET
+            )
+        if UNBIASED:
+            # store |c|^2 / <grid[code], c>: no gain bias (codec.py: _unbiased_scale)
+            energy = tl.sum(tl.where(in_band, c * c, 0.0), axis=0)
+            proj = tl.sum(tl.where(in_band, level * c, 0.0), axis=0)
+            proj_ok = proj > 0.0
+            ratio = tl.math.div_rn(energy, tl.where(proj_ok, proj, 1.0))
+            scale = tl.where(proj_ok, tl.minimum(ratio, 65504.0).to(tl.float16).to(tl.float32), scale)
+        code = tl.where(in_band & row_finite, code, 0)
+        # pack: band coefficients g*PER_BYTE .. g*PER_BYTE + PER_BYTE - 1 form the band's byte g
+        PER_BYTE: tl.constexpr = 8 // BITS
+        grouped = tl.reshape(code, (BLOCK_S // PER_BYTE, PER_BYTE))
+        shifts = tl.arange(0, PER_BYTE) * BITS
+        packed = tl.sum(grouped << shifts[None, :], axis=1)
+        g = tl.arange(0, BLOCK_S // PER_BYTE)
+        tl.store(code_base + BYTE_OFFSET + g, packed.to(tl.uint8), mask=row_ok & (g < SIZE // PER_BYTE))
+        tl.store(scale_base + BAND, tl.where(row_finite, scale, float("nan")).to(tl.float16), mask=row_ok)
+
+    @triton.jit
+    def _tile_candidate(
+        c,
+        absmax,
+        in_band,
+        fi,
+        best_err,
+        scale,
+        code,
+        level,
+        grid_ptr,
+        mids_ptr,
+        frac_ptr,
+        LUT_OFFSET: tl.constexpr,
+        BITS: tl.constexpr,
+        AFFINE: tl.constexpr,
+        STEP: tl.constexpr,
+        Z0: tl.constexpr,
+        GRID_OFFSET: tl.constexpr,
+    ):
+        # code c [BLOCK_T, BLOCK_S] with scale candidate fi; keep it where its error is lower
+        f = tl.load(frac_ptr + fi)
+        s = tl.minimum(absmax * f, 65504.0).to(tl.float16).to(tl.float32)
+        cand, lv = _grid_code(
+            c, s[:, None], grid_ptr, mids_ptr, LUT_OFFSET, BITS, AFFINE, STEP, Z0, GRID_OFFSET
+        )
+        diff = c - lv * s[:, None]
+        err = tl.sum(tl.where(in_band[None, :], diff * diff, 0.0), axis=1)
+        better = err < best_err  # strict: the first (largest) candidate wins ties
+        return (
+            tl.where(better, err, best_err),
+            tl.where(better, s, scale),
+            tl.where(better[:, None], cand, code),
+            tl.where(better[:, None], lv, level),
+        )
+
+    @triton.jit
+    def _encode_band_tile(
+        c,
         row_ok,
         row_finite,
         code_base,
@@ -216,62 +427,104 @@ if HAS_TRITON:
         mids_ptr,
         frac_ptr,
         BLOCK_T: tl.constexpr,
-        BLOCK_D: tl.constexpr,
         N_FRACTIONS: tl.constexpr,
         BAND: tl.constexpr,
-        START: tl.constexpr,
         SIZE: tl.constexpr,
+        BLOCK_S: tl.constexpr,
         BITS: tl.constexpr,
         BYTE_OFFSET: tl.constexpr,
         LUT_OFFSET: tl.constexpr,
         MSE: tl.constexpr,
         UNBIASED: tl.constexpr,
+        AFFINE: tl.constexpr,
+        STEP: tl.constexpr,
+        Z0: tl.constexpr,
+        GRID_OFFSET: tl.constexpr,
     ):
-        # One band of coefficients c [BLOCK_T, BLOCK_D] (columns outside the band are masked).
-        in_band = (d >= START) & (d < START + SIZE)
+        # BLOCK_T vectors' band c [BLOCK_T, BLOCK_S]; the scale candidates in an unrolled loop.
+        i = tl.arange(0, BLOCK_S)
+        in_band = i < SIZE
         absmax = tl.max(tl.where(in_band[None, :], tl.abs(c), 0.0), axis=1)
         if MSE:
             best_err = tl.full((BLOCK_T,), float("inf"), tl.float32)
-            best_scale = tl.zeros((BLOCK_T,), tl.float32)
-            best_code = tl.zeros((BLOCK_T, BLOCK_D), tl.int32)
-            for fi in range(N_FRACTIONS):  # a loop, not unrolled: keeps compile time down
-                f = tl.load(frac_ptr + fi)
-                s = tl.minimum(absmax * f, 65504.0).to(tl.float16).to(tl.float32)
-                code = _quantize_band(_safe_div(c, s[:, None]), mids_ptr, LUT_OFFSET, BITS)
-                deq = tl.load(grid_ptr + LUT_OFFSET + code) * s[:, None]
-                err = tl.sum(tl.where(in_band[None, :], (c - deq) * (c - deq), 0.0), axis=1)
-                better = err < best_err
-                best_err = tl.where(better, err, best_err)
-                best_scale = tl.where(better, s, best_scale)
-                best_code = tl.where(better[:, None], code, best_code)
-            scale = best_scale
-            code = best_code
+            scale = tl.zeros((BLOCK_T,), tl.float32)
+            code = tl.zeros((BLOCK_T, BLOCK_S), tl.int32)
+            level = tl.zeros((BLOCK_T, BLOCK_S), tl.float32)
+            if AFFINE:  # unrolled: independent candidates overlap
+                for fi in tl.static_range(N_FRACTIONS):
+                    best_err, scale, code, level = _tile_candidate(
+                        c, absmax, in_band, fi, best_err, scale, code, level, grid_ptr, mids_ptr,
+                        frac_ptr, LUT_OFFSET, BITS, AFFINE, STEP, Z0, GRID_OFFSET,
+                    )  # fmt: skip
+            else:  # a loop: the table lookups unrolled 16 times compile for minutes
+                for fi in range(N_FRACTIONS):
+                    best_err, scale, code, level = _tile_candidate(
+                        c, absmax, in_band, fi, best_err, scale, code, level, grid_ptr, mids_ptr,
+                        frac_ptr, LUT_OFFSET, BITS, AFFINE, STEP, Z0, GRID_OFFSET,
+                    )  # fmt: skip
         else:
             scale = tl.minimum(absmax, 65504.0).to(tl.float16).to(tl.float32)
-            code = _quantize_band(_safe_div(c, scale[:, None]), mids_ptr, LUT_OFFSET, BITS)
+            code, level = _grid_code(
+                c, scale[:, None], grid_ptr, mids_ptr, LUT_OFFSET, BITS, AFFINE, STEP, Z0, GRID_OFFSET
+            )
         if UNBIASED:
-            # store |c|^2 / <grid[code], c>: no gain bias (codec.py: _unbiased_scale)
-            lv = tl.load(grid_ptr + LUT_OFFSET + code)
             energy = tl.sum(tl.where(in_band[None, :], c * c, 0.0), axis=1)
-            proj = tl.sum(tl.where(in_band[None, :], lv * c, 0.0), axis=1)
+            proj = tl.sum(tl.where(in_band[None, :], level * c, 0.0), axis=1)
             proj_ok = proj > 0.0
             ratio = tl.math.div_rn(energy, tl.where(proj_ok, proj, 1.0))
             scale = tl.where(proj_ok, tl.minimum(ratio, 65504.0).to(tl.float16).to(tl.float32), scale)
         code = tl.where(in_band[None, :] & row_finite[:, None], code, 0)
-        # pack: columns j*PER_BYTE .. j*PER_BYTE + PER_BYTE - 1 form byte j of the row (bands
-        # start at multiples of 4 columns, so groups never straddle two bands)
         PER_BYTE: tl.constexpr = 8 // BITS
-        grouped = tl.reshape(code, (BLOCK_T, BLOCK_D // PER_BYTE, PER_BYTE))
+        grouped = tl.reshape(code, (BLOCK_T, BLOCK_S // PER_BYTE, PER_BYTE))
         shifts = tl.arange(0, PER_BYTE) * BITS
         packed = tl.sum(grouped << shifts[None, None, :], axis=2)
-        g = tl.arange(0, BLOCK_D // PER_BYTE)
-        g_ok = (g >= START // PER_BYTE) & (g < (START + SIZE) // PER_BYTE)
-        byte = BYTE_OFFSET + g - START // PER_BYTE
+        g = tl.arange(0, BLOCK_S // PER_BYTE)
         tl.store(
-            code_base[:, None] + byte[None, :], packed.to(tl.uint8), mask=row_ok[:, None] & g_ok[None, :]
+            code_base[:, None] + BYTE_OFFSET + g[None, :],
+            packed.to(tl.uint8),
+            mask=row_ok[:, None] & (g < SIZE // PER_BYTE)[None, :],
         )
-        scale_out = tl.where(row_finite, scale, float("nan"))
-        tl.store(scale_base + BAND, scale_out.to(tl.float16), mask=row_ok)
+        tl.store(scale_base + BAND, tl.where(row_finite, scale, float("nan")).to(tl.float16), mask=row_ok)
+
+    @triton.jit
+    def _encode_band(
+        c,
+        row_ok,
+        row_finite,
+        code_base,
+        scale_base,
+        grid_ptr,
+        mids_ptr,
+        frac_ptr,
+        VEC: tl.constexpr,
+        BLOCK_T: tl.constexpr,
+        BLOCK_F: tl.constexpr,
+        N_FRACTIONS: tl.constexpr,
+        BAND: tl.constexpr,
+        SIZE: tl.constexpr,
+        BLOCK_S: tl.constexpr,
+        BITS: tl.constexpr,
+        BYTE_OFFSET: tl.constexpr,
+        LUT_OFFSET: tl.constexpr,
+        MSE: tl.constexpr,
+        UNBIASED: tl.constexpr,
+        AFFINE: tl.constexpr,
+        STEP: tl.constexpr,
+        Z0: tl.constexpr,
+        GRID_OFFSET: tl.constexpr,
+    ):
+        if VEC:
+            _encode_band_vec(
+                c, row_ok, row_finite, code_base, scale_base, grid_ptr, mids_ptr, frac_ptr, BLOCK_F,
+                N_FRACTIONS, BAND, SIZE, BLOCK_S, BITS, BYTE_OFFSET, LUT_OFFSET, MSE, UNBIASED, AFFINE,
+                STEP, Z0, GRID_OFFSET,
+            )  # fmt: skip
+        else:
+            _encode_band_tile(
+                c, row_ok, row_finite, code_base, scale_base, grid_ptr, mids_ptr, frac_ptr, BLOCK_T,
+                N_FRACTIONS, BAND, SIZE, BLOCK_S, BITS, BYTE_OFFSET, LUT_OFFSET, MSE, UNBIASED, AFFINE,
+                STEP, Z0, GRID_OFFSET,
+            )  # fmt: skip
 
     @triton.jit
     def _kv_compress_kernel(
@@ -314,77 +567,149 @@ if HAS_TRITON:
         D: tl.constexpr,
         BLOCK_D: tl.constexpr,
         BLOCK_T: tl.constexpr,
+        VEC: tl.constexpr,
         B0_START: tl.constexpr,
         B0_SIZE: tl.constexpr,
+        B0_BLOCK_S: tl.constexpr,
         B0_BITS: tl.constexpr,
         B0_BYTE_OFFSET: tl.constexpr,
         B0_LUT_OFFSET: tl.constexpr,
         B0_MSE: tl.constexpr,
         B0_UNBIASED: tl.constexpr,
+        B0_AFFINE: tl.constexpr,
+        B0_STEP: tl.constexpr,
+        B0_Z0: tl.constexpr,
+        B0_GRID_OFFSET: tl.constexpr,
         B1_START: tl.constexpr,
         B1_SIZE: tl.constexpr,
+        B1_BLOCK_S: tl.constexpr,
         B1_BITS: tl.constexpr,
         B1_BYTE_OFFSET: tl.constexpr,
         B1_LUT_OFFSET: tl.constexpr,
         B1_MSE: tl.constexpr,
         B1_UNBIASED: tl.constexpr,
+        B1_AFFINE: tl.constexpr,
+        B1_STEP: tl.constexpr,
+        B1_Z0: tl.constexpr,
+        B1_GRID_OFFSET: tl.constexpr,
         B2_START: tl.constexpr,
         B2_SIZE: tl.constexpr,
+        B2_BLOCK_S: tl.constexpr,
         B2_BITS: tl.constexpr,
         B2_BYTE_OFFSET: tl.constexpr,
         B2_LUT_OFFSET: tl.constexpr,
         B2_MSE: tl.constexpr,
         B2_UNBIASED: tl.constexpr,
+        B2_AFFINE: tl.constexpr,
+        B2_STEP: tl.constexpr,
+        B2_Z0: tl.constexpr,
+        B2_GRID_OFFSET: tl.constexpr,
         B3_START: tl.constexpr,
         B3_SIZE: tl.constexpr,
+        B3_BLOCK_S: tl.constexpr,
         B3_BITS: tl.constexpr,
         B3_BYTE_OFFSET: tl.constexpr,
         B3_LUT_OFFSET: tl.constexpr,
         B3_MSE: tl.constexpr,
         B3_UNBIASED: tl.constexpr,
+        B3_AFFINE: tl.constexpr,
+        B3_STEP: tl.constexpr,
+        B3_Z0: tl.constexpr,
+        B3_GRID_OFFSET: tl.constexpr,
         N_BANDS: tl.constexpr,
         N_FRACTIONS: tl.constexpr,
+        BLOCK_F: tl.constexpr,
         HAS_CS: tl.constexpr,
         HAS_OFFSET: tl.constexpr,
-        HAS_ROT: tl.constexpr,
-        W_IDENTITY: tl.constexpr,
+        MODE: tl.constexpr,
         HAS_POS: tl.constexpr,
         WRITE_EXACT: tl.constexpr,
         SINKS: tl.constexpr,
         WINDOW: tl.constexpr,
     ):
-        pid_t = tl.program_id(0)
-        pid_bh = tl.program_id(1)
-        b = pid_bh // H
-        h = pid_bh % H
-        t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
+        # MODE: 0 no transform, 1 rotation R only, 2 fixed W only, 3 R then W (c = W R y)
+        if VEC:  # one vector per program
+            pid = tl.program_id(0)
+            t = pid % T
+            bh = pid // T
+            t_ok = t < T
+        else:  # BLOCK_T tokens of one (b, h) per program
+            t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+            bh = tl.program_id(1)
+            t_ok = t < T
+        b = bh // H
+        h = bh % H
         d = tl.arange(0, BLOCK_D)
-        t_ok = t < T
         d_ok = d < D
-        xmask = t_ok[:, None] & d_ok[None, :]
-        x_raw = tl.load(
-            x_ptr + b * sxb + h * sxh + t[:, None] * sxt + d[None, :] * sxd, mask=xmask, other=0.0
-        )
-        y = x_raw.to(tl.float32)
-        if HAS_OFFSET:
-            m = tl.load(off_ptr + h * scsh + d * scsd, mask=d_ok, other=0.0)
-            y = y - m[None, :]
-        if HAS_CS:
-            cs = tl.load(cs_ptr + h * scsh + d * scsd, mask=d_ok, other=1.0)
-            y = tl.math.div_rn(y, cs[None, :])
-        # W [D, D] row-major; c = y @ W^T (exact fp32 products, ieee accumulation)
-        dd_ok = d_ok[:, None] & d_ok[None, :]
-        if HAS_ROT:  # z = R y per kv head (R [Hkv, D, D] row-major): rt[j, i] = R[h, i, j]
-            rt = tl.load(rot_ptr + h * srh + d[None, :] * sri + d[:, None] * srj, mask=dd_ok, other=0.0)
-            y = tl.dot(y, rt, input_precision="ieee")
-        if W_IDENTITY:
-            c = y
-        else:  # c = W z: wt[j, i] = W[i, j]
-            wt = tl.load(w_ptr + d[None, :] * D + d[:, None], mask=dd_ok, other=0.0)
-            c = tl.dot(y, wt, input_precision="ieee")
-        finite_el = (c == c) & (tl.abs(c) < float("inf"))
-        row_finite = tl.min(tl.where(finite_el | ~xmask, 1, 0), axis=1) > 0
-        c = tl.where(row_finite[:, None] & xmask, c, 0.0)
+        m_row = off_ptr + h * scsh
+        s_row = cs_ptr + h * scsh
+        if VEC:
+            x_row = x_ptr + b * sxb + h * sxh + t * sxt
+            cols = d
+            cols_ok = d_ok
+            rows_ok = t_ok
+        else:
+            x_row = x_ptr + b * sxb + h * sxh + t[:, None] * sxt
+            cols = d[None, :]
+            cols_ok = t_ok[:, None] & d_ok[None, :]
+            rows_ok = t_ok[:, None]
+        y = _load_y(x_row, sxd, m_row, s_row, scsd, cols, cols_ok, HAS_OFFSET, HAS_CS)
+        if MODE == 1:
+            mat_ptr = rot_ptr + h * srh
+            s_mi = sri
+            s_mj = srj
+        else:
+            mat_ptr = w_ptr
+            s_mi = D
+            s_mj = 1
+        if MODE == 3:  # rotate first (z = R y), then each band takes its rows of W
+            if VEC:
+                rot = tl.load(
+                    rot_ptr + h * srh + d[:, None] * sri + d[None, :] * srj,
+                    mask=d_ok[:, None] & d_ok[None, :],
+                    other=0.0,
+                )
+                y = tl.sum(rot * y[None, :], axis=1)
+            else:
+                rott = tl.load(
+                    rot_ptr + h * srh + d[None, :] * sri + d[:, None] * srj,
+                    mask=d_ok[:, None] & d_ok[None, :],
+                    other=0.0,
+                )
+                y = tl.dot(y, rott, input_precision="ieee")
+
+        # every band's coefficients first: a vector with any non-finite coefficient is stored as
+        # codes 0 and NaN scales in every band (codec.py)
+        n_bad = 0
+        if N_BANDS > 0:
+            c0 = _band_coeffs(
+                y, rows_ok, x_row, sxd, m_row, s_row, scsd, mat_ptr, s_mi, s_mj, VEC, B0_START, B0_SIZE,
+                B0_BLOCK_S, D, BLOCK_D, MODE, HAS_OFFSET, HAS_CS,
+            )  # fmt: skip
+            n_bad += _n_non_finite(c0, VEC)
+        if N_BANDS > 1:
+            c1 = _band_coeffs(
+                y, rows_ok, x_row, sxd, m_row, s_row, scsd, mat_ptr, s_mi, s_mj, VEC, B1_START, B1_SIZE,
+                B1_BLOCK_S, D, BLOCK_D, MODE, HAS_OFFSET, HAS_CS,
+            )  # fmt: skip
+            n_bad += _n_non_finite(c1, VEC)
+        if N_BANDS > 2:
+            c2 = _band_coeffs(
+                y, rows_ok, x_row, sxd, m_row, s_row, scsd, mat_ptr, s_mi, s_mj, VEC, B2_START, B2_SIZE,
+                B2_BLOCK_S, D, BLOCK_D, MODE, HAS_OFFSET, HAS_CS,
+            )  # fmt: skip
+            n_bad += _n_non_finite(c2, VEC)
+        if N_BANDS > 3:
+            c3 = _band_coeffs(
+                y, rows_ok, x_row, sxd, m_row, s_row, scsd, mat_ptr, s_mi, s_mj, VEC, B3_START, B3_SIZE,
+                B3_BLOCK_S, D, BLOCK_D, MODE, HAS_OFFSET, HAS_CS,
+            )  # fmt: skip
+            n_bad += _n_non_finite(c3, VEC)
+        row_finite = n_bad == 0
+        if VEC:
+            keep = row_finite
+        else:
+            keep = row_finite[:, None]
 
         if HAS_POS:
             p = tl.load(pos_ptr + b * spb + t * spt, mask=t_ok, other=0).to(tl.int64)
@@ -394,127 +719,85 @@ if HAS_TRITON:
             row_ok = t_ok
         code_base = codes_ptr + b * scb + h * sch + p * sct
         scale_base = scales_ptr + b * ssb + h * ssh + p * sst
-
         if N_BANDS > 0:
             _encode_band(
-                c,
-                d,
-                row_ok,
-                row_finite,
-                code_base,
-                scale_base,
-                grid_ptr,
-                mids_ptr,
-                frac_ptr,
-                BLOCK_T,
-                BLOCK_D,
-                N_FRACTIONS,
-                0,
-                B0_START,
-                B0_SIZE,
-                B0_BITS,
-                B0_BYTE_OFFSET,
-                B0_LUT_OFFSET,
-                B0_MSE,
-                B0_UNBIASED,
-            )
+                tl.where(keep, c0, 0.0), row_ok, row_finite, code_base, scale_base, grid_ptr, mids_ptr,
+                frac_ptr, VEC, BLOCK_T, BLOCK_F, N_FRACTIONS, 0, B0_SIZE, B0_BLOCK_S, B0_BITS,
+                B0_BYTE_OFFSET, B0_LUT_OFFSET, B0_MSE, B0_UNBIASED, B0_AFFINE, B0_STEP, B0_Z0,
+                B0_GRID_OFFSET,
+            )  # fmt: skip
         if N_BANDS > 1:
             _encode_band(
-                c,
-                d,
-                row_ok,
-                row_finite,
-                code_base,
-                scale_base,
-                grid_ptr,
-                mids_ptr,
-                frac_ptr,
-                BLOCK_T,
-                BLOCK_D,
-                N_FRACTIONS,
-                1,
-                B1_START,
-                B1_SIZE,
-                B1_BITS,
-                B1_BYTE_OFFSET,
-                B1_LUT_OFFSET,
-                B1_MSE,
-                B1_UNBIASED,
-            )
+                tl.where(keep, c1, 0.0), row_ok, row_finite, code_base, scale_base, grid_ptr, mids_ptr,
+                frac_ptr, VEC, BLOCK_T, BLOCK_F, N_FRACTIONS, 1, B1_SIZE, B1_BLOCK_S, B1_BITS,
+                B1_BYTE_OFFSET, B1_LUT_OFFSET, B1_MSE, B1_UNBIASED, B1_AFFINE, B1_STEP, B1_Z0,
+                B1_GRID_OFFSET,
+            )  # fmt: skip
         if N_BANDS > 2:
             _encode_band(
-                c,
-                d,
-                row_ok,
-                row_finite,
-                code_base,
-                scale_base,
-                grid_ptr,
-                mids_ptr,
-                frac_ptr,
-                BLOCK_T,
-                BLOCK_D,
-                N_FRACTIONS,
-                2,
-                B2_START,
-                B2_SIZE,
-                B2_BITS,
-                B2_BYTE_OFFSET,
-                B2_LUT_OFFSET,
-                B2_MSE,
-                B2_UNBIASED,
-            )
+                tl.where(keep, c2, 0.0), row_ok, row_finite, code_base, scale_base, grid_ptr, mids_ptr,
+                frac_ptr, VEC, BLOCK_T, BLOCK_F, N_FRACTIONS, 2, B2_SIZE, B2_BLOCK_S, B2_BITS,
+                B2_BYTE_OFFSET, B2_LUT_OFFSET, B2_MSE, B2_UNBIASED, B2_AFFINE, B2_STEP, B2_Z0,
+                B2_GRID_OFFSET,
+            )  # fmt: skip
         if N_BANDS > 3:
             _encode_band(
-                c,
-                d,
-                row_ok,
-                row_finite,
-                code_base,
-                scale_base,
-                grid_ptr,
-                mids_ptr,
-                frac_ptr,
-                BLOCK_T,
-                BLOCK_D,
-                N_FRACTIONS,
-                3,
-                B3_START,
-                B3_SIZE,
-                B3_BITS,
-                B3_BYTE_OFFSET,
-                B3_LUT_OFFSET,
-                B3_MSE,
-                B3_UNBIASED,
-            )
+                tl.where(keep, c3, 0.0), row_ok, row_finite, code_base, scale_base, grid_ptr, mids_ptr,
+                frac_ptr, VEC, BLOCK_T, BLOCK_F, N_FRACTIONS, 3, B3_SIZE, B3_BLOCK_S, B3_BITS,
+                B3_BYTE_OFFSET, B3_LUT_OFFSET, B3_MSE, B3_UNBIASED, B3_AFFINE, B3_STEP, B3_Z0,
+                B3_GRID_OFFSET,
+            )  # fmt: skip
 
-        if WRITE_EXACT:
+        if WRITE_EXACT:  # exact copies of x - m (docs/CONTRACTS.md: sinks and the recent ring)
+            x_ex = _load_y(x_row, sxd, m_row, s_row, scsd, cols, cols_ok, HAS_OFFSET, False)
+            x_ex = x_ex.to(exact_ptr.dtype.element_ty)
             ex_base = exact_ptr + b * seb + h * seh
-            if HAS_OFFSET:
-                x_ex = (x_raw.to(tl.float32) - m[None, :]).to(exact_ptr.dtype.element_ty)
-            else:
-                x_ex = x_raw.to(exact_ptr.dtype.element_ty)
             if SINKS > 0:
                 sink_ok = row_ok & (p < SINKS)
-                tl.store(
-                    ex_base + p[:, None] * set_ + d[None, :] * sed,
-                    x_ex,
-                    mask=sink_ok[:, None] & d_ok[None, :],
-                )
+                if VEC:
+                    tl.store(ex_base + p * set_ + d * sed, x_ex, mask=sink_ok & d_ok)
+                else:
+                    ptrs = ex_base + p[:, None] * set_ + d[None, :] * sed
+                    tl.store(ptrs, x_ex, mask=sink_ok[:, None] & d_ok[None, :])
             if WINDOW > 0:
                 ring_ok = row_ok & (t >= T - WINDOW)
                 slot = SINKS + p % WINDOW
-                tl.store(
-                    ex_base + slot[:, None] * set_ + d[None, :] * sed,
-                    x_ex,
-                    mask=ring_ok[:, None] & d_ok[None, :],
-                )
+                if VEC:
+                    tl.store(ex_base + slot * set_ + d * sed, x_ex, mask=ring_ok & d_ok)
+                else:
+                    ptrs = ex_base + slot[:, None] * set_ + d[None, :] * sed
+                    tl.store(ptrs, x_ex, mask=ring_ok[:, None] & d_ok[None, :])
 
 
 MAX_KERNEL_BANDS = 4
+# Chunks shorter than this take the one-program-per-vector path (decode steps, short verifies).
+VEC_MAX_T = 16
+_BAND_FIELDS = (
+    "START",
+    "SIZE",
+    "BLOCK_S",
+    "BITS",
+    "BYTE_OFFSET",
+    "LUT_OFFSET",
+    "MSE",
+    "UNBIASED",
+    "AFFINE",
+    "STEP",
+    "Z0",
+    "GRID_OFFSET",
+)
 
 
-def _band_constants(codec, lut_offsets: list[int]) -> dict[str, int | bool]:
+def grid_affine(grid: list[float]) -> tuple[bool, float, float]:
+    """Is grid[v] == offset + step * v for every code v (to fp32 precision)? -> (affine, step, offset)."""
+    n = len(grid)
+    offset, step = grid[0], (grid[-1] - grid[0]) / (n - 1)
+    tol = 1e-6 * max(1.0, max(abs(g) for g in grid))
+    affine = step > 0 and all(abs(g - (offset + step * v)) <= tol for v, g in enumerate(grid))
+    return affine, step, offset
+
+
+def _band_constants(codec, lut_offsets: list[int], vec: bool) -> dict[str, int | bool | float]:
     """Per-band constexprs B{i}_* for up to MAX_KERNEL_BANDS bands (Triton wants scalars here)."""
     if codec.n_bands > MAX_KERNEL_BANDS:
         raise ValueError(
@@ -522,22 +805,29 @@ def _band_constants(codec, lut_offsets: list[int]) -> dict[str, int | bool]:
             f"{codec.n_bands}; "
             "use the reference implementation (ops.set_backend('reference')) or fewer bands"
         )
-    out: dict[str, int | bool] = {}
+    out: dict[str, int | bool | float] = {}
     for i in range(MAX_KERNEL_BANDS):
-        used = i < codec.n_bands
-        band = codec.bands[i] if used else None
-        rule = codec.scale_rules[i] if used else "absmax"
-        out.update(
-            {
-                f"B{i}_START": band.start if used else 0,
-                f"B{i}_SIZE": band.size if used else 0,
-                f"B{i}_BITS": band.bits if used else 8,
-                f"B{i}_BYTE_OFFSET": codec.band_byte_offsets[i] if used else 0,
-                f"B{i}_LUT_OFFSET": lut_offsets[i] if used else 0,
-                f"B{i}_MSE": rule.startswith("mse"),
-                f"B{i}_UNBIASED": rule.endswith("-ub"),
-            }
-        )
+        values: tuple = (0, 0, 4, 8, 0, 0, False, False, False, 0.0, 0.0, 0.0)  # unused slot
+        if i < codec.n_bands:
+            band, rule = codec.bands[i], codec.scale_rules[i]
+            affine, step, offset = grid_affine(codec.grids[i].tolist())
+            # tl.dot (tile path) needs >= 16 columns; the vector path only whole bytes (>= 4)
+            block_s = max(16 if not vec else 4, _next_pow2(band.size))
+            values = (
+                band.start,
+                band.size,
+                block_s,
+                band.bits,
+                codec.band_byte_offsets[i],
+                lut_offsets[i],
+                rule.startswith("mse"),
+                rule.endswith("-ub"),
+                affine,
+                float(step) if affine else 0.0,
+                float(-offset / step - 0.5) if affine else 0.0,
+                float(offset) if affine else 0.0,
+            )
+        out.update({f"B{i}_{name}": v for name, v in zip(_BAND_FIELDS, values, strict=True)})
     return out
 
 
@@ -549,6 +839,46 @@ def _block_t(t: int, block_d: int) -> int:
     # tl.dot needs >= 16 rows; cap rows so [BLOCK_T, BLOCK_D] tiles stay modest in registers.
     cap = 64 if block_d <= 64 else 32
     return max(16, min(cap, _next_pow2(t)))
+
+
+def transform_mode(codec, has_rotation: bool) -> int:
+    """0: no transform, 1: rotation only, 2: fixed W only, 3: rotation then W."""
+    w_identity = codec.config.wavelet == "identity" or codec.levels == 0
+    return (1 if has_rotation else 0) + (0 if w_identity else 2)
+
+
+def launch_config(codec, x: torch.Tensor, channel_scale: torch.Tensor, exact: bool, positions: bool) -> dict:
+    """The constexprs and launch shape of one call (also what an offline compile check needs)."""
+    b, h, t, d = x.shape
+    scale, offset, rotation = channel_params(channel_scale, h, d)
+    lut_offsets, off = [], 0
+    for band in codec.bands:
+        lut_offsets.append(off)
+        off += 2**band.bits
+    vec = t < VEC_MAX_T
+    block_d = _next_pow2(max(d, 16))
+    block_t = 1 if vec else _block_t(t, block_d)
+    n_fractions = int(codec.scale_fractions.numel())
+    constexprs = dict(
+        H=h,
+        D=d,
+        BLOCK_D=block_d,
+        BLOCK_T=block_t,
+        VEC=vec,
+        **_band_constants(codec, lut_offsets, vec),
+        N_BANDS=codec.n_bands,
+        N_FRACTIONS=n_fractions,
+        BLOCK_F=_next_pow2(n_fractions),
+        HAS_CS=scale is not None,
+        HAS_OFFSET=offset is not None,
+        MODE=transform_mode(codec, rotation is not None),
+        HAS_POS=positions,
+        WRITE_EXACT=exact,
+        SINKS=codec.config.sinks if exact else 0,
+        WINDOW=codec.config.window if exact else 0,
+    )
+    grid = (b * h * t,) if vec else (triton.cdiv(t, block_t), b * h)
+    return {"grid": grid, "constexprs": constexprs, "num_warps": 4}
 
 
 def _launch(
@@ -580,12 +910,6 @@ def _launch(
     ref = scale2 if scale is not None else offset2
     cs_args = (scale2, ref.stride(0), ref.stride(2)) if ref is not w else (scale2, 0, 0)
     rot = w.unsqueeze(0) if rotation is None else rotation.float()
-    lut_offsets, off = [], 0
-    for band in codec.bands:
-        lut_offsets.append(off)
-        off += 2**band.bits
-    block_d = _next_pow2(max(d, 16))
-    block_t = _block_t(t, block_d)
     if exact is None:
         exact_args = (codes, 0, 0, 0, 0)
     else:
@@ -596,8 +920,8 @@ def _launch(
     else:
         pos_args = (positions, positions.stride(0), positions.stride(1))
         s_len = codes.shape[2]
-    grid = (triton.cdiv(t, block_t), b * h)
-    _kv_compress_kernel[grid](
+    cfg = launch_config(codec, x, channel_scale, exact is not None, positions is not None)
+    _kv_compress_kernel[cfg["grid"]](
         x,
         cs_args[0],
         offset2,
@@ -625,21 +949,8 @@ def _launch(
         *exact_args[1:],
         pos_args[1],
         pos_args[2],
-        H=h,
-        D=d,
-        BLOCK_D=block_d,
-        BLOCK_T=block_t,
-        **_band_constants(codec, lut_offsets),
-        N_BANDS=codec.n_bands,
-        N_FRACTIONS=int(fractions.numel()),
-        HAS_CS=scale is not None,
-        HAS_OFFSET=offset is not None,
-        HAS_ROT=rotation is not None,
-        W_IDENTITY=codec.config.wavelet == "identity" or codec.levels == 0,
-        HAS_POS=positions is not None,
-        WRITE_EXACT=exact is not None,
-        SINKS=codec.config.sinks if exact is not None else 0,
-        WINDOW=codec.config.window if exact is not None else 0,
+        num_warps=cfg["num_warps"],
+        **cfg["constexprs"],
     )
 
 

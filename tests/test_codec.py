@@ -14,6 +14,7 @@ from wmoe_compile import WaveletKVCodec, WaveletKVConfig
 from wmoe_compile.codec import (
     PRESETS,
     BandConfig,
+    band_mixing,
     calibrate_channel_params,
     calibrate_channel_scale,
     channel_scale_from_weights,
@@ -259,17 +260,27 @@ def test_band_config_validates():
 
 
 def test_calibrated_channel_params_fold_into_query_and_output():
-    cfg = WaveletKVConfig()  # default: offsets + PCA rotation
+    cfg = WaveletKVConfig()  # default: offsets + PCA rotation mixed inside each band
+    assert cfg.rotation == "pca_mixed"
     mix = torch.linalg.qr(torch.randn(64, 64))[0]
     k = (torch.randn(1, 2, 300, 64) * torch.logspace(1, -1, 64)) @ mix.T + torch.randn(2, 1, 64) * 3
     params = calibrate_channel_params(cfg, "k", k)
     assert params.shape == (2, 66, 64)
     scale, offset, rotation = channel_params(params, 2, 64)
-    # rotation: orthonormal rows, principal axes with descending variance
+    # rotation: orthonormal rows; undoing the band mixing leaves the principal axes with
+    # descending variance (calibration leaves out the sink positions)
     assert torch.allclose(rotation @ rotation.transpose(1, 2), torch.eye(64).expand(2, 64, 64), atol=1e-5)
-    # (calibration leaves out the sink positions)
-    var = ((k[:, :, 4:] - offset) @ rotation.transpose(1, 2)).pow(2).mean(2)[0]
+    centred = k[:, :, 4:] - offset
+    pca = band_mixing(cfg, 64).T @ rotation
+    var = (centred @ pca.transpose(1, 2)).pow(2).mean(2)[0]
     assert bool((var[:, :-1] >= var[:, 1:] * 0.999).all())
+    # mixed: each half keeps its PCA energy, spread evenly over its coefficients
+    var_mixed = (centred @ rotation.transpose(1, 2)).pow(2).mean(2)[0]
+    for band in (slice(0, 32), slice(32, 64)):
+        assert torch.allclose(var_mixed[:, band].sum(-1), var[:, band].sum(-1), rtol=1e-4)
+        spread_pca = var[:, band].amax(-1) / var[:, band].amin(-1)
+        spread_mixed = var_mixed[:, band].amax(-1) / var_mixed[:, band].amin(-1)
+        assert bool((spread_mixed < 3).all() and (spread_pca > 5).all())
     codec = WaveletKVCodec(cfg, 64)
     codes, scales = codec.encode(k, scale, offset, rotation)
     c_hat = codec.decode_coefficients(codes, scales).double()
@@ -285,6 +296,33 @@ def test_calibrated_channel_params_fold_into_query_and_output():
     assert torch.allclose(p @ k_hat, ((p @ c_hat) @ m) * scale.double() + offset.double(), atol=1e-4)
     rel = (k_hat - k).norm() / (k - offset).norm()
     assert rel < 0.2  # compaction: most energy sits in the 4-bit half
+
+
+@pytest.mark.parametrize(
+    "spec,bands",
+    [
+        ("default", [(0, 32), (32, 32)]),
+        ("lo", [(0, 16), (16, 48)]),  # 48 coefficients: a DCT-II block
+        (
+            "wavelet=haar;levels=1;bands=1/2:4:uniform:mse,1/2:2:uniform:mse;rotation=pca_mixed",
+            [(0, 32), (32, 32)],
+        ),
+    ],
+)
+def test_band_mixing_is_orthonormal_and_block_diagonal_per_band(spec, bands):
+    cfg = WaveletKVConfig.from_spec(spec)
+    codec = WaveletKVCodec(cfg, 64)
+    mix = band_mixing(cfg, 64).double()
+    assert torch.allclose(mix @ mix.T, torch.eye(64, dtype=torch.float64), atol=1e-6)
+    w = codec.transform.double()
+    in_coeffs = w @ mix @ w.T  # what the mixing does to W's coefficients
+    block = torch.zeros(64, 64, dtype=torch.bool)
+    for start, size in bands:
+        block[start : start + size, start : start + size] = True
+        sub = in_coeffs[start : start + size, start : start + size]
+        # every coefficient of the band mixes every coefficient of it, with equal weight
+        assert bool((sub.abs() > 0.2 / size**0.5).float().mean() > 0.9)
+    assert float(in_coeffs[~block].abs().max()) < 1e-6
 
 
 @pytest.mark.parametrize(

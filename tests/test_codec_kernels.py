@@ -30,7 +30,7 @@ def triton_backend():
     ops.set_backend(previous)
 
 
-def _assert_same_encoding(codec, x, cs, got, ref):
+def _assert_same_encoding(codec, x, cs, got, ref, coefficients=None):
     """Codes/scales equal, except where the transform's summation order can tip a coefficient
     over a decision boundary: there the reconstruction error must tie with the reference's."""
     (gc, gs), (rc, rs) = got, ref
@@ -39,7 +39,7 @@ def _assert_same_encoding(codec, x, cs, got, ref):
     assert same.float().mean() >= 0.98, f"only {same.float().mean():.4f} of vectors encode identically"
     if bool(same.all()):
         return
-    c = codec.coefficients(x, cs)
+    c = codec.coefficients(x, cs) if coefficients is None else coefficients
     c_got, c_ref = codec.decode_coefficients(gc, gs), codec.decode_coefficients(rc, rs)
     energy = c.pow(2).sum(-1)
     err_got, err_ref = (c_got - c).pow(2).sum(-1), (c_ref - c).pow(2).sum(-1)
@@ -126,16 +126,45 @@ def test_triton_other_head_dims(head_dim):
     _assert_same_encoding(codec, x, None, K.compress_triton(codec, x, cs), K.compress_reference(codec, x, cs))
 
 
+def test_default_grids_are_affine():
+    # the attention kernel reads affine grids (code * step + offset) 4.4x faster than tables
+    for name, affine in (("default", True), ("hq", True), ("hq8", True), ("lo", True), ("lloyd", False)):
+        codec = get_codec(name, 64)
+        assert all(K.grid_affine(g.tolist())[0] for g in codec.grids) == affine, name
+    ok, step, offset = K.grid_affine(get_codec("default", 64).grids[1].tolist())
+    assert ok and step == pytest.approx(2 / 3) and offset == -1.0
+
+
+@pytest.mark.parametrize("t", [1, 5])
+@pytest.mark.parametrize("spec", ["default", "lloyd", "hq8"])
+def test_vector_path_matches_reference_with_rotation(spec, t):
+    # decode-sized chunks (T < VEC_MAX_T) take the one-program-per-vector path
+    codec = get_codec(spec, 64)
+    config = K.launch_config(codec, torch.empty(1, 3, t, 64), torch.empty(0), False, False)
+    assert t < K.VEC_MAX_T and config["constexprs"]["VEC"]
+    x = torch.randn(4, 3, t, 64, device=DEVICE, dtype=torch.bfloat16) * 2 + 1
+    params = _random_params(3, 64, DEVICE)
+    got, ref = K.compress_triton(codec, x, params), K.compress_reference(codec, x, params)
+    scale, offset, rotation = K.channel_params(params, 3, 64)
+    same = ((got[0] == ref[0]).all(-1) & (got[1] == ref[1]).all(-1)).float().mean()
+    assert same >= 0.98
+    c = codec.coefficients(x, scale, offset, rotation)
+    err_got = (codec.decode_coefficients(*got) - c).pow(2).sum(-1)
+    err_ref = (codec.decode_coefficients(*ref) - c).pow(2).sum(-1)
+    assert torch.allclose(err_got, err_ref, rtol=0.05, atol=1e-4 * float(c.pow(2).sum(-1).max()))
+
+
 @pytest.mark.parametrize("bad", [math.nan, math.inf])
-def test_triton_non_finite_is_contained(bad):
+@pytest.mark.parametrize("t", [20, 9])  # tile path, vector path
+def test_triton_non_finite_is_contained(bad, t):
     codec = get_codec("default", 64)
-    x = torch.randn(1, 2, 20, 64, device=DEVICE)
+    x = torch.randn(1, 2, t, 64, device=DEVICE)
     cs = torch.rand(2, 64, device=DEVICE) + 0.5
     clean = K.compress_triton(codec, x, cs)
     x[0, 1, 7, 3] = bad
     codes, scales = K.compress_triton(codec, x, cs)
     assert (codes[0, 1, 7] == 0).all() and torch.isnan(scales[0, 1, 7]).all()
-    mask = torch.ones(1, 2, 20, dtype=torch.bool, device=DEVICE)
+    mask = torch.ones(1, 2, t, dtype=torch.bool, device=DEVICE)
     mask[0, 1, 7] = False
     assert torch.equal(codes[mask], clean[0][mask]) and torch.equal(scales[mask], clean[1][mask])
     ref = K.compress_reference(codec, x, cs)
@@ -276,16 +305,20 @@ def test_bad_inputs_raise_clear_errors():
 @pytest.mark.gpu
 def test_gpu_real_shapes_match_reference():
     # decode step (B=8, Hkv=8, T=1, D=128) and prefill chunk (B=1, Hkv=8, T=2048, D=128), bf16
-    codec = get_codec("default", 128)
-    for shape in [(8, 8, 1, 128), (1, 8, 2048, 128), (4, 3, 333, 64)]:
-        c = codec if shape[-1] == 128 else get_codec("default", 64)
+    for spec, shape in [
+        ("default", (8, 8, 1, 128)),
+        ("default", (1, 8, 2048, 128)),
+        ("lloyd", (8, 8, 1, 128)),
+        ("lloyd", (1, 8, 2048, 128)),
+        ("default", (4, 3, 333, 64)),
+    ]:
+        c = get_codec(spec, shape[-1])
         x = torch.randn(shape, device="cuda", dtype=torch.bfloat16) * 3
         cs = torch.rand(shape[1], shape[-1], device="cuda") + 0.5
         _assert_same_encoding(
             c, x, cs.unsqueeze(1), K.compress_triton(c, x, cs), K.compress_reference(c, x, cs)
         )
-        params = torch.stack([cs, torch.randn_like(cs)])
-        scale, offset, _ = K.channel_params(params, shape[1], shape[-1])
-        _assert_same_encoding(
-            c, x.float() - offset, scale, K.compress_triton(c, x, params), K.compress_reference(c, x, params)
-        )
+        params = _random_params(shape[1], shape[-1], "cuda")  # rotation, scale, offset
+        coefficients = c.coefficients(x, *K.channel_params(params, shape[1], shape[-1]))
+        got, ref = K.compress_triton(c, x, params), K.compress_reference(c, x, params)
+        _assert_same_encoding(c, x, None, got, ref, coefficients)

@@ -12,8 +12,12 @@ coefficient sits in the lower bits) and ``scales`` fp16 [..., n_bands].
 ``bytes_per_vector = n_code_bytes + 2 * n_bands``, fixed. See docs/CONTRACTS.md.
 
 The default (PRESETS["default"] == WaveletKVConfig()) is the measured winner on SmolLM2-135M
-(benchmarks/RESULTS.md): calibrated offsets + a per-head PCA rotation, W = identity, 32 leading
-components at 4 bits and 32 at 2 bits on Lloyd-Max grids: 28 B per 64-d vector, 52 B per 128-d.
+(benchmarks/RESULTS.md): calibrated offsets + a per-head PCA rotation followed by a Hadamard
+inside each band (`rotation=pca_mixed`, band_mixing), W = identity, the 32 leading components at
+4 bits and the 32 trailing ones at 2 bits on uniform (affine) grids: 28 B per 64-d vector, 52 B
+per 128-d. The mixing spreads each band's PCA energy evenly over its coefficients, which lets
+uniform grids match Lloyd-Max grids (the `lloyd` preset, plain PCA), and the attention kernel
+decodes affine grids (code * step + offset) 4.4x faster than table grids.
 Fixed wavelets (haar, db4, haar_packet) stay available; on these keys/values they did not compact
 energy (~50% in either half) and measured 5x the drift at the same bytes.
 
@@ -53,7 +57,7 @@ SCALE_RULES = ("absmax", "mse", "absmax-ub", "mse-ub")
 K_SMOOTHING = ("none", "calibrated", "weights", "qk", "q")
 V_SMOOTHING = ("none", "calibrated", "ov", "o")
 OFFSETS = ("none", "calibrated")
-ROTATIONS = ("none", "pca")
+ROTATIONS = ("none", "pca", "pca_mixed")
 ALLOWED_BITS = (2, 4, 8)
 FP16_MAX = 65504.0
 
@@ -166,6 +170,10 @@ class BandConfig:
 
 
 def _default_bands() -> tuple[BandConfig, ...]:
+    return (BandConfig(Fraction(1, 2), 4, "uniform", "mse"), BandConfig(Fraction(1, 2), 2, "uniform", "mse"))
+
+
+def _lloyd_bands() -> tuple[BandConfig, ...]:
     return (BandConfig(Fraction(1, 2), 4, "lloyd", "mse"), BandConfig(Fraction(1, 2), 2, "lloyd", "mse"))
 
 
@@ -191,6 +199,7 @@ class WaveletKVConfig:
     rotation     none | pca: a per-(layer, kv head) orthonormal rotation R, calibrated as the
                  principal axes of the centred, smoothed samples (largest variance first), applied
                  before W: c = W R ((x - m) / s). It folds into the query / output exactly like W.
+                 pca_mixed: the PCA rotation followed by a Hadamard inside each band (band_mixing)
     k_offset, v_offset  none | calibrated: subtract a per-channel offset m (the calibration mean)
                  before coding, x' = (x - m) / s. Keys: every key, exact ones included, is stored
                  centred, which shifts each query's scores by the constant q . m (softmax does
@@ -208,7 +217,7 @@ class WaveletKVConfig:
     smoothing_alpha: float = 1.0
     k_offset: str = "calibrated"
     v_offset: str = "calibrated"
-    rotation: str = "pca"
+    rotation: str = "pca_mixed"
 
     def __post_init__(self) -> None:
         if self.wavelet not in WAVELETS:
@@ -308,7 +317,7 @@ def _bands(*items: tuple[str, int, str]) -> tuple[BandConfig, ...]:
 def _fixed_wavelet(wavelet: str, levels: int | None) -> WaveletKVConfig:
     # the best measured configs without a calibrated rotation (offsets still calibrated)
     return WaveletKVConfig(
-        wavelet=wavelet, levels=levels, k_smoothing="calibrated", rotation="none", bands=_default_bands()
+        wavelet=wavelet, levels=levels, k_smoothing="calibrated", rotation="none", bands=_lloyd_bands()
     )
 
 
@@ -316,9 +325,12 @@ def _fixed_wavelet(wavelet: str, levels: int | None) -> WaveletKVConfig:
 # Every dataclass default is the `default` preset: 28 B per 64-d vector, 52 B per 128-d.
 PRESETS: dict[str, WaveletKVConfig] = {
     "default": WaveletKVConfig(),
-    "lo": WaveletKVConfig(bands=_bands(("1/4", 4, "lloyd"), ("3/4", 2, "lloyd"))),  # 24 B / 64-d
-    "hq": WaveletKVConfig(bands=_bands(("1/2", 4, "lloyd"), ("1/2", 4, "lloyd"))),  # 36 B / 64-d
-    "hq8": WaveletKVConfig(bands=_bands(("1/8", 8, "uniform"), ("7/8", 4, "lloyd"))),  # 40 B / 64-d
+    # the default until 2026-11-30: Lloyd-Max grids after a plain PCA rotation (same bytes); the
+    # attention kernel reads table grids 4.4x slower than affine ones
+    "lloyd": WaveletKVConfig(bands=_lloyd_bands(), rotation="pca"),
+    "lo": WaveletKVConfig(bands=_bands(("1/4", 4, "uniform"), ("3/4", 2, "uniform"))),  # 24 B / 64-d
+    "hq": WaveletKVConfig(bands=_bands(("1/2", 4, "uniform"), ("1/2", 4, "uniform"))),  # 36 B / 64-d
+    "hq8": WaveletKVConfig(bands=_bands(("1/8", 8, "uniform"), ("7/8", 4, "uniform"))),  # 40 B / 64-d
     "max": WaveletKVConfig(bands=_bands(("1/2", 8, "uniform"), ("1/2", 8, "uniform"))),  # 68 B / 64-d
     "wht": _fixed_wavelet("haar_packet", None),  # full-depth Haar packet (Walsh-Hadamard), 28 B
     "haar": _fixed_wavelet("haar", 1),  # one-level Haar, 28 B
@@ -910,11 +922,44 @@ def calibrate_channel_params(
         if offset_rule == "calibrated":
             offset = mean.float()
             second = second - mean.unsqueeze(-1) * mean.unsqueeze(-2)
-        if config.rotation == "pca":
+        if config.rotation != "none":
             if scale is not None:
                 inv = 1.0 / scale.double()
                 second = second * inv.unsqueeze(-1) * inv.unsqueeze(-2)
             rotation = pca_rotation_from_moments(second)
-    elif config.rotation == "pca":
+    elif config.rotation != "none":
         rotation = pca_rotation(x[..., config.sinks :, :])
+    if rotation is not None and config.rotation == "pca_mixed":
+        rotation = band_mixing(config, d) @ rotation
     return pack_channel_params(d, hkv, scale, offset, rotation)
+
+
+def _hadamard(n: int) -> torch.Tensor:
+    h = torch.ones(1, 1, dtype=torch.float64)
+    while h.shape[0] < n:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    return h / math.sqrt(n)
+
+
+def _dct_ii(n: int) -> torch.Tensor:
+    k = torch.arange(n, dtype=torch.float64).unsqueeze(1)
+    i = torch.arange(n, dtype=torch.float64).unsqueeze(0)
+    m = torch.cos(math.pi * (i + 0.5) * k / n) * math.sqrt(2.0 / n)
+    m[0] /= math.sqrt(2.0)
+    return m
+
+
+def band_mixing(config: WaveletKVConfig, head_dim: int) -> torch.Tensor:
+    """Orthonormal [D, D] B with W^T B W block-diagonal over the config's bands: a normalised
+    Hadamard (a DCT-II where the band size is not a power of two) inside each band of W's
+    coefficients. `rotation=pca_mixed` stores R' = B R: each band keeps the energy of its PCA
+    components, spread evenly over its coefficients, so one scale per band and a uniform grid fit
+    every coefficient alike (after PCA a band's variances fall by ~10x from first to last)."""
+    layout = codec_layout(config, head_dim)
+    mix = torch.zeros(head_dim, head_dim, dtype=torch.float64)
+    for band in layout.bands:
+        n = band.size
+        block = _hadamard(n) if n & (n - 1) == 0 else _dct_ii(n)
+        mix[band.start : band.start + n, band.start : band.start + n] = block
+    w = wavelet_matrix(config.wavelet, head_dim, layout.levels).double()
+    return (w.T @ mix @ w).float()
