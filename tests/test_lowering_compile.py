@@ -140,6 +140,17 @@ def test_reference_generate_compressed_writes_codes():
     assert (scales[:, :, written:] == 0).all(), "nothing beyond the written positions"
     report = compile_backend.compile_reports()[-1]
     assert {s.kind for s in report.rewritten()} >= {"kv_write", "attention"}
+    # The default codec's channel parameters (offsets, rotation) are calibrated on the first
+    # call's prompt (9 tokens past 1 sink = 8 vectors) and handed to the decode graph.
+    head_dim = model.cfg.head_dim
+    channel = state["channel_scale"]
+    assert channel.shape == (model.cfg.num_kv_heads, head_dim + 2, head_dim)
+    rotation = channel[:, :head_dim]
+    eye = torch.eye(head_dim).expand_as(rotation)
+    torch.testing.assert_close(rotation @ rotation.transpose(1, 2), eye, atol=1e-4, rtol=0)
+    prefill_report, decode_report = compile_backend.compile_reports()[-2:]
+    assert all("calibrated on 8 vectors" in s.reason for s in prefill_report.rewritten("kv_write"))
+    assert all("channel params given" in s.reason for s in decode_report.rewritten("kv_write"))
 
 
 def test_hf_generate_static_cache_bypass_identical_and_no_recompiles():

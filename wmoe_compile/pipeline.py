@@ -7,8 +7,11 @@
 
 Pipeline (ordered): find_sites (analysis) -> insert_dwt_quantize -> swap_wavelet_attention ->
 replace_moe_dispatch -> cleanup_graph. After every pass: graph lint, fake-tensor shape
-propagation, and (config.check_numerics) a numeric comparison with the previous graph on the
+propagation (every input and module tensor converted into one FakeTensorMode, so nothing runs on
+real state), and (config.check_numerics) a numeric comparison with the previous graph on the
 sample inputs. A failure raises PassVerificationError naming the pass and the site.
+insert_dwt_quantize runs the graph on the calibration (or example) inputs to calibrate the
+codec's per-(layer, kv head) channel parameters (passes/_channel_params.py).
 """
 
 from __future__ import annotations
@@ -546,7 +549,10 @@ def transform(
     config          CompileConfig (default: every rewrite on)
     dump_dir        per-pass dumps (default: $WMOE_DUMP_DIR; none when unset)
     example_inputs  (args, kwargs) or args for calibration and the numeric check; an
-                    ExportedProgram brings its own
+                    ExportedProgram brings its own. The codec's channel parameters are calibrated
+                    on config.calibration_inputs when given (same shapes), else on these, unless
+                    config.channel_params has them; without either a layer falls back to the
+                    codec without them, and the report and a warning say so.
     """
     config = config or CompileConfig()
     dump_dir = _resolve_dump_dir(dump_dir)
