@@ -59,6 +59,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plot", default=None, metavar="PNG", help="write the rate-distortion picture")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--compiled",
+        action="store_true",
+        help="also measure each wavelet method through the compiled model (rewritten graph, HF static "
+        "cache, decoded token by token after a prefill chunk) with the harness's calibration, and "
+        "print both drifts (see wmoe_compile/eval/compiled.py); default method: wavelet",
+    )
+    parser.add_argument(
+        "--driver",
+        choices=("export", "compile"),
+        default="export",
+        help="with --compiled: the rewritten ExportedProgram run eagerly (export) or "
+        "torch.compile(backend='wmoe') (compile)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -68,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.compiled:
+        return _run_compiled(args)
     methods = list(args.methods) if args.methods else list(DEFAULT_METHODS)
     if args.rd:
         methods += [m for m in RD_METHODS if m not in methods]
@@ -96,4 +112,34 @@ def run(args: argparse.Namespace) -> int:
 
         plot_rate_distortion(report, args.plot)
         print(f"wrote {args.plot}")
+    return 0
+
+
+def _run_compiled(args: argparse.Namespace) -> int:
+    from .compiled import run_compiled_eval
+
+    reports = []
+    for method in args.methods or ["wavelet"]:
+        try:
+            report = run_compiled_eval(
+                method,
+                tokens=args.tokens,
+                context=args.context,
+                model=args.model,
+                text=args.text,
+                window=args.window,
+                sinks=args.sinks,
+                calib_tokens=args.calib_tokens,
+                driver=args.driver,
+                progress=not args.no_progress,
+            )
+        except (ValueError, FileNotFoundError, RuntimeError) as exc:
+            print(f"wmoe-compile eval --compiled: {exc}", file=sys.stderr)
+            return 2
+        print(report.table())
+        reports.append(report)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            f.write("[" + ",\n".join(r.to_json() for r in reports) + "]")
+        print(f"wrote {args.json}")
     return 0
