@@ -53,7 +53,7 @@ Small T through the grouped path: every tile holds < BLOCK_M = 16 pairs of one e
 bound is exactly the number of experts hit (moe_align.max_tiles), and the down projection splits K
 so that the weight read at T = 1 is spread over more programs than the GPU has SMs.
 
-Direct decode path (T k <= DIRECT_MAX_PAIRS = 16, no explicit config): at decode the GPU work is a
+Direct decode path (T k <= DIRECT_MAX_PAIRS = 8, no explicit config): at decode the GPU work is a
 weight stream of ~0.06-0.2 ms, and the grouped path's host work (a grouping launch, two GEMM
 launches, a zero-fill, a cast, five allocations, each Triton launch binding ~20 arguments) was
 measured above that (benchmarks/RESULTS.md). The direct path is two Triton launches and two
@@ -334,9 +334,12 @@ def _fitted(config: MoEConfig, ffn_pad: int, hidden_pad: int) -> MoEConfig:
 
 
 # Direct decode path (see _gate_up_direct_kernel): taken for P = T k <= DIRECT_MAX_PAIRS routed pairs
-# when no explicit config is given. 16 pairs fill one M = 16 tensor-core tile, the grouped decode
-# configs' BLOCK_M, so the masked rows of the direct kernels cost no extra dot work.
-DIRECT_MAX_PAIRS = 16
+# when no explicit config is given (the masked rows fit one M = 16 tensor-core tile). Measured on
+# the H200 (2026-11-30 14:08 UTC, benchmarks/RESULTS.md): at Mixtral T = 8 (16 pairs, 7-8 experts
+# hit) the grouped path streams faster (0.578 vs 0.613 ms in a CUDA graph), at T = 1 the direct
+# path is faster from Python (0.182 vs 0.192 ms) and the fine-grained T = 1 (8 pairs) 0.086 vs
+# 0.236 ms. So the direct path is kept to 8 pairs.
+DIRECT_MAX_PAIRS = 8
 
 
 @dataclass(frozen=True)
@@ -373,8 +376,8 @@ class DirectConfig:
 # 256 at Mixtral's 4096 with 16, 128 at the fine-grained 2048 with 16); not yet swept on the GPU:
 # benchmarks/bench_moe.py times the candidates of DIRECT_DOWN_CANDIDATES and prints the winner.
 DIRECT_CONFIGS: dict[str, DirectConfig] = {
-    "large": DirectConfig(128, 128, 4, 3, 16, 256, 4, 4),
-    "small": DirectConfig(64, 256, 4, 3, 16, 128, 4, 4),
+    "large": DirectConfig(128, 128, 4, 3, 32, 256, 4, 3),  # swept at Mixtral T = 1 (bench_moe.py)
+    "small": DirectConfig(128, 64, 4, 4, 32, 128, 4, 4),  # swept at the fine-grained T = 1
 }
 
 

@@ -491,16 +491,16 @@ def test_direct_path_non_contiguous_routing():
 
 def test_op_takes_the_direct_path_at_decode(monkeypatch):
     # T k <= DIRECT_MAX_PAIRS: two launches, no grouping; one pair more: the grouped path.
-    x, ids, weights, packed = op_inputs(num_tokens=8, top_k=2, num_experts=8)
+    x, ids, weights, packed = op_inputs(num_tokens=4, top_k=2, num_experts=8)
     routes = []
     real_direct = tm.tiled_moe_direct
     monkeypatch.setattr(tm, "tiled_moe_direct", lambda *a: routes.append("direct") or real_direct(*a))
     real_group = moe_align.group_by_expert
     monkeypatch.setattr(tm, "group_by_expert", lambda *a: routes.append("grouped") or real_group(*a))
-    assert 8 * 2 == tm.DIRECT_MAX_PAIRS
+    assert 4 * 2 == tm.DIRECT_MAX_PAIRS
     out_direct = packed(x, ids, weights)
     assert routes == ["direct"]
-    monkeypatch.setattr(tm, "DIRECT_MAX_PAIRS", 15)
+    monkeypatch.setattr(tm, "DIRECT_MAX_PAIRS", 7)
     out_grouped = packed(x, ids, weights)
     assert routes == ["direct", "grouped"]
     assert rel_err(out_direct, out_grouped) < 1e-5
@@ -587,16 +587,17 @@ def test_gpu_fp16_rows_layout_one_hot_expert():
 @pytest.mark.parametrize(
     "shape,num_tokens,allowed,flat",
     [
-        (MIXTRAL, 8, None, False),
+        (MIXTRAL, 4, None, False),
         (MIXTRAL, 3, [1, 6], False),
-        (FINE_GRAINED, 2, None, False),
-        (MIXTRAL, 8, None, True),
-        (FINE_GRAINED, 2, None, True),
+        (FINE_GRAINED, 1, None, False),
+        (MIXTRAL, 4, None, True),
+        (FINE_GRAINED, 1, None, True),
     ],
 )
 def test_gpu_direct_decode_path(shape, num_tokens, allowed, flat):
-    # T k <= DIRECT_MAX_PAIRS: slots are experts (Mixtral T = 8), pairs sharing experts (T = 3 on two
-    # experts), or pairs (fine-grained T = 2, 16 pairs of 64 experts); both loop forms of the down kernel.
+    # T k <= DIRECT_MAX_PAIRS: slots are experts (Mixtral T = 4, 8 pairs of 8 experts), pairs sharing
+    # experts (T = 3 on two experts), or pairs (fine-grained T = 1, 8 pairs of 64 experts); both loop
+    # forms of the down kernel.
     assert num_tokens * shape["top_k"] <= tm.DIRECT_MAX_PAIRS
     with direct_down_flat(flat):
         gpu_case(shape, num_tokens, allowed=allowed)
