@@ -106,6 +106,22 @@ def fill_compressed_history(model, compile_backend, spec_by_cache: dict, n_hist:
     return total
 
 
+def random_channel_params(model, gen: torch.Generator) -> dict:
+    """Per layer, K and V channel parameters in the full form [Hkv, D + 2, D] (docs/CONTRACTS.md):
+    a random orthonormal rotation, scales in [0.5, 1.5), offsets ~ N(0, 0.1)."""
+    cfg = model.cfg
+    hkv, d = cfg.num_kv_heads, cfg.head_dim
+
+    def one() -> torch.Tensor:
+        g = torch.randn(hkv, d, d, device="cuda", generator=gen, dtype=torch.float64)
+        rotation = torch.linalg.qr(g)[0].float()
+        scale = torch.rand(hkv, 1, d, device="cuda", generator=gen) + 0.5
+        offset = torch.randn(hkv, 1, d, device="cuda", generator=gen) * 0.1
+        return torch.cat([rotation, scale, offset], dim=1).contiguous()
+
+    return {i: {"k": one(), "v": one()} for i in range(len(model.layers))}
+
+
 def breakdown(model, compile_backend, spec: str, B: int, N: int) -> dict:
     """Time the wmoe attention and MoE ops alone at the step's shapes (x layers)."""
     from wmoe_compile import pack_expert_weights
@@ -225,7 +241,14 @@ def run_shape(args, B: int, N: int, row: dict) -> None:
 
         if "wmoe" not in args.skip:
             torch._dynamo.reset()
-            compiled = torch.compile(model, backend="wmoe", options={"codec": args.codec})
+            # The step is a single decode token: too few vectors to calibrate the codec's channel
+            # parameters on, so give each layer a full set (random rotation, scale, offset; timing
+            # does not depend on their values, and the history below is compressed with them).
+            compiled = torch.compile(
+                model,
+                backend="wmoe",
+                options={"codec": args.codec, "channel_params": random_channel_params(model, gen)},
+            )
             t0 = time.perf_counter()
             compiled(tokens, positions)
             torch.cuda.synchronize()
