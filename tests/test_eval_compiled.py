@@ -5,16 +5,19 @@ A tiny random Llama-style HF model (nothing downloaded) reads bytes of CPython's
 position compressed instead of exact changes the output measurably; the codec is a harsh one
 (every coefficient at 2 bits) for the same reason.
 
-Tolerance, derived: both computations apply the same codec with the same channel parameters to
-the same positions; they differ only in fp32 operation order (whole-window encode + SDPA on
+Tolerances, derived: both computations apply the same codec with the same channel parameters
+to the same positions; they differ only in fp32 operation order (whole-window encode + SDPA on
 decoded K/V, against per-call encode + attention in the centred, rotated domain). Per-token log
-probabilities then agree to a few fp32 ulps of the logits (measured ~5e-7), so the CE (a mean)
+probabilities then agree to a few fp32 ulps of the logits (measured ~5e-7), so CE (a mean)
 agrees to ~1e-6. A coefficient on a grid decision boundary could flip its code under a different
 order (about 1e-6 per coefficient, ~6e3 coefficients here: rare); one flip moves the affected
-tokens' log p by at most ~1e-3, i.e. the CE by ~2e-5 over 48 tokens. TOLERANCE = 1e-4 covers that.
-The negative control (a 48-token prefill chunk, which reads positions between the window and the
-chunk's end compressed where the harness reads them exactly) must differ by more than 10x that,
-so the comparison can fail.
+tokens' log p by at most ~1e-3, i.e. the CE and the mean per-token |difference| by ~2e-5 over
+48 tokens. TOLERANCE = 1e-4 covers that for both.
+Negative control: a 48-token prefill chunk reads the positions between the window and the
+chunk's end compressed where the harness reads them exactly. Its mean per-token |difference|
+(measured 1.3e-2 to 4.2e-2 over 14 seeds) must exceed 10x TOLERANCE, so the comparison can fail.
+(Its CE difference is not used: per-token changes of both signs can cancel in the mean; one seed
+of 14 gave 1.3e-4.)
 """
 
 from __future__ import annotations
@@ -82,12 +85,12 @@ def test_compiled_drift_equals_the_harness_drift_and_the_check_can_fail():
         assert value == value and 0 < value < 20  # finite, not NaN
     assert report.harness_ce != report.baseline_ce  # the codec is applied at all
     assert abs(report.compiled_drift - report.harness_drift) <= TOLERANCE, report.table()
-    assert report.max_token_logprob_diff < 1e-2, report.table()
+    assert report.mean_token_logprob_diff <= TOLERANCE, report.table()
     assert report.drift_standard_error > 0
     # Negative control: one prefill chunk for the whole window reads positions compressed that the
     # harness reads exactly; the comparison must see it.
     wrong = evaluate(lm, chunk=CONTEXT)
-    assert abs(wrong.compiled_drift - wrong.harness_drift) > 10 * TOLERANCE, wrong.table()
+    assert wrong.mean_token_logprob_diff > 10 * TOLERANCE, wrong.table()
 
 
 def test_prefill_chunk_and_windows_follow_the_harness():

