@@ -152,9 +152,10 @@ def _bench_case(case: tuple, rows: list[dict], checks: list[dict]) -> None:
         )
 
 
-def compile_variants() -> list[dict]:
+def compile_variants(only: str | None = None) -> list[dict]:
     """Compile the kernel variants the ops launch (decode and prefill paths, every preset the
-    tests use, fp32/fp16/bf16 inputs, with and without cache writes) for sm_90, on the CPU."""
+    tests use, fp32/fp16/bf16 inputs, with and without cache writes) for sm_90, on the CPU;
+    `only`: just the variants whose spec starts with it."""
     os.environ.pop("TRITON_INTERPRET", None)
     import triton
     from triton.backends.compiler import GPUTarget
@@ -168,6 +169,8 @@ def compile_variants() -> list[dict]:
         for t in (1, 2048):
             variants.append((spec, t, 128, "bf16", True, "full"))
     variants += [
+        ("default", 16, 128, "bf16", True, "full"),  # BLOCK_T = 16: the bench's forced tile path at T=1
+        ("lloyd", 16, 128, "bf16", True, "full"),
         ("default", 1, 64, "fp32", False, "scale"),
         ("default", 40, 64, "fp16", True, "pair"),
         ("default;bands=1/2:4:uniform:mse-ub,1/2:2:lloyd:absmax-ub", 1, 64, "fp32", False, "none"),
@@ -179,6 +182,8 @@ def compile_variants() -> list[dict]:
     ]
     results = []
     for spec, t, d, dtype, cache, params in variants:
+        if only is not None and not spec.startswith(only):
+            continue
         codec = get_codec(spec, d)
         h = 2
         x = torch.empty(1, h, t, d)
@@ -233,11 +238,12 @@ def main() -> int:
     parser.add_argument(
         "--compile-only", action="store_true", help="compile every variant for sm_90, then exit"
     )
+    parser.add_argument("--compile-only-spec", default=None, help="with --compile-only: specs starting so")
     args = parser.parse_args()
     out_dir = pathlib.Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     if args.compile_only:
-        results = compile_variants()
+        results = compile_variants(args.compile_only_spec)
         (out_dir / "kv_codec_compile.json").write_text(json.dumps(results, indent=2))
         print(f"compiled {len(results)} variants for sm_90")
         return 0
