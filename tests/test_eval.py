@@ -103,3 +103,20 @@ def test_parse_method_errors():
     for bad in ("int9", "zip", "wavelet-nosuch", "wavelet:bands=1:3:uniform:mse"):
         with pytest.raises(ValueError):
             parse_method(bad)
+
+
+def test_report_json_roundtrip_and_plot_labels(tmp_path):
+    from wmoe_compile.eval.harness import EvalReport, MethodResult
+    from wmoe_compile.eval.plot import _label, plot_rate_distortion
+
+    results = [
+        MethodResult("int4", "", 34, 4.25, 128, 4, 2.5, 0.02, 0.9, [0.1, 0.3], [0.2, 0.2]),
+        MethodResult("wavelet:default;bands=1/4:8:uniform:mse,3/4:2:uniform:mse", "s", 32, 4.0, 128, 4, 2.49,
+                     0.01, 0.95, [0.05], [0.07]),
+    ]  # fmt: skip
+    report = EvalReport("m", "t", 64, 32, 64, 2.48, results)
+    back = EvalReport.from_json(report.to_json())
+    assert back == report and back.results[0].k_rel_err_mean == pytest.approx(0.2)
+    assert _label(results[1].method, 64) == "16@8 + 48@2" and _label("kivi4", 64) == "kivi4"
+    plot_rate_distortion(back, str(tmp_path / "rd.png"))
+    assert (tmp_path / "rd.png").stat().st_size > 1000

@@ -78,6 +78,14 @@ class EvalReport:
             d["k_rel_err_mean"], d["v_rel_err_mean"] = r.k_rel_err_mean, r.v_rel_err_mean
         return json.dumps(data, indent=2)
 
+    @classmethod
+    def from_json(cls, text: str) -> EvalReport:
+        """The report to_json wrote (to redraw a picture or a table without re-running)."""
+        data = json.loads(text)
+        fields = set(MethodResult.__dataclass_fields__)
+        results = [MethodResult(**{k: v for k, v in r.items() if k in fields}) for r in data.pop("results")]
+        return cls(results=results, **{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+
     def table(self) -> str:
         lines = [
             f"model {self.model}; text {self.text}; {self.tokens} tokens in windows of {self.context}; "

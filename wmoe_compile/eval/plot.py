@@ -17,6 +17,19 @@ def _family(method: str, spec: str = "") -> str:
     return method
 
 
+def _label(method: str, head_dim: int) -> str:
+    """Short point label: `wavelet:<spec>` methods as their bands, e.g. `16@4+48@2`."""
+    if not method.startswith("wavelet:"):
+        return method
+    from ..codec import WaveletKVConfig
+
+    try:
+        config = WaveletKVConfig.from_spec(method[len("wavelet:") :])
+    except ValueError:
+        return method
+    return " + ".join(f"{b.fraction * head_dim}@{b.bits}" for b in config.bands)
+
+
 def plot_rate_distortion(report: EvalReport, path: str) -> None:
     """Write a PNG: x = bytes per vector, y = CE drift (log scale; drifts <= 1e-4, including
     negative ones, are drawn at 1e-4)."""
@@ -31,7 +44,7 @@ def plot_rate_distortion(report: EvalReport, path: str) -> None:
         if r.method == "none":
             continue
         families.setdefault(_family(r.method, r.spec), []).append(
-            (r.bytes_per_vector, max(r.drift, floor), r.method)
+            (r.bytes_per_vector, max(r.drift, floor), _label(r.method, report.head_dim))
         )
     fig, ax = plt.subplots(figsize=(7.5, 5))
     markers = {
