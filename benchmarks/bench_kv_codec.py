@@ -8,8 +8,8 @@ On a machine without a GPU, `--compile-only` compiles every kernel variant for s
 Timed, all as CUDA-graph replays (launch overhead excluded, as in a captured decode loop; inputs
 rotate through buffers past the 50 MB L2 where a call reads more than 1 MB):
   - wmoe::kv_compress_into_cache's Triton kernel (both grid families: the Lloyd `lloyd` preset
-    and the affine `default`), and the same kernel forced onto its tile path (the pre-2026-11-30
-    structure: a program per (token block, b*h), 16 candidates in a loop) for the decode shape,
+    and the affine `default`), and for the decode shape the same kernel forced onto its tile
+    path (the old program layout: one program per 16-token block and b*h, 1 valid row of 16),
   - the floor: bytes moved (read x and the channel parameters, write codes + scales + exact
     copies) / 4.25 TB/s (measured device-to-device copy on the H200, docs/DESIGN.md),
   - peers in the same run: INT4 per token in plain PyTorch (absmax, fp16 scale, nibble packing,
