@@ -4,8 +4,9 @@ torch SDPA (bf16, enable_gqa=True) over a dense bf16 cache, measured in the same
     python benchmarks/bench_attention.py --out DIR [--sweep] [--precompile] [--config JSON] [--smoke]
 
 Shapes: Hq=32, Hkv=8, D=128, one query token, (B, N) in {(1, 32768), (8, 32768), (8, 131072),
-(32, 32768)}, the default codec (Haar L1, 64 coefficients at 4 bits + 64 at 2 bits + two fp16
-scales = 52 B per vector, 128-token exact window, 4 exact sinks). Every sequence is full (N).
+(32, 32768)}, the default codec (uniform grids after a per-head rotation: 64 coefficients at 4 bits
++ 64 at 2 bits + two fp16 scales = 52 B per vector, 128-token exact window, 4 exact sinks) and the
+Lloyd-grid variant of the same size. Every sequence is full (N).
 
 Floor: bytes a step must read (compressed K and V of the N - 132 compressed positions + the 132
 exact bf16 tokens, per sequence and kv head) over 4.25 TB/s (the H200's measured copy bandwidth;
@@ -45,19 +46,19 @@ COPY_TBPS = 4.25  # H200 device-to-device copy, docs (DESIGN.md reference figure
 SHAPES = [(1, 32768), (8, 32768), (8, 131072), (32, 32768)]
 HQ, HKV, HEAD_DIM = 32, 8, 128
 # Both 52 B per 128-d vector (64 coefficients x 4 bit + 64 x 2 bit + two fp16 scales). The codec's
-# default preset has Lloyd grids (table lookups: the v1 kernel); "uniform" swaps in affine grids,
-# which the v2 kernel decodes without tables. Both with the default's channel parameters
-# (per-head rotation, scale, offset), here random.
+# default preset has affine (uniform) grids, which the kernels decode without tables; "lloyd" (the
+# default until 2026-11-30 14:40) has Lloyd-Max grids: table lookups, v1 kernel only. Both with the
+# default's channel parameters (per-head rotation, scale, offset), here random.
 CODECS = {
-    "uniform": "default;bands=1/2:4:uniform:mse,1/2:2:uniform:mse",
     "default": "default",
+    "lloyd": "lloyd",
 }
 ROTATE_BYTES = 160e6  # > 3x the 50 MB L2
 
 # Candidate compile-time configs (LaunchConfig fields) per codec. Split targets are runtime: stage A
 # times every candidate at RUNTIME_DEFAULT, stage B sweeps RUNTIME_GRID for the best TOP_K of stage A.
 CANDIDATES = {
-    "uniform": [
+    "default": [
         dict(kernel="v2", block_n=64, num_stages=2),
         dict(kernel="v2", block_n=64, num_stages=2, maxnreg=168),
         dict(kernel="v2", block_n=64, num_stages=2, maxnreg=128),
@@ -67,7 +68,7 @@ CANDIDATES = {
         dict(kernel="v1", block_n=64, num_stages=2),  # the previous kernel, for the record
         dict(kernel="v1", block_n=64, num_stages=2, maxnreg=168),
     ],
-    "default": [
+    "lloyd": [
         dict(kernel="v1", block_n=32, num_stages=3),
         dict(kernel="v1", block_n=32, num_stages=3, maxnreg=168),
         dict(kernel="v1", block_n=64, num_stages=2, maxnreg=168),

@@ -10,18 +10,16 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
-import os
 import pathlib
 import sys
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import bench_attention as ba  # noqa: E402
-
 import torch  # noqa: E402
 from wmoe_compile.kernels import wavelet_attention as wa  # noqa: E402
 
-UNIFORM = ba.CODECS["uniform"]
+UNIFORM = ba.CODECS["default"]  # affine grids
 
 
 def _compile_worker(configs: list[dict], queue) -> None:
@@ -33,7 +31,9 @@ def _compile_worker(configs: list[dict], queue) -> None:
                 for rr in (0.0, 1e9):
                     cfg = wa.LaunchConfig(**{**c, "row_reduce_max_programs": rr})
                     try:
-                        wa.wavelet_attention_triton(*setup.args(0), setup.layout, setup.sm_scale, config=cfg, num_splits=splits)
+                        wa.wavelet_attention_triton(
+                            *setup.args(0), setup.layout, setup.sm_scale, config=cfg, num_splits=splits
+                        )
                     except Exception as exc:  # noqa: BLE001
                         print(f"compile failed {c}: {str(exc)[:200]}", flush=True)
         torch.cuda.synchronize()
@@ -95,8 +95,10 @@ def main() -> None:
             print(f"{c}: failed {str(exc)[:200]}", flush=True)
             continue
         floor = [s.bytes / ba.COPY_TBPS / 1e9 for s in setups]
-        rows.append(dict(config=c, ms=ms, x_floor=[m / f for m, f in zip(ms, floor)], err=err))
-        print(f"{c}: " + " ".join(f"{m:.4f}" for m in ms) + "  x floor " + " ".join(f"{m / f:.2f}" for m, f in zip(ms, floor)) + f"  err {err:.1e}", flush=True)
+        x_floor = [m / f for m, f in zip(ms, floor, strict=True)]
+        rows.append(dict(config=c, ms=ms, x_floor=x_floor, err=err))
+        times = " ".join(f"{m:.4f}" for m in ms)
+        print(f"{c}: {times}  x floor " + " ".join(f"{x:.2f}" for x in x_floor) + f"  err {err:.1e}", flush=True)
     out = pathlib.Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "probe_grid.json").write_text(json.dumps(dict(shapes=shapes, rows=rows), indent=1))
