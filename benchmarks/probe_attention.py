@@ -98,7 +98,8 @@ def main() -> None:
         x_floor = [m / f for m, f in zip(ms, floor, strict=True)]
         rows.append(dict(config=c, ms=ms, x_floor=x_floor, err=err))
         times = " ".join(f"{m:.4f}" for m in ms)
-        print(f"{c}: {times}  x floor " + " ".join(f"{x:.2f}" for x in x_floor) + f"  err {err:.1e}", flush=True)
+        ratios = " ".join(f"{x:.2f}" for x in x_floor)
+        print(f"{c}: {times}  x floor {ratios}  err {err:.1e}", flush=True)
     out = pathlib.Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "probe_grid.json").write_text(json.dumps(dict(shapes=shapes, rows=rows), indent=1))
