@@ -205,7 +205,7 @@ def _calibrate(ctx, kv, config, recorded: dict, source: str) -> tuple[torch.Tens
                 theta, why = measure_rope(pre, sample, positions)
                 rope_note = "RoPE frequencies measured on the graph" if theta is not None else f"RoPE {why}"
         if theta is not None and positions is not None:
-            rope = RopeSpec(theta, positions.cpu(), capacity)
+            rope = RopeSpec(theta.cpu(), positions.cpu(), capacity)
             rope_note += f", statistics averaged over positions [0, {capacity})"
     queries = None
     if kind == "k" and config.k_smoothing in ("qk", "q"):
@@ -216,7 +216,14 @@ def _calibrate(ctx, kv, config, recorded: dict, source: str) -> tuple[torch.Tens
         weight_node = m.linear_weight(kv.projection)
         weight = m.get_attr_tensor(ctx.gm, weight_node) if weight_node is not None else None
     try:
-        packed = calibrate_channel_params(config, kind, sample.float().cpu(), queries, weight, rope)
+        packed = calibrate_channel_params(
+            config,
+            kind,
+            sample.float().cpu(),
+            None if queries is None else queries.float().cpu(),
+            None if weight is None else weight.float().cpu(),
+            rope,
+        )
     except ValueError as exc:
         return None, str(exc)
     if packed is None:
@@ -310,6 +317,8 @@ def measure_rope(
     recorded position by it reproduces `post` (so scaled or interleaved variants are refused)."""
     if pre.shape != post.shape or pre.dim() != 4 or pre.shape[-1] % 2:
         return None, f"not measured: shapes {list(pre.shape)} / {list(post.shape)}"
+    # on the CPU, where calibration runs (recordings may be on a GPU, positions anywhere)
+    pre, post, positions = pre.cpu(), post.cpu(), positions.cpu()
     at_one = (positions == 1).nonzero()
     if at_one.numel() == 0:
         return None, "not measured: the calibration inputs have no token at position 1"
