@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from wmoe_compile.codec import WaveletKVConfig
-from wmoe_compile.lowering import compile_backend
+from wmoe_compile.lowering import GraphedDecodeStep, compile_backend
 from wmoe_compile.models import build_model
 
 pytestmark = pytest.mark.gpu
@@ -84,4 +84,19 @@ def test_bypass_decoding_matches_eager_on_gpu():
     expected = model.generate(prompt, 16)
     compiled = torch.compile(model, backend="wmoe", options={"bypass_codec": True})
     got = model.generate(prompt, 16, step_fn=lambda tokens, positions: compiled(tokens, positions))
+    assert torch.equal(got, expected)
+
+
+def test_graphed_decode_step_matches_uncaptured_calls():
+    # GraphedDecodeStep replays the compiled decode step from one CUDA graph: same tokens as the
+    # uncaptured compiled calls (the warm-up repeats the first step's cache write with the same
+    # values), prefill run as is
+    torch._dynamo.reset()
+    model = build_model("tiny", dtype=torch.float32, device="cuda")
+    prompt = torch.randint(0, model.cfg.vocab_size, (2, 40), device="cuda")
+    compiled = torch.compile(model, backend="wmoe", options={"codec": "default;window=16;sinks=4"})
+    expected = model.generate(prompt, 12, step_fn=compiled)
+    graphed = GraphedDecodeStep(compiled)
+    got = model.generate(prompt, 12, step_fn=graphed)
+    assert graphed.graph is not None
     assert torch.equal(got, expected)

@@ -4,12 +4,14 @@ compile_backend   torch.compile(model, backend="wmoe", options={...}) (entry poi
 onnx_export       export_onnx(model_or_program, path, flavor="portable" | "plugin")
 tensorrt_export   export_tensorrt(...): UNTESTED (TensorRT is not installable on our machines)
 export_cli        `wmoe-compile export`
+cuda_graphs       GraphedDecodeStep: replay each decode step from one CUDA graph (serving)
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from .cuda_graphs import GraphedDecodeStep
 from .tensorrt_export import TensorRTUnavailableError, export_tensorrt
 
 
@@ -23,4 +25,4 @@ def export_onnx(model_or_program: Any, path: Any, flavor: str = "portable", **kw
     return _export_onnx(model_or_program, path, flavor, **kwargs)
 
 
-__all__ = ["export_onnx", "export_tensorrt", "TensorRTUnavailableError"]
+__all__ = ["export_onnx", "export_tensorrt", "GraphedDecodeStep", "TensorRTUnavailableError"]
