@@ -925,6 +925,15 @@ def _direct_plan(
     num_pairs: int, num_experts: int, hidden_size: int, dims: PackedDims, dtype: torch.dtype, interpret: bool
 ) -> _DirectPlan:
     cfg = DIRECT_CONFIGS[shape_class(dims.hidden_pad, dims.ffn_pad)].fitted(dims.ffn_pad, dims.hidden_pad)
+    if dtype == torch.float32:
+        # the configs were swept for 2-byte weights; 4-byte tiles would need twice the shared
+        # memory (measured: 288 KB > the H200's 227 KB for the fine-grained config)
+        cfg = replace(
+            cfg,
+            up_k=max(SUBTILE, cfg.up_k // 2),
+            up_stages=min(cfg.up_stages, 2),
+            down_stages=min(cfg.down_stages, 2),
+        )
     by_pair = num_pairs <= num_experts
     n_slots = num_pairs if by_pair else num_experts
     shared = dict(
