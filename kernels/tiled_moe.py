@@ -1080,6 +1080,10 @@ def tiled_moe_triton(
         return tiled_moe_direct(hidden, topk_ids, topk_weights, w_gate_up, w_down, dims)
     if config is None:
         cfg = lookup_config(num_tokens, top_k, dims.num_experts, dims.hidden_pad, dims.ffn_pad)
+        if hidden.dtype == torch.float32:
+            # the table was swept for 2-byte weights; fp32 tiles need twice the shared memory per
+            # stage (measured: 288 KB > the H200's 227 KB at a prefill bucket), so two stages
+            cfg = replace(cfg, up_stages=min(cfg.up_stages, 2), down_stages=min(cfg.down_stages, 2))
     else:
         cfg = _fitted(config, dims.ffn_pad, dims.hidden_pad)
     hidden = hidden if hidden.stride(1) == 1 else hidden.contiguous()
