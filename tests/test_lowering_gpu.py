@@ -99,9 +99,10 @@ def test_bypass_decoding_matches_eager_on_gpu():
 def test_graphed_decode_step_matches_uncaptured_calls():
     # GraphedDecodeStep replays the compiled decode step from one CUDA graph: same tokens as the
     # uncaptured compiled calls (the warm-up repeats the first step's cache write with the same
-    # values), prefill run as is
+    # values), prefill run as is. head_dim 64: the fused attention kernel (the reference fallback
+    # for other head dims reads seq_lens on the host and cannot be captured)
     torch._dynamo.reset()
-    model = build_model("tiny", dtype=torch.float32, device="cuda")
+    model = build_model("tiny", head_dim=64, dtype=torch.float32, device="cuda")
     prompt = torch.randint(0, model.cfg.vocab_size, (2, 40), device="cuda")
     compiled = torch.compile(model, backend="wmoe", options={"codec": "default;window=16;sinks=4"})
     expected = model.generate(prompt, 12, step_fn=compiled)

@@ -9,7 +9,9 @@ Triton argument binding) costs more host time than the GPU spends on them at sma
     model.generate(prompt, 64, step_fn=step)   # prefill runs as is; every 1-token step replays
 
 The wrapped function must be capturable: no host synchronisation and fixed tensor addresses
-(static caches as module buffers, like the reference model and `pipeline.HFStaticCacheLM`).
+(static caches as module buffers, like the reference model and `pipeline.HFStaticCacheLM`). The
+fused ops are; the attention op's PyTorch fallback (head dims other than 64/128/256) reads
+sequence lengths on the host and is not: capture then fails with CUDA's capture error.
 """
 
 from __future__ import annotations
