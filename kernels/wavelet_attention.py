@@ -225,7 +225,7 @@ def check_attention_inputs(
         if not t.is_floating_point():
             raise ValueError(f"{name} must be a float tensor, got {t.dtype}")
     for name, t in (("k_channel_scale", k_channel_scale), ("v_channel_scale", v_channel_scale)):
-        attention_channel_params(t, hkv, d, name)
+        attention_channel_params(t, hkv, d, name, copy=False)  # shape checks only: views, no copies
     if (
         seq_lens.dim() != 1
         or seq_lens.shape[0] != batch
@@ -793,13 +793,28 @@ def _plan_v2(layout: CompressedLayout, device: torch.device, subnormal: bool) ->
     return plan
 
 
+# per-layout answers of the support checks: layouts with a key (every op call's) are fixed, and
+# the op asks on every call, where host time is the decode budget
+_LAYOUT_REASONS: dict[tuple[str, str], str | None] = {}
+
+
+def _layout_reason(layout: CompressedLayout, which: str, check) -> str | None:
+    cache_key = (which, layout.key) if layout.key else None
+    if cache_key is not None and cache_key in _LAYOUT_REASONS:
+        return _LAYOUT_REASONS[cache_key]
+    try:
+        check(layout)
+        reason = None
+    except UnsupportedLayout as exc:
+        reason = str(exc)
+    if cache_key is not None:
+        _LAYOUT_REASONS[cache_key] = reason
+    return reason
+
+
 def _v2_layout_reason(layout: CompressedLayout) -> str | None:
     """None when the v2 kernel can run this layout, else why not."""
-    try:
-        _field_chunks(layout)
-    except UnsupportedLayout as exc:
-        return str(exc)
-    return None
+    return _layout_reason(layout, "v2", _field_chunks)
 
 
 def _v2_reason(layout: CompressedLayout, k_codes: torch.Tensor, k_scales: torch.Tensor) -> str | None:
@@ -816,11 +831,7 @@ def triton_support(layout: CompressedLayout) -> str | None:
     """None when the Triton kernel handles `layout`, else the reason it does not."""
     if not HAS_TRITON:
         return "triton is not installed"
-    try:
-        _kernel_bands(layout)
-    except UnsupportedLayout as exc:
-        return str(exc)
-    return None
+    return _layout_reason(layout, "v1", _kernel_bands)
 
 
 # ------------------------------------------------------------------------------------------------
