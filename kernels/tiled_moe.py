@@ -605,6 +605,13 @@ def _down_kernel(
 
 
 @triton.jit
+def _mask_and(mask, flag):
+    """mask & flag for a tensor mask and a scalar flag, as a boolean tensor (Triton 3.9's
+    interpreter widens `tensor & scalar` to int64, which it then refuses as a load mask)."""
+    return (mask.to(tl.int32) * flag.to(tl.int32)) != 0
+
+
+@triton.jit
 def _direct_slot(ids, pairs, ids_ptr, slot, num_experts, BY_PAIR: tl.constexpr):
     """(expert, live) of expert slot `slot`; ids [PAIRS] are the routed ids (-1 past the last pair)."""
     if BY_PAIR:
@@ -755,7 +762,7 @@ def _down_direct_kernel(
     else:
         for slot in range(0, n_slots):
             expert, live = _direct_slot(ids, pairs, ids_ptr, slot, num_experts, BY_PAIR)
-            row_in = (ids == expert) & live
+            row_in = _mask_and(ids == expert, live)
             a_ptrs = h_ptr + pairs[:, None] * ffn_pad + ks[None, :]
             w_ptrs = w_ptr + tl.where(live, expert, 0).to(tl.int64) * hidden_pad * ffn_pad + w_offsets
             k_end = tl.where(live, ffn_pad, 0)  # a dead slot runs no iteration (reads nothing)
