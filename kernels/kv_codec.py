@@ -383,7 +383,8 @@ if HAS_TRITON:
         shifts = tl.arange(0, PER_BYTE) * BITS
         packed = tl.sum(grouped << shifts[None, :], axis=1)
         g = tl.arange(0, BLOCK_S // PER_BYTE)
-        tl.store(code_base + BYTE_OFFSET + g, packed.to(tl.uint8), mask=_mask_and(g < SIZE // PER_BYTE, row_ok))
+        in_bytes = _mask_and(g < SIZE // PER_BYTE, row_ok)
+        tl.store(code_base + BYTE_OFFSET + g, packed.to(tl.uint8), mask=in_bytes)
         tl.store(scale_base + BAND, tl.where(row_finite, scale, float("nan")).to(tl.float16), mask=row_ok)
 
     @triton.jit
