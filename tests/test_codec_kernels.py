@@ -67,14 +67,19 @@ def test_triton_compress_matches_reference(spec, dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_triton_compress_with_offset_matches_reference(dtype):
     codec = get_codec("default", 64)
-    x = (torch.randn(1, 3, 40, 64, device=DEVICE) * 2 + torch.randn(3, 1, 64, device=DEVICE) * 5).to(dtype)
-    params = torch.stack([torch.rand(3, 64, device=DEVICE) + 0.5, torch.randn(3, 64, device=DEVICE) * 5])
+    mean = torch.randn(3, 1, 64, device=DEVICE) * 5  # a per-channel mean, as real keys carry
+    x = (torch.randn(1, 3, 40, 64, device=DEVICE) * 2 + mean).to(dtype)
+    # the offset is the (rounded) mean plus a small miss: what calibration hands the op
+    offset = mean[:, 0] + 0.1 * torch.randn(3, 64, device=DEVICE)
+    params = torch.stack([torch.rand(3, 64, device=DEVICE) + 0.5, offset])
     got = K.compress_triton(codec, x, params)
     ref = K.compress_reference(codec, x, params)
     scale, offset, _ = K.channel_params(params, 3, 64)
     _assert_same_encoding(codec, x.float() - offset, scale, got, ref)
     x_hat = K.decompress_reference(codec, *ref, params, torch.float32)
-    assert ((x_hat - x.float()).norm() / (x.float() - offset).norm()) < 0.35
+    # 4/2-bit codes of isotropic noise (no rotation here) miss by ~0.29-0.31 of its norm (40 seeds);
+    # an offset left out of encode or decode would miss by the mean's norm, > 2x the noise's
+    assert ((x_hat - x.float()).norm() / (x.float() - offset).norm()) < 0.4
 
 
 def _random_params(hkv: int, d: int, device) -> torch.Tensor:

@@ -175,7 +175,8 @@ def test_hf_generate_static_cache_bypass_identical_and_no_recompiles():
         cache.early_initialization(1, config.num_key_value_heads, config.head_dim, torch.float32, "cpu")
         return cache
 
-    generate_kwargs = dict(max_new_tokens=10, do_sample=False, pad_token_id=0)
+    # min_new_tokens: random weights may emit EOS early, which would end generation (and its count)
+    generate_kwargs = dict(max_new_tokens=10, min_new_tokens=10, do_sample=False, pad_token_id=0)
     with torch.no_grad():
         expected = model.generate(prompt, cache=static_cache(), **generate_kwargs)
         model.forward = torch.compile(model.forward, backend="wmoe", options={"bypass_codec": True})
