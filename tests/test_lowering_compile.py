@@ -204,3 +204,23 @@ def test_token_agreement_report_on_tiny_hf_model():
         assert report.free_running_agreement == 1.0
     assert report.rewritten_sites["kv_write"].get("rewritten", 0) == 2
     assert "B/vector" not in report.table() and "free-running agreement" in report.table()
+
+
+def test_graphed_decode_step_runs_prefill_and_cpu_calls_directly():
+    # GraphedDecodeStep captures only CUDA single-token steps; everything else goes straight to fn
+    # (the capture itself is tested on the GPU: tests/test_lowering_gpu.py)
+    from wmoe_compile.lowering import GraphedDecodeStep
+
+    calls = []
+
+    def fn(tokens, positions):
+        calls.append((tuple(tokens.shape), positions.tolist()))
+        return tokens.float() * 2
+
+    step = GraphedDecodeStep(fn)
+    prefill = torch.randint(0, 9, (2, 5))
+    decode = torch.randint(0, 9, (2, 1))
+    assert torch.equal(step(prefill, torch.arange(5)), prefill.float() * 2)
+    assert torch.equal(step(decode, torch.tensor([5])), decode.float() * 2)
+    assert calls == [((2, 5), [0, 1, 2, 3, 4]), ((2, 1), [5])]
+    assert step.graph is None
