@@ -20,7 +20,7 @@ from wmoe_compile.codec import get_codec, pack_channel_params
 from wmoe_compile.ops import attention as ops
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-SMALL_SPEC = "default;window=8;sinks=2"
+SMALL_SPEC = "lloyd;window=8;sinks=2"  # Lloyd-Max grids: the kernel's table path
 
 
 @pytest.fixture
@@ -138,13 +138,14 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("spec", [SMALL_SPEC, "default;window=8;sinks=2"])  # table and affine grids
 @pytest.mark.parametrize("head_dim,dtype,tq,group", CASES)
-def test_matches_decompress_attention(head_dim, dtype, tq, group):
+def test_matches_decompress_attention(head_dim, dtype, tq, group, spec):
     # ragged: the whole sequence is new tokens (length Tq, 1 when Tq == 1), a length that is not a
     # multiple of any block, and a full cache
     capacity = 70
     seq_lens = [tq, 41, capacity]
-    codec, args = make_case(SMALL_SPEC, 3, 2, group, tq, head_dim, seq_lens, capacity, dtype)
+    codec, args = make_case(spec, 3, 2, group, tq, head_dim, seq_lens, capacity, dtype)
     sm_scale = head_dim**-0.5
     want = dense_reference(codec, args, sm_scale)
     got = _run_triton(args, codec, sm_scale, config=K.LaunchConfig(block_n=16), num_splits=3)
@@ -347,7 +348,7 @@ def test_unsupported_head_dim_errors_in_kernel_and_falls_back_in_op(triton_backe
 
 
 # the codec default's bytes with affine grids (the v2 kernel) and the real window and sinks
-UNIFORM_REAL = "default;bands=1/2:4:uniform:mse,1/2:2:uniform:mse"
+UNIFORM_REAL = "default"  # affine grids (the default preset since 2026-11-30)
 V2_GPU_CONFIGS = [
     K.LaunchConfig(),
     K.LaunchConfig(use_asm=False),
@@ -359,7 +360,7 @@ V2_GPU_CONFIGS = [
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
-@pytest.mark.parametrize("spec", [UNIFORM_REAL, "default"])
+@pytest.mark.parametrize("spec", [UNIFORM_REAL, "lloyd"])
 def test_gpu_real_shapes(head_dim, spec):
     capacity = 4096
     seq_lens = [4096, 1, 1000, 2049]
@@ -373,7 +374,7 @@ def test_gpu_real_shapes(head_dim, spec):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("spec", [UNIFORM_REAL, "default"])
+@pytest.mark.parametrize("spec", [UNIFORM_REAL, "lloyd"])
 def test_gpu_full_channel_params(spec):
     codec, args = make_case(
         spec, 2, 8, 4, 1, 128, [3000, 1234], 3000, torch.bfloat16, device="cuda", channel="full"
@@ -396,7 +397,7 @@ def test_gpu_other_layouts(spec):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("tq", [4, 300])
-@pytest.mark.parametrize("spec", [UNIFORM_REAL, "default"])
+@pytest.mark.parametrize("spec", [UNIFORM_REAL, "lloyd"])
 def test_gpu_multi_token_and_prefill(tq, spec):
     codec, args = make_case(spec, 2, 8, 4, tq, 128, [2500, tq], 2600, torch.bfloat16, device="cuda")
     got = torch.ops.wmoe.wavelet_attention(*args, codec.spec, 128**-0.5)
@@ -404,7 +405,7 @@ def test_gpu_multi_token_and_prefill(tq, spec):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("spec", [UNIFORM_REAL, "default"])
+@pytest.mark.parametrize("spec", [UNIFORM_REAL, "lloyd"])
 def test_gpu_long_split_precision(spec):
     # The benchmark's worst case: random codes (every bit pattern is a valid code), diffuse
     # attention and one split of 32k tokens. The tensor cores' fp32 accumulation truncates: value
