@@ -33,6 +33,8 @@ try:  # Triton is optional on machines without it; the reference always works.
     import triton
     import triton.language as tl
 
+    from .triton_masks import mask_and
+
     HAS_TRITON = True
 except ImportError:  # pragma: no cover - exercised only where triton is absent
     HAS_TRITON = False
@@ -314,12 +316,6 @@ if HAS_TRITON:
         return n
 
     @triton.jit
-    def _mask_and(mask, flag):
-        """mask & flag for a tensor mask and a scalar flag, as a boolean tensor (Triton 3.9's
-        interpreter widens `tensor & scalar` to int64, which it then refuses as a mask)."""
-        return (mask.to(tl.int32) * flag.to(tl.int32)) != 0
-
-    @triton.jit
     def _encode_band_vec(
         c,
         row_ok,
@@ -376,14 +372,14 @@ if HAS_TRITON:
             proj_ok = proj > 0.0
             ratio = tl.math.div_rn(energy, tl.where(proj_ok, proj, 1.0))
             scale = tl.where(proj_ok, tl.minimum(ratio, 65504.0).to(tl.float16).to(tl.float32), scale)
-        code = tl.where(_mask_and(in_band, row_finite), code, 0)
+        code = tl.where(mask_and(in_band, row_finite), code, 0)
         # pack: band coefficients g*PER_BYTE .. g*PER_BYTE + PER_BYTE - 1 form the band's byte g
         PER_BYTE: tl.constexpr = 8 // BITS
         grouped = tl.reshape(code, (BLOCK_S // PER_BYTE, PER_BYTE))
         shifts = tl.arange(0, PER_BYTE) * BITS
         packed = tl.sum(grouped << shifts[None, :], axis=1)
         g = tl.arange(0, BLOCK_S // PER_BYTE)
-        in_bytes = _mask_and(g < SIZE // PER_BYTE, row_ok)
+        in_bytes = mask_and(g < SIZE // PER_BYTE, row_ok)
         tl.store(code_base + BYTE_OFFSET + g, packed.to(tl.uint8), mask=in_bytes)
         tl.store(scale_base + BAND, tl.where(row_finite, scale, float("nan")).to(tl.float16), mask=row_ok)
 
@@ -762,7 +758,7 @@ if HAS_TRITON:
             if SINKS > 0:
                 sink_ok = row_ok & (p < SINKS)
                 if VEC:
-                    tl.store(ex_base + p * set_ + d * sed, x_ex, mask=_mask_and(d_ok, sink_ok))
+                    tl.store(ex_base + p * set_ + d * sed, x_ex, mask=mask_and(d_ok, sink_ok))
                 else:
                     ptrs = ex_base + p[:, None] * set_ + d[None, :] * sed
                     tl.store(ptrs, x_ex, mask=sink_ok[:, None] & d_ok[None, :])
@@ -770,7 +766,7 @@ if HAS_TRITON:
                 ring_ok = row_ok & (t >= T - WINDOW)
                 slot = SINKS + p % WINDOW
                 if VEC:
-                    tl.store(ex_base + slot * set_ + d * sed, x_ex, mask=_mask_and(d_ok, ring_ok))
+                    tl.store(ex_base + slot * set_ + d * sed, x_ex, mask=mask_and(d_ok, ring_ok))
                 else:
                     ptrs = ex_base + slot[:, None] * set_ + d[None, :] * sed
                     tl.store(ptrs, x_ex, mask=ring_ok[:, None] & d_ok[None, :])

@@ -75,6 +75,7 @@ import triton
 import triton.language as tl
 
 from .moe_align import ExpertGrouping, group_by_expert, interpreting
+from .triton_masks import mask_and
 
 SUBTILE = 64
 LAYOUTS = ("tiles64", "rows")
@@ -247,6 +248,21 @@ def tiled_moe_reference(
 # ----------------------------------------------------------------------------------------------
 
 
+def _fit_block(block: int, dim: int, floor: int) -> int:
+    """Halve `block` until it divides `dim` (never below `floor`)."""
+    while block > floor and dim % block:
+        block //= 2
+    return block
+
+
+def _two_stages_for_fp32(config, dtype: torch.dtype):
+    """The launch tables were swept for 2-byte weights; fp32 tiles need twice the shared memory per
+    pipeline stage (measured on the H200: 288 KB > 227 KB), so fp32 runs at most two stages."""
+    if dtype != torch.float32:
+        return config
+    return replace(config, up_stages=min(config.up_stages, 2), down_stages=min(config.down_stages, 2))
+
+
 @dataclass(frozen=True)
 class MoEConfig:
     block_m: int  # pairs per M tile (shared by both kernels: one grouping)
@@ -264,19 +280,14 @@ class MoEConfig:
 
     def fitted(self, ffn_pad: int, hidden_pad: int) -> MoEConfig:
         """Shrink block sizes that do not divide the padded dims (weight loads are unmasked)."""
-
-        def fit(block: int, dim: int, floor: int) -> int:
-            while block > floor and dim % block:
-                block //= 2
-            return block
-
+        down_k = _fit_block(self.down_k, ffn_pad, SUBTILE)
         return replace(
             self,
-            up_n=fit(self.up_n, ffn_pad, 16),
-            up_k=fit(self.up_k, hidden_pad, SUBTILE),
-            down_n=fit(self.down_n, hidden_pad, 16),
-            down_k=fit(self.down_k, ffn_pad, SUBTILE),
-            down_split=max(1, min(self.down_split, ffn_pad // fit(self.down_k, ffn_pad, SUBTILE))),
+            up_n=_fit_block(self.up_n, ffn_pad, 16),
+            up_k=_fit_block(self.up_k, hidden_pad, SUBTILE),
+            down_n=_fit_block(self.down_n, hidden_pad, 16),
+            down_k=down_k,
+            down_split=max(1, min(self.down_split, ffn_pad // down_k)),
         )
 
 
@@ -356,18 +367,12 @@ class DirectConfig:
 
     def fitted(self, ffn_pad: int, hidden_pad: int) -> DirectConfig:
         """Shrink block sizes that do not divide the padded dims (weight loads are unmasked)."""
-
-        def fit(block: int, dim: int, floor: int) -> int:
-            while block > floor and dim % block:
-                block //= 2
-            return block
-
         return replace(
             self,
-            up_n=fit(self.up_n, ffn_pad, 16),
-            up_k=fit(self.up_k, hidden_pad, SUBTILE),
-            down_n=fit(self.down_n, hidden_pad, 16),
-            down_k=fit(self.down_k, ffn_pad, SUBTILE),
+            up_n=_fit_block(self.up_n, ffn_pad, 16),
+            up_k=_fit_block(self.up_k, hidden_pad, SUBTILE),
+            down_n=_fit_block(self.down_n, hidden_pad, 16),
+            down_k=_fit_block(self.down_k, ffn_pad, SUBTILE),
         )
 
 
@@ -605,13 +610,6 @@ def _down_kernel(
 
 
 @triton.jit
-def _mask_and(mask, flag):
-    """mask & flag for a tensor mask and a scalar flag, as a boolean tensor (Triton 3.9's
-    interpreter widens `tensor & scalar` to int64, which it then refuses as a load mask)."""
-    return (mask.to(tl.int32) * flag.to(tl.int32)) != 0
-
-
-@triton.jit
 def _direct_slot(ids, pairs, ids_ptr, slot, num_experts, BY_PAIR: tl.constexpr):
     """(expert, live) of expert slot `slot`; ids [PAIRS] are the routed ids (-1 past the last pair)."""
     if BY_PAIR:
@@ -762,7 +760,7 @@ def _down_direct_kernel(
     else:
         for slot in range(0, n_slots):
             expert, live = _direct_slot(ids, pairs, ids_ptr, slot, num_experts, BY_PAIR)
-            row_in = _mask_and(ids == expert, live)
+            row_in = mask_and(ids == expert, live)
             a_ptrs = h_ptr + pairs[:, None] * ffn_pad + ks[None, :]
             w_ptrs = w_ptr + tl.where(live, expert, 0).to(tl.int64) * hidden_pad * ffn_pad + w_offsets
             k_end = tl.where(live, ffn_pad, 0)  # a dead slot runs no iteration (reads nothing)
@@ -932,15 +930,9 @@ def _direct_plan(
     num_pairs: int, num_experts: int, hidden_size: int, dims: PackedDims, dtype: torch.dtype, interpret: bool
 ) -> _DirectPlan:
     cfg = DIRECT_CONFIGS[shape_class(dims.hidden_pad, dims.ffn_pad)].fitted(dims.ffn_pad, dims.hidden_pad)
-    if dtype == torch.float32:
-        # the configs were swept for 2-byte weights; 4-byte tiles would need twice the shared
-        # memory (measured: 288 KB > the H200's 227 KB for the fine-grained config)
-        cfg = replace(
-            cfg,
-            up_k=max(SUBTILE, cfg.up_k // 2),
-            up_stages=min(cfg.up_stages, 2),
-            down_stages=min(cfg.down_stages, 2),
-        )
+    cfg = _two_stages_for_fp32(cfg, dtype)
+    if dtype == torch.float32:  # and half-width K tiles: the direct configs' K tiles are the widest
+        cfg = replace(cfg, up_k=max(SUBTILE, cfg.up_k // 2))
     by_pair = num_pairs <= num_experts
     n_slots = num_pairs if by_pair else num_experts
     shared = dict(
@@ -1087,10 +1079,7 @@ def tiled_moe_triton(
         return tiled_moe_direct(hidden, topk_ids, topk_weights, w_gate_up, w_down, dims)
     if config is None:
         cfg = lookup_config(num_tokens, top_k, dims.num_experts, dims.hidden_pad, dims.ffn_pad)
-        if hidden.dtype == torch.float32:
-            # the table was swept for 2-byte weights; fp32 tiles need twice the shared memory per
-            # stage (measured: 288 KB > the H200's 227 KB at a prefill bucket), so two stages
-            cfg = replace(cfg, up_stages=min(cfg.up_stages, 2), down_stages=min(cfg.down_stages, 2))
+        cfg = _two_stages_for_fp32(cfg, hidden.dtype)
     else:
         cfg = _fitted(config, dims.ffn_pad, dims.hidden_pad)
     hidden = hidden if hidden.stride(1) == 1 else hidden.contiguous()
