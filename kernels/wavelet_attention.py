@@ -629,6 +629,9 @@ class _FieldChunk:
     coef_start: int  # coefficient held by field 0 of byte 0
     grid_step: float
     grid_offset: float
+    # keys as int16 fields even when narrow (zero-padded to 16 slots): the whole-row loads hand the
+    # kernel int16 halves of the code row, not bytes
+    k_int16: bool = False
 
     @property
     def v_fields(self) -> int:
@@ -640,7 +643,7 @@ class _FieldChunk:
 
     @property
     def k_bytes(self) -> bool:
-        return self.n_elems < 16
+        return self.n_elems < 16 and not self.k_int16
 
     @property
     def k_fields(self) -> int:
@@ -648,7 +651,7 @@ class _FieldChunk:
 
     @property
     def k_padded(self) -> int:
-        return max(2 * self.n_elems, 16) if self.k_bytes else self.n_elems
+        return max(2 * self.n_elems, 16) if self.k_bytes else max(self.n_elems, 16)
 
     def coef_of_byte_field(self, byte: int, bit_offset: int) -> int:
         return self.coef_start + byte * (8 // self.bits) + bit_offset // self.bits
@@ -664,7 +667,7 @@ class _FieldChunk:
 
     def k_slots(self):
         """(slot, coefficient, pos) of each key slot."""
-        if not self.k_bytes:  # >= 16 elements: the value layout (flat field planes)
+        if not self.k_bytes:  # int16 fields: the value layout (flat field planes)
             for slot, coef, pos in self.v_slots():
                 yield slot - self.v_slot0 + self.k_slot0, coef, pos
             return
@@ -674,8 +677,9 @@ class _FieldChunk:
                 yield self.k_slot0 + f * self.k_padded + byte, self.coef_of_byte_field(byte, pos), pos
 
 
-def _field_chunks(layout: CompressedLayout) -> list[_FieldChunk]:
-    """Cut the layout into v2 chunks; UnsupportedLayout when v2 cannot run it (v1 then does)."""
+def _field_chunks(layout: CompressedLayout, whole_row: bool = False) -> list[_FieldChunk]:
+    """Cut the layout into v2 chunks; UnsupportedLayout when v2 cannot run it (v1 then does).
+    whole_row: keys of narrow chunks as padded int16 fields (see whole_row_elems)."""
     if layout.head_dim not in SUPPORTED_HEAD_DIMS:
         raise UnsupportedLayout(f"head_dim {layout.head_dim} (the kernel supports {SUPPORTED_HEAD_DIMS})")
     chunks: list[_FieldChunk] = []
@@ -694,7 +698,7 @@ def _field_chunks(layout: CompressedLayout) -> list[_FieldChunk]:
         remaining, elem, coef = n_bytes // 2, offset // 2, start
         while remaining:
             n = 1 << (remaining.bit_length() - 1)
-            chunk = _FieldChunk(elem, n, bits, index, k_slot, v_slot, coef, step, grid_offset)
+            chunk = _FieldChunk(elem, n, bits, index, k_slot, v_slot, coef, step, grid_offset, whole_row)
             chunks.append(chunk)
             k_slot += chunk.k_fields * chunk.k_padded
             v_slot += chunk.v_fields * chunk.v_padded
@@ -725,12 +729,14 @@ class _PlanV2:
 _PLANS_V2: dict[tuple, _PlanV2] = {}
 
 
-def _plan_v2(layout: CompressedLayout, device: torch.device, subnormal: bool) -> _PlanV2:
-    cache_key = (layout.key or id(layout), str(device), subnormal)
+def _plan_v2(
+    layout: CompressedLayout, device: torch.device, subnormal: bool, whole_row: bool = False
+) -> _PlanV2:
+    cache_key = (layout.key or id(layout), str(device), subnormal, whole_row)
     plan = _PLANS_V2.get(cache_key)
     if plan is not None:
         return plan
-    chunks = _field_chunks(layout)
+    chunks = _field_chunks(layout, whole_row)
     k_slots = sum(c.k_fields * c.k_padded for c in chunks)
     v_slots = sum(c.v_fields * c.v_padded for c in chunks)
     d = layout.head_dim
@@ -827,6 +833,29 @@ def _v2_reason(layout: CompressedLayout, k_codes: torch.Tensor, k_scales: torch.
     return None
 
 
+def whole_row_elems(layout: CompressedLayout) -> int:
+    """Padded int16 elements of a code row when the v2 kernel can read whole rows, else 0.
+
+    A code row (48 B at head_dim 128) starts at a multiple of its size, so per-chunk loads of its
+    32 B and 16 B parts touch 5 sectors of 32 B per 2 rows where the bytes fill 3: the H200 profile
+    of v2 showed L2 throughput at 86% and DRAM at 48%. One load of the whole row, padded to a power
+    of two of int16 elements (the pad masked off, so no bytes beyond the row are read), touches
+    only the row's own sectors; the kernel then splits it into its two halves. That needs exactly
+    two chunks, the first filling the first half and the second padded to it, each half at least the
+    MMA's 16 elements (head_dim 128 with the default bands: 16 + 8 elements padded to 32)."""
+    if _v2_layout_reason(layout) is not None:
+        return 0
+    chunks = _field_chunks(layout)
+    elems = layout.n_code_bytes // 2
+    padded = 1 << (elems - 1).bit_length()
+    half = padded // 2
+    if len(chunks) != 2 or half < 16 or chunks[0].elem_offset != 0 or chunks[0].n_elems != half:
+        return 0
+    if chunks[1].elem_offset != half or max(chunks[1].n_elems, 16) != half:
+        return 0  # the second half must be the chunk's operand width (its elements, padded to 16)
+    return padded
+
+
 def triton_support(layout: CompressedLayout) -> str | None:
     """None when the Triton kernel handles `layout`, else the reason it does not."""
     if not HAS_TRITON:
@@ -856,6 +885,12 @@ class LaunchConfig:
     lazy_rescale: bool = True  # v2: rescale accumulators only when a running max grows
     row_reduce_max_programs: float = 1.0  # per-row reduce while query rows <= this x SMs
     maxnreg: int | None = None  # split kernel register cap: 168 -> 12 one-warp programs per SM
+    # v2: read each code row with one load and split it in registers (see whole_row_elems), where
+    # the layout allows; False: one load per chunk
+    whole_row: bool = False
+    # affine value fields centred through the MMA's accumulator input (see _band_values) instead of
+    # one packed subtract per operand pair
+    centre_in_mma: bool = False
 
 
 # (head_dim, block_m, grids) -> config, from the sweep of benchmarks/bench_attention.py --sweep on an
@@ -1249,20 +1284,52 @@ if HAS_TRITON:
         AFFINE: tl.constexpr,
         LUT_BASE: tl.constexpr,
         USE_ASM: tl.constexpr,
+        CENTRE_IN_MMA: tl.constexpr = False,
     ):
-        """acc_j[slot, row] += plane_j[slot, token] @ (p * scale)[token, row] for each bit plane j."""
+        """acc_j[slot, row] += plane_j[slot, token] @ (p * scale)[token, row] for each bit plane j.
+
+        Affine planes enter the sums centred, as field - mid. CENTRE_IN_MMA: the operands stay
+        1024 + field and the accumulator input carries -(1024 + mid) * sum_n ps instead, one FFMA
+        per accumulator element (it replaces the rescale's FMUL) for one HADD2 per operand pair; the
+        accumulator itself never holds the 1024 offset, so its precision is the centred one."""
         PER_BYTE: tl.constexpr = 8 // BITS
         ps = (p * scale[:, None]).to(tl.float16)
         keep = alpha[None, :]
-        a0 = tl.dot(_plane(raw_t, lut_ptr, 0, BITS, AFFINE, LUT_BASE, USE_ASM, True), ps, a0 * keep)
-        if PER_BYTE > 1:
-            a1 = tl.dot(_plane(raw_t, lut_ptr, 1, BITS, AFFINE, LUT_BASE, USE_ASM, True), ps, a1 * keep)
-        if PER_BYTE > 2:
-            a2 = tl.dot(_plane(raw_t, lut_ptr, 2, BITS, AFFINE, LUT_BASE, USE_ASM, True), ps, a2 * keep)
-            a3 = tl.dot(_plane(raw_t, lut_ptr, 3, BITS, AFFINE, LUT_BASE, USE_ASM, True), ps, a3 * keep)
+        if AFFINE:
+            step_sum = tl.sum(ps.to(tl.float32), axis=0)
+        if AFFINE and CENTRE_IN_MMA:
+            a0 = tl.dot(
+                _plane(raw_t, lut_ptr, 0, BITS, True, LUT_BASE, USE_ASM, False),
+                ps,
+                a0 * keep - (_MAGIC + (1 << (BITS - 1))) * step_sum[None, :],
+            )
+            if PER_BYTE > 1:
+                a1 = tl.dot(
+                    _plane(raw_t, lut_ptr, 1, BITS, True, LUT_BASE, USE_ASM, False),
+                    ps,
+                    a1 * keep - (_MAGIC + (1 << (2 * BITS - 1))) * step_sum[None, :],
+                )
+            if PER_BYTE > 2:
+                a2 = tl.dot(
+                    _plane(raw_t, lut_ptr, 2, BITS, True, LUT_BASE, USE_ASM, False),
+                    ps,
+                    a2 * keep - (_MAGIC + (1 << (3 * BITS - 1))) * step_sum[None, :],
+                )
+                a3 = tl.dot(
+                    _plane(raw_t, lut_ptr, 3, BITS, True, LUT_BASE, USE_ASM, False),
+                    ps,
+                    a3 * keep - (_MAGIC + (1 << (4 * BITS - 1))) * step_sum[None, :],
+                )
+        else:
+            a0 = tl.dot(_plane(raw_t, lut_ptr, 0, BITS, AFFINE, LUT_BASE, USE_ASM, True), ps, a0 * keep)
+            if PER_BYTE > 1:
+                a1 = tl.dot(_plane(raw_t, lut_ptr, 1, BITS, AFFINE, LUT_BASE, USE_ASM, True), ps, a1 * keep)
+            if PER_BYTE > 2:
+                a2 = tl.dot(_plane(raw_t, lut_ptr, 2, BITS, AFFINE, LUT_BASE, USE_ASM, True), ps, a2 * keep)
+                a3 = tl.dot(_plane(raw_t, lut_ptr, 3, BITS, AFFINE, LUT_BASE, USE_ASM, True), ps, a3 * keep)
         if AFFINE:
             # sum_n p * scale, times each slot's shift at the end: the (offset - 1024) part
-            offset_sum = offset_sum * alpha + tl.sum(ps.to(tl.float32), axis=0)
+            offset_sum = offset_sum * alpha + step_sum
         return a0, a1, a2, a3, offset_sum
 
     @triton.jit
@@ -1572,6 +1639,7 @@ if HAS_TRITON:
         KB3_BYTE: tl.constexpr,
         KB3_SCALE: tl.constexpr,
         KB3_AFFINE: tl.constexpr,
+        CENTRE_IN_MMA: tl.constexpr = False,
     ):
         """One (split, sequence, kv head, row block): online softmax over a range of compressed
         tokens in the coefficient domain, or (last split) over the exact tokens."""
@@ -1742,6 +1810,7 @@ if HAS_TRITON:
                     KB0_AFFINE,
                     0,
                     USE_ASM,
+                    CENTRE_IN_MMA,
                 )
                 if KB1_SIZE > 0:
                     raw = _load_band_bytes_t(vc_rows, n_ok, KB1_BYTE, KB1_SIZE, KB1_BITS)
@@ -1760,6 +1829,7 @@ if HAS_TRITON:
                         KB1_AFFINE,
                         256,
                         USE_ASM,
+                        CENTRE_IN_MMA,
                     )
                 if KB2_SIZE > 0:
                     raw = _load_band_bytes_t(vc_rows, n_ok, KB2_BYTE, KB2_SIZE, KB2_BITS)
@@ -1778,6 +1848,7 @@ if HAS_TRITON:
                         KB2_AFFINE,
                         512,
                         USE_ASM,
+                        CENTRE_IN_MMA,
                     )
                 if KB3_SIZE > 0:
                     raw = _load_band_bytes_t(vc_rows, n_ok, KB3_BYTE, KB3_SIZE, KB3_BITS)
@@ -1796,6 +1867,7 @@ if HAS_TRITON:
                         KB3_AFFINE,
                         768,
                         USE_ASM,
+                        CENTRE_IN_MMA,
                     )
             tl.store(m_out + local, m_i, mask=row_ok)
             tl.store(l_out + local, l_i, mask=row_ok)
@@ -2012,6 +2084,62 @@ if HAS_TRITON:
         return out
 
     @triton.jit
+    def _tile_scores(raw, q_fields, BITS: tl.constexpr, MODE: tl.constexpr, USE_ASM: tl.constexpr):
+        """_chunk_scores on int16 elements already loaded: raw [BLOCK_N, slots per field]."""
+        dots = tl.dot(_field_operand(raw, BITS, 0, MODE, USE_ASM), q_fields[0])
+        for f in tl.static_range(1, 16 // BITS):
+            dots = tl.dot(_field_operand(raw, BITS, f, MODE, USE_ASM), q_fields[f], dots)
+        return dots
+
+    @triton.jit
+    def _tile_values(raw_t, ps, acc_fields, BITS: tl.constexpr, MODE: tl.constexpr, USE_ASM: tl.constexpr):
+        """_chunk_values on int16 elements already loaded: raw_t [slots per field, BLOCK_N]."""
+        out = ()
+        for f in tl.static_range(16 // BITS):
+            out = out + (tl.dot(_field_operand(raw_t, BITS, f, MODE, USE_ASM), ps, acc_fields[f]),)
+        return out
+
+    @triton.jit
+    def _field_centre(BITS: tl.constexpr, F: tl.constexpr):
+        """1024 + mid of field F at its fp16 position (field_layout): what MODE 2 subtracts."""
+        OFFSET: tl.constexpr = F * BITS
+        if OFFSET + BITS <= 10:
+            POS: tl.constexpr = OFFSET
+        else:
+            POS: tl.constexpr = OFFSET - 8
+        return _MAGIC + (1 << (POS + BITS - 1))
+
+    @triton.jit
+    def _centre_inputs(acc_fields, step_sum, BITS: tl.constexpr):
+        """Accumulator inputs that centre magic value fields inside the MMA: acc - (1024 + mid_f) *
+        sum_n ps per field f (mid_f: half the field's range at its fp16 position, as _field_operand's
+        MODE 2 subtracts), so the operands need no per-pair subtract. step_sum: the step's token
+        sums of ps in the accumulators' layout."""
+        out = ()
+        for f in tl.static_range(len(acc_fields)):
+            out = out + (acc_fields[f] - _field_centre(BITS, f) * step_sum,)
+        return out
+
+    @triton.jit
+    def _row_halves(rows_ptr, n_ok, WHOLE_ROW: tl.constexpr, ROW_ELEMS: tl.constexpr, BLOCK_N: tl.constexpr):
+        """Whole code rows as int16 [BLOCK_N, WHOLE_ROW] (pad masked off: no bytes beyond the row
+        are read), split into their two halves [BLOCK_N, WHOLE_ROW / 2] (see whole_row_elems)."""
+        e = tl.arange(0, WHOLE_ROW)[None, :]
+        ptrs = rows_ptr.to(tl.pointer_type(tl.int16), bitcast=True)[:, None] + e
+        raw = tl.load(ptrs, mask=n_ok[:, None] & (e < ROW_ELEMS), other=0)
+        return tl.split(tl.permute(tl.reshape(raw, [BLOCK_N, 2, WHOLE_ROW // 2]), (0, 2, 1)))
+
+    @triton.jit
+    def _row_halves_t(
+        rows_ptr, n_ok, WHOLE_ROW: tl.constexpr, ROW_ELEMS: tl.constexpr, BLOCK_N: tl.constexpr
+    ):
+        """_row_halves transposed: two [WHOLE_ROW / 2, BLOCK_N] (the values' MMA operands)."""
+        e = tl.arange(0, WHOLE_ROW)[:, None]
+        ptrs = rows_ptr.to(tl.pointer_type(tl.int16), bitcast=True)[None, :] + e
+        raw = tl.load(ptrs, mask=n_ok[None, :] & (e < ROW_ELEMS), other=0)
+        return tl.split(tl.permute(tl.reshape(raw, [2, WHOLE_ROW // 2, BLOCK_N]), (1, 2, 0)))
+
+    @triton.jit
     def _chunk_rescale(acc_fields, alpha):
         out = ()
         for f in tl.static_range(len(acc_fields)):
@@ -2104,6 +2232,9 @@ if HAS_TRITON:
         LAZY_RESCALE: tl.constexpr,
         CHUNKS: tl.constexpr,
         EXACT_SPLIT: tl.constexpr,
+        WHOLE_ROW: tl.constexpr = 0,  # > 0: padded int16 elements of a whole-row load (see whole_row_elems)
+        ROW_ELEMS: tl.constexpr = 0,  # int16 elements of a code row
+        CENTRE_IN_MMA: tl.constexpr = False,  # magic value fields centred via the MMA's C input
     ):
         """One (split, sequence, kv head, row block) of the v2 kernel: code rows read as int16
         elements (narrow key chunks as bytes), one MMA per bit field; keys put tokens on the MMA's
@@ -2154,7 +2285,10 @@ if HAS_TRITON:
                 K_MUL: tl.constexpr = 16777216.0  # 1 / SUBNORMAL_UNIT
             else:
                 K_MODE: tl.constexpr = 1
-                V_MODE: tl.constexpr = 2
+                if CENTRE_IN_MMA:  # magic value fields, centred through the accumulator input
+                    V_MODE: tl.constexpr = 1
+                else:
+                    V_MODE: tl.constexpr = 2
                 K_MUL: tl.constexpr = 1.0
             comp_hi = tl.minimum(tl.maximum(seq_len - WINDOW, SINKS), tl.max(limit, axis=0))
             chunk = tl.cdiv(tl.cdiv(tl.maximum(comp_hi - SINKS, 0), num_splits), BLOCK_N) * BLOCK_N
@@ -2199,19 +2333,27 @@ if HAS_TRITON:
                 # would not pipeline and stall every step on global-memory latency)
                 ks0, ks1, ks2, ks3 = _load_scales(ks_base + offs_n * SCALE_STRIDE, n_ok, N_SCALES, BLOCK_N)
                 s = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+                if WHOLE_ROW > 0:
+                    k_half0, k_half1 = _row_halves(kc_rows, n_ok, WHOLE_ROW, ROW_ELEMS, BLOCK_N)
                 for c in tl.static_range(len(CHUNKS)):
-                    dots = _chunk_scores(
-                        kc_rows,
-                        n_ok,
-                        qs[c],
-                        CHUNKS[c][0],
-                        CHUNKS[c][1],
-                        CHUNKS[c][2],
-                        CHUNKS[c][7],
-                        CHUNKS[c][8],
-                        K_MODE,
-                        USE_ASM,
-                    )
+                    if WHOLE_ROW > 0:
+                        if c == 0:
+                            dots = _tile_scores(k_half0, qs[c], CHUNKS[c][2], K_MODE, USE_ASM)
+                        else:
+                            dots = _tile_scores(k_half1, qs[c], CHUNKS[c][2], K_MODE, USE_ASM)
+                    else:
+                        dots = _chunk_scores(
+                            kc_rows,
+                            n_ok,
+                            qs[c],
+                            CHUNKS[c][0],
+                            CHUNKS[c][1],
+                            CHUNKS[c][2],
+                            CHUNKS[c][7],
+                            CHUNKS[c][8],
+                            K_MODE,
+                            USE_ASM,
+                        )
                     scale = _pick(ks0, ks1, ks2, ks3, CHUNKS[c][3]) * K_MUL
                     s += (dots + qcs[c][None, :]) * scale[:, None]
                 s = tl.where(offs_n[:, None] < row_hi[None, :], s, float("-inf"))
@@ -2234,23 +2376,48 @@ if HAS_TRITON:
                 vs0, vs1, vs2, vs3 = _load_scales(vs_base + offs_n * SCALE_STRIDE, n_ok, N_SCALES, BLOCK_N)
                 new_accs = ()
                 new_psums = ()
+                if WHOLE_ROW > 0:
+                    v_half0, v_half1 = _row_halves_t(vc_rows, n_ok, WHOLE_ROW, ROW_ELEMS, BLOCK_N)
                 for c in tl.static_range(len(CHUNKS)):
                     ps = p * _pick(vs0, vs1, vs2, vs3, CHUNKS[c][3]).to(tl.float16)[:, None]
-                    new_accs = new_accs + (
-                        _chunk_values(
-                            vc_rows,
-                            n_ok,
-                            ps,
-                            accs[c],
-                            CHUNKS[c][0],
-                            CHUNKS[c][1],
-                            CHUNKS[c][6],
-                            CHUNKS[c][2],
-                            V_MODE,
-                            USE_ASM,
-                        ),
-                    )
-                    new_psums = new_psums + (tl.dot(ones, ps, psum_accs[c]),)
+                    if CENTRE_IN_MMA:
+                        # sum_n ps from the tensor cores, already in the accumulators' layout
+                        step_sum = tl.dot(ones, ps)
+                        if CHUNKS[c][6] == 16:
+                            step_wide = step_sum
+                        else:  # wider value operands (head_dim 256): the sums in their shape
+                            step_wide = tl.dot(tl.full([CHUNKS[c][6], BLOCK_N], 1.0, tl.float16), ps)
+                        acc_in = _centre_inputs(accs[c], step_wide, CHUNKS[c][2])
+                    else:
+                        acc_in = accs[c]
+                    if WHOLE_ROW > 0:
+                        if c == 0:
+                            new_accs = new_accs + (
+                                _tile_values(v_half0, ps, acc_in, CHUNKS[c][2], V_MODE, USE_ASM),
+                            )
+                        else:
+                            new_accs = new_accs + (
+                                _tile_values(v_half1, ps, acc_in, CHUNKS[c][2], V_MODE, USE_ASM),
+                            )
+                    else:
+                        new_accs = new_accs + (
+                            _chunk_values(
+                                vc_rows,
+                                n_ok,
+                                ps,
+                                acc_in,
+                                CHUNKS[c][0],
+                                CHUNKS[c][1],
+                                CHUNKS[c][6],
+                                CHUNKS[c][2],
+                                V_MODE,
+                                USE_ASM,
+                            ),
+                        )
+                    if CENTRE_IN_MMA:
+                        new_psums = new_psums + (psum_accs[c] + step_sum,)
+                    else:
+                        new_psums = new_psums + (tl.dot(ones, ps, psum_accs[c]),)
                 accs = new_accs
                 psum_accs = new_psums
             l_i = tl.max(l_acc, axis=0)
@@ -2587,8 +2754,9 @@ def wavelet_attention_triton(
     if num_splits is None:
         num_splits = choose_num_splits(programs, capacity, layout, config, q.device)
     device = q.device
+    whole_row = whole_row_elems(layout) if use_v2 and config.whole_row else 0
     if use_v2:
-        plan2 = _plan_v2(layout, device, config.subnormal)
+        plan2 = _plan_v2(layout, device, config.subnormal, whole_row > 0)
         n_slots = plan2.k_slots
         slot_rows, slot_factor, slot_shift, slot_band = (
             plan2.transform_slots,
@@ -2709,6 +2877,9 @@ def wavelet_attention_triton(
             LAZY_RESCALE=config.lazy_rescale,
             CHUNKS=plan2.chunk_constexpr,
             EXACT_SPLIT=k_exact.dtype in (torch.float16, torch.bfloat16) and not interpreting,
+            WHOLE_ROW=whole_row,
+            ROW_ELEMS=layout.n_code_bytes // 2,
+            CENTRE_IN_MMA=config.centre_in_mma and not config.subnormal,
             num_warps=config.num_warps,
             num_stages=config.num_stages,
             **split_options,
@@ -2759,6 +2930,7 @@ def wavelet_attention_triton(
             USE_ASM=config.use_asm and not interpreting,
             num_warps=config.num_warps,
             num_stages=config.num_stages,
+            CENTRE_IN_MMA=config.centre_in_mma,
             **split_options,
             **plan.constexprs,
         )

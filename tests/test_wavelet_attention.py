@@ -174,19 +174,23 @@ def test_other_codec_layouts(spec):
 
 
 V2_VARIANTS = [
-    # (kernel, subnormal, lazy_rescale, per-row reduce)
-    ("v2", True, True, True),
-    ("v2", False, True, False),
-    ("v2", True, False, False),
-    ("v2", False, False, True),
-    ("v1", True, True, False),
+    # (kernel, subnormal, lazy_rescale, per-row reduce, centre_in_mma)
+    ("v2", True, True, True, False),
+    ("v2", False, True, False, False),
+    ("v2", True, False, False, False),
+    ("v2", False, False, True, False),
+    ("v2", False, True, False, True),
+    ("v2", False, False, True, True),
+    ("v1", True, True, False, False),
+    ("v1", False, True, False, True),
 ]
 
 
-@pytest.mark.parametrize("kernel,subnormal,lazy,row_reduce", V2_VARIANTS)
-def test_kernel_variants(kernel, subnormal, lazy, row_reduce):
-    # operand encodings (fp16 subnormals / 1024-offset magic), lazy or eager rescaling, both
-    # reduce kernels, and the v1 byte-plane kernel on the same inputs
+@pytest.mark.parametrize("kernel,subnormal,lazy,row_reduce,centre", V2_VARIANTS)
+def test_kernel_variants(kernel, subnormal, lazy, row_reduce, centre):
+    # operand encodings (fp16 subnormals / 1024-offset magic, values centred per operand or through
+    # the MMA's accumulator input), lazy or eager rescaling, both reduce kernels, and the v1
+    # byte-plane kernel on the same inputs
     capacity = 75
     codec, args = make_case(UNIFORM_SPEC, 2, 2, 4, 1, 64, [capacity, 33], capacity, torch.float16)
     config = K.LaunchConfig(
@@ -195,6 +199,7 @@ def test_kernel_variants(kernel, subnormal, lazy, row_reduce):
         subnormal=subnormal,
         lazy_rescale=lazy,
         row_reduce_max_programs=1e9 if row_reduce else 0.0,
+        centre_in_mma=centre,
     )
     got = _run_triton(args, codec, 0.125, config=config, num_splits=2)
     assert rel_err(got, dense_reference(codec, args, 0.125)) <= 1e-2
@@ -249,6 +254,32 @@ def test_v2_slot_maps_cover_every_coefficient():
             assert coefs == list(range(head_dim))
         plan = K._plan_v2(layout, torch.device("cpu"), subnormal=True)
         assert int((plan.slot_coef >= 0).sum()) == head_dim
+
+
+def test_whole_row_loads():
+    # head_dim 128 with the default bands: a 48-byte code row is 16 + 8 int16 elements, read as one
+    # load of 32 (the pad masked) and split in registers; its key slots (narrow chunk as padded
+    # int16 fields) still cover every coefficient once, and the kernel agrees with the reference
+    layout = ops.compressed_layout(UNIFORM_SPEC, 128)
+    assert K.whole_row_elems(layout) == 32
+    assert K.whole_row_elems(ops.compressed_layout(UNIFORM_SPEC, 64)) == 0  # halves of 8 < the MMA's 16
+    assert K.whole_row_elems(ops.compressed_layout(UNIFORM_SPEC, 256)) == 0  # second half not 16 wide
+    assert K.whole_row_elems(ops.compressed_layout(SMALL_SPEC, 128)) == 0  # table grids: no v2
+    chunks = K._field_chunks(layout, whole_row=True)
+    assert [c.k_bytes for c in chunks] == [False, False]
+    coefs = sorted(coef for c in chunks for _, coef, _ in c.k_slots())
+    assert coefs == list(range(128))
+    capacity = 70
+    codec, args = make_case(
+        UNIFORM_SPEC, 2, 2, 4, 1, 128, [capacity, 37], capacity, torch.bfloat16, channel="full"
+    )
+    want = dense_reference(codec, args, 0.1)
+    for config in (
+        K.LaunchConfig(block_n=16, whole_row=True),
+        K.LaunchConfig(block_n=16, whole_row=True, centre_in_mma=True),
+    ):
+        got = _run_triton(args, codec, 0.1, config=config, num_splits=2)
+        assert rel_err(got, want) <= 1e-2, config
 
 
 def test_splits_and_blocks_agree():
@@ -355,6 +386,9 @@ V2_GPU_CONFIGS = [
     K.LaunchConfig(subnormal=True, lazy_rescale=False),
     K.LaunchConfig(row_reduce_max_programs=1e9),
     K.LaunchConfig(kernel="v1", maxnreg=168),
+    K.LaunchConfig(centre_in_mma=True, maxnreg=168),
+    K.LaunchConfig(centre_in_mma=True, whole_row=True),
+    K.LaunchConfig(kernel="v1", centre_in_mma=True, maxnreg=168),
 ]
 
 
@@ -430,8 +464,10 @@ def test_gpu_long_split_precision(spec):
         (K.LaunchConfig(subnormal=False), (1, 64)),
         (K.LaunchConfig(kernel="v1"), (1, 64)),
         (K.LaunchConfig(subnormal=True), (64,)),
+        (K.LaunchConfig(centre_in_mma=True), (1, 64)),
+        (K.LaunchConfig(kernel="v1", centre_in_mma=True), (1, 64)),
     ]
-    for config, split_counts in cases if spec == UNIFORM_REAL else cases[1:2]:
+    for config, split_counts in cases if spec == UNIFORM_REAL else cases[1:2] + cases[4:]:
         for splits in split_counts:
             got = K.wavelet_attention_triton(*args, layout, 128**-0.5, config=config, num_splits=splits)
             assert rel_err(got, want) <= 1e-2, (config, splits)
