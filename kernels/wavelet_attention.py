@@ -910,11 +910,28 @@ TUNED_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
 }
 
 
-def tuned_config(layout: CompressedLayout, head_dim: int, block_m: int) -> LaunchConfig:
-    """The tuned launch config for this layout's grids (affine: v2 could run it), else the untuned
-    default."""
+# Launches with few (sequence, kv head, row block) programs, e.g. one sequence: each split is a
+# lone warp on its scheduler and the loop's latency, not issue, bounds it; v2's shorter loop wins
+# there. Measured 2026-11-30 (H200, probe_attention.py grid) at (B, N) = (1, 32768): v2 0.0335 /
+# 0.0344 ms against v1 0.0362 / 0.0370 in two runs; at (8, 131072) v1 stays ahead (0.386 / 0.411).
+SMALL_LAUNCH_PROGRAMS = 16
+SMALL_LAUNCH_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
+    (128, 4, "affine"): LaunchConfig(
+        block_n=64, num_stages=2, ctas_per_sm=32.0, min_split_tokens=512, kernel="v2", maxnreg=168
+    ),
+}
+
+
+def tuned_config(
+    layout: CompressedLayout, head_dim: int, block_m: int, programs: int | None = None
+) -> LaunchConfig:
+    """The tuned launch config for this layout's grids (affine: v2 could run it) and launch size
+    (programs = sequences x kv heads x row blocks; None: a large launch), else the untuned default."""
     grids = "affine" if _v2_layout_reason(layout) is None else "table"
-    return TUNED_CONFIGS.get((head_dim, block_m, grids)) or default_config(head_dim, block_m)
+    key = (head_dim, block_m, grids)
+    if programs is not None and programs <= SMALL_LAUNCH_PROGRAMS and key in SMALL_LAUNCH_CONFIGS:
+        return SMALL_LAUNCH_CONFIGS[key]
+    return TUNED_CONFIGS.get(key) or default_config(head_dim, block_m)
 
 
 def default_config(head_dim: int, block_m: int) -> LaunchConfig:
@@ -2743,7 +2760,7 @@ def wavelet_attention_triton(
     block_m = _block_m(rows)
     n_row_blocks = -(-rows // block_m)
     if config is None:
-        config = tuned_config(layout, d, block_m)
+        config = tuned_config(layout, d, block_m, batch * hkv * n_row_blocks)
     if config.kernel not in ("v1", "v2"):
         raise ValueError(f"LaunchConfig.kernel must be 'v1' or 'v2', got {config.kernel!r}")
     use_v2 = config.kernel == "v2" and _v2_reason(layout, k_codes, k_scales) is None
