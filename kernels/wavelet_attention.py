@@ -891,6 +891,9 @@ class LaunchConfig:
     # affine value fields centred through the MMA's accumulator input (see _band_values) instead of
     # one packed subtract per operand pair
     centre_in_mma: bool = False
+    # programmatic dependent launch (Hopper+): the split kernel and the reduce start their programs
+    # while the kernel before them finishes (each waits for its input before reading it)
+    pdl: bool = False
 
 
 # (head_dim, block_m, grids) -> config, from the sweep of benchmarks/bench_attention.py --sweep on an
@@ -999,6 +1002,41 @@ def _tensor_version(t: torch.Tensor) -> int | None:
         return None
 
 
+def _cached_product(cache: dict, channel_tensor: torch.Tensor, source: torch.Tensor, build) -> torch.Tensor:
+    """build() cached while ``channel_tensor`` lives and is not modified in place (its version
+    counter) and ``source`` is the same tensor; never stored during CUDA graph capture (a product
+    computed there would only run at replay)."""
+    version = _tensor_version(channel_tensor)
+    key = id(channel_tensor)
+    hit = cache.get(key) if version is not None else None
+    if hit is not None and hit[0]() is channel_tensor and hit[1] == version and hit[2] is source:
+        return hit[3]
+    product = build()
+    capturing = product.is_cuda and torch.cuda.is_current_stream_capturing()
+    if version is not None and not capturing:
+        ref = weakref.ref(channel_tensor, lambda _, key=key: cache.pop(key, None))
+        cache[key] = (ref, version, source, product)
+    return product
+
+
+_VALUE_COMPOSITES: dict[int, tuple] = {}
+
+
+def value_transform(
+    inverse: torch.Tensor, rotation: torch.Tensor, scale: torch.Tensor, channel_tensor: torch.Tensor
+) -> torch.Tensor:
+    """[Hkv, D, D] fp32 C_h = W R_h diag(s_h): the reduce's whole way back from coefficient sums to
+    centred channels (x - m = (c W R_h) * s_h) as one matrix per kv head, so the reduce reads one
+    [D, D] matrix instead of two and runs one product. Computed in fp64, cached like
+    query_transform (on the value channel tensor)."""
+
+    def build() -> torch.Tensor:
+        composite = torch.matmul(inverse.to(torch.float64), rotation.to(torch.float64))
+        return (composite * scale.to(torch.float64)[:, None, :]).float().contiguous()
+
+    return _cached_product(_VALUE_COMPOSITES, channel_tensor, inverse, build)
+
+
 def query_transform(
     slot_rows: torch.Tensor, rotation: torch.Tensor | None, channel_tensor: torch.Tensor
 ) -> tuple[torch.Tensor, int]:
@@ -1010,16 +1048,12 @@ def query_transform(
     graph capture (the product would only run at replay)."""
     if rotation is None:
         return slot_rows, 0
-    version = _tensor_version(channel_tensor)
-    key = id(channel_tensor)
-    hit = _COMPOSITES.get(key) if version is not None else None
-    if hit is not None and hit[0]() is channel_tensor and hit[1] == version and hit[2] is slot_rows:
-        return hit[3], hit[3].stride(0)
-    composite = torch.matmul(slot_rows.to(torch.float64), rotation.to(torch.float64)).float().contiguous()
-    capturing = composite.is_cuda and torch.cuda.is_current_stream_capturing()
-    if version is not None and not capturing:
-        ref = weakref.ref(channel_tensor, lambda _, key=key: _COMPOSITES.pop(key, None))
-        _COMPOSITES[key] = (ref, version, slot_rows, composite)
+    composite = _cached_product(
+        _COMPOSITES,
+        channel_tensor,
+        slot_rows,
+        lambda: torch.matmul(slot_rows.to(torch.float64), rotation.to(torch.float64)).float().contiguous(),
+    )
     return composite, composite.stride(0)
 
 
@@ -1042,6 +1076,20 @@ if HAS_TRITON:
     # finite "no score yet": exp2(_NEG_BIG - _NEG_BIG) stays 1 and never makes a NaN
     _NEG_BIG = tl.constexpr(-1.0e30)
     _MAGIC = tl.constexpr(MAGIC_OFFSET)
+
+    @triton.jit
+    def _pdl_launch_dependents(USE_PDL: tl.constexpr):
+        """Programmatic dependent launch: let the next kernel of the op start its programs now (they
+        wait in _pdl_wait for this kernel's writes). No-op without PDL."""
+        if USE_PDL:
+            tl.extra.cuda.gdc_launch_dependents()
+
+    @triton.jit
+    def _pdl_wait(USE_PDL: tl.constexpr):
+        """Wait until the previous kernel of the op has finished and its writes are visible."""
+        if USE_PDL:
+            tl.extra.cuda.gdc_wait()
+
     _ASM_0x0F = tl.constexpr(_magic_asm(0x0F))
     _ASM_0xF0 = tl.constexpr(_magic_asm(0xF0))
     _ASM_0x03 = tl.constexpr(_magic_asm(0x03))
@@ -1074,11 +1122,13 @@ if HAS_TRITON:
         S: tl.constexpr,
         BLOCK_M: tl.constexpr,
         D_CHUNK: tl.constexpr,
+        USE_PDL: tl.constexpr = False,
     ):
         """q_w = M_h (q * s_k) * qk_scale * step in fp16 for D_CHUNK of the S kernel slots (D for
         v1, padded field planes for v2) per program, and that chunk's share of each band's score
         offset sum_s q_w[s] * shift[s]; grid (sequence x kv head x row block, S / D_CHUNK), so a
         short batch still spreads over many programs. The split kernels add the chunk shares."""
+        _pdl_launch_dependents(USE_PDL)
         pid = tl.program_id(0)
         chunk = tl.program_id(1)
         row_block = pid % n_row_blocks
@@ -1657,9 +1707,11 @@ if HAS_TRITON:
         KB3_SCALE: tl.constexpr,
         KB3_AFFINE: tl.constexpr,
         CENTRE_IN_MMA: tl.constexpr = False,
+        USE_PDL: tl.constexpr = False,
     ):
         """One (split, sequence, kv head, row block): online softmax over a range of compressed
         tokens in the coefficient domain, or (last split) over the exact tokens."""
+        _pdl_launch_dependents(USE_PDL)
         split = tl.program_id(0)
         pid = tl.program_id(1)
         row_block = pid % n_row_blocks
@@ -1705,6 +1757,7 @@ if HAS_TRITON:
             lo = SINKS + split * chunk
             hi = tl.minimum(lo + chunk, comp_hi)
             row_hi = tl.minimum(limit, hi)
+            _pdl_wait(USE_PDL)  # the prologue's query operands
             qw_rows = qw_ptr + pid * BLOCK_M * D + local[None, :] * D
             kc_base = kc_ptr + batch * kc_stride_b + kv_head * kc_stride_h
             ks_base = ks_ptr + batch * ks_stride_b + kv_head * ks_stride_h
@@ -2252,11 +2305,13 @@ if HAS_TRITON:
         WHOLE_ROW: tl.constexpr = 0,  # > 0: padded int16 elements of a whole-row load (see whole_row_elems)
         ROW_ELEMS: tl.constexpr = 0,  # int16 elements of a code row
         CENTRE_IN_MMA: tl.constexpr = False,  # magic value fields centred via the MMA's C input
+        USE_PDL: tl.constexpr = False,  # programmatic dependent launch (see _pdl_wait)
     ):
         """One (split, sequence, kv head, row block) of the v2 kernel: code rows read as int16
         elements (narrow key chunks as bytes), one MMA per bit field; keys put tokens on the MMA's
         M, values put slots on M and tokens on K (int16 elements let ldmatrix.trans deliver token
         pairs, no byte gathers). S: key slots. Last split: the exact tokens."""
+        _pdl_launch_dependents(USE_PDL)
         split = tl.program_id(0)
         pid = tl.program_id(1)
         row_block = pid % n_row_blocks
@@ -2312,6 +2367,7 @@ if HAS_TRITON:
             lo = SINKS + split * chunk
             hi = tl.minimum(lo + chunk, comp_hi)
             row_hi = tl.minimum(limit, hi)
+            _pdl_wait(USE_PDL)  # the prologue's query operands
             qw_rows = qw_ptr + pid * BLOCK_M * S + local[None, :] * S
             kc_base = kc_ptr + batch * kc_stride_b + kv_head * kc_stride_h
             ks_base = ks_ptr + batch * ks_stride_b + kv_head * ks_stride_h
@@ -2498,6 +2554,7 @@ if HAS_TRITON:
         l_ptr,
         acc_ptr,
         transform_ptr,
+        transform_stride_h,
         v_channel_scale_ptr,
         v_scale_stride_h,
         v_offset_ptr,
@@ -2518,9 +2575,12 @@ if HAS_TRITON:
         D_CHUNK: tl.constexpr,
         ROTATE: tl.constexpr,
         OFFSET: tl.constexpr,
+        USE_PDL: tl.constexpr = False,
     ):
         """Merge the compressed splits, inverse-transform once (x - m = (R^T W^T c) * s), merge the
-        exact part (stored centred), add the value offset m, write out."""
+        exact part (stored centred), add the value offset m, write out. transform_ptr: [D, D], or
+        per kv head (transform_stride_h) the composite of W, R and s (value_transform)."""
+        _pdl_wait(USE_PDL)
         pid = tl.program_id(0)
         row_block = pid % n_row_blocks
         kv_head = (pid // n_row_blocks) % n_kv_heads
@@ -2563,7 +2623,7 @@ if HAS_TRITON:
             rotated = tl.zeros([BLOCK_M, D], tl.float32)
             for chunk in tl.static_range(D // D_CHUNK):
                 cols = chunk * D_CHUNK + tl.arange(0, D_CHUNK)
-                w = tl.load(transform_ptr + d[:, None] * D + cols[None, :])
+                w = tl.load(transform_ptr + kv_head * transform_stride_h + d[:, None] * D + cols[None, :])
                 y = tl.dot(acc, w, input_precision="tf32x3")
                 r = tl.load(v_rotation_ptr + kv_head * v_rotation_stride_h + cols[:, None] * D + d[None, :])
                 r = r.to(tl.float32)
@@ -2590,7 +2650,9 @@ if HAS_TRITON:
         else:
             for chunk in tl.static_range(D // D_CHUNK):
                 cols = chunk * D_CHUNK + tl.arange(0, D_CHUNK)
-                w = tl.load(transform_ptr + d[:, None] * D + cols[None, :])  # [D slots, D_CHUNK channels]
+                w = tl.load(
+                    transform_ptr + kv_head * transform_stride_h + d[:, None] * D + cols[None, :]
+                )  # [D slots, D_CHUNK channels]
                 values = tl.dot(acc, w, input_precision="tf32x3")
                 _reduce_store(
                     values,
@@ -2621,6 +2683,7 @@ if HAS_TRITON:
         l_ptr,
         acc_ptr,
         transform_ptr,
+        transform_stride_h,
         v_channel_scale_ptr,
         v_scale_stride_h,
         v_offset_ptr,
@@ -2641,10 +2704,12 @@ if HAS_TRITON:
         SPLIT_CHUNK: tl.constexpr,
         ROTATE: tl.constexpr,
         OFFSET: tl.constexpr,
+        USE_PDL: tl.constexpr = False,
     ):
         """_reduce_kernel with one program per query row, for launches with few (sequence, kv head)
         pairs: SPLIT_CHUNK splits merged per step (one wide load, not a serial chain of small
         ones), then the inverse transform as a [D] x [D, D] product."""
+        _pdl_wait(USE_PDL)
         pid = tl.program_id(0)
         row_local = pid % BLOCK_M
         program = pid // BLOCK_M
@@ -2679,7 +2744,9 @@ if HAS_TRITON:
             beta = tl.exp2(m_e - m_f)
             denom = l_i * alpha + l_e * beta
             c = tl.arange(0, D)
-            w_t = tl.load(transform_ptr + c[:, None] * D + d[None, :])  # [coefficient, channel]
+            w_t = tl.load(
+                transform_ptr + kv_head * transform_stride_h + c[:, None] * D + d[None, :]
+            )  # [coef, channel]
             values = tl.sum(acc[:, None] * w_t, axis=0)
             if ROTATE:  # x = y @ R
                 r = tl.load(v_rotation_ptr + kv_head * v_rotation_stride_h + c[:, None] * D + d[None, :])
@@ -2811,6 +2878,10 @@ def wavelet_attention_triton(
     v_rotation = None if v_params.rotation is None else _on(v_params.rotation, device)
     v_offset = None if v_params.offset is None else _on(v_params.offset, device)
     q_transform, q_transform_stride_h = query_transform(slot_rows, k_rotation, k_channel_scale)
+    use_pdl = (
+        config.pdl and q.is_cuda and not interpreting and torch.cuda.get_device_capability(device)[0] >= 9
+    )
+    pdl_launch = {"launch_pdl": True} if use_pdl else {}
     _prologue_kernel[(programs, n_qc)](
         q,
         q.stride(0),
@@ -2834,6 +2905,7 @@ def wavelet_attention_triton(
         S=n_slots,
         BLOCK_M=block_m,
         D_CHUNK=d_chunk,
+        USE_PDL=use_pdl,
         num_warps=4,
     )
     # ptxas register cap for the split kernel (more resident programs per SM; GPU compile only)
@@ -2897,6 +2969,8 @@ def wavelet_attention_triton(
             WHOLE_ROW=whole_row,
             ROW_ELEMS=layout.n_code_bytes // 2,
             CENTRE_IN_MMA=config.centre_in_mma and not config.subnormal,
+            USE_PDL=use_pdl,
+            **pdl_launch,
             num_warps=config.num_warps,
             num_stages=config.num_stages,
             **split_options,
@@ -2948,14 +3022,21 @@ def wavelet_attention_triton(
             num_warps=config.num_warps,
             num_stages=config.num_stages,
             CENTRE_IN_MMA=config.centre_in_mma,
+            USE_PDL=use_pdl,
+            **pdl_launch,
             **split_options,
             **plan.constexprs,
         )
+    if v_rotation is not None:  # W, R and s as one matrix per kv head
+        inverse = value_transform(inverse, v_rotation, v_cs, v_channel_scale)
+        v_rotation = None
+        v_cs = _ones(hkv, d, device)
     reduce_args = (
         m_part,
         l_part,
         acc_part,
         inverse,
+        inverse.stride(0) if inverse.dim() == 3 else 0,
         v_cs,
         v_cs.stride(0),
         v_cs if v_offset is None else v_offset,  # unread without OFFSET
@@ -2976,7 +3057,14 @@ def wavelet_attention_triton(
     if programs * block_m <= config.row_reduce_max_programs * _sm_count(device):
         # few (sequence, kv head) pairs and many splits: one program per query row
         _reduce_rows_kernel[(programs * block_m,)](
-            *reduce_args, D=d, BLOCK_M=block_m, SPLIT_CHUNK=16, num_warps=4, **channel_flags
+            *reduce_args,
+            D=d,
+            BLOCK_M=block_m,
+            SPLIT_CHUNK=16,
+            USE_PDL=use_pdl,
+            num_warps=4,
+            **channel_flags,
+            **pdl_launch,
         )
     else:
         _reduce_kernel[(programs,)](
@@ -2985,7 +3073,9 @@ def wavelet_attention_triton(
             BLOCK_M=block_m,
             D_CHUNK=min(d, 32),
             num_warps=8 if v_rotation is not None else 4,  # the rotation's [D, D] pieces
+            USE_PDL=use_pdl,
             **channel_flags,
+            **pdl_launch,
         )
     return out
 

@@ -244,6 +244,29 @@ def test_query_transform_cache_follows_the_channel_tensor():
     assert rel_err(cached, first.double()) > 1e-2  # the new rotation changed the scores
 
 
+def test_value_transform_cache_follows_the_channel_tensor():
+    # the reduce reads W R_h diag(s_h) cached per value channel tensor: an in-place change of the
+    # rotation or the scale must reach the output, and match a fresh uncached computation
+    capacity = 40
+    codec, args = make_case(UNIFORM_SPEC, 1, 2, 2, 1, 64, [capacity], capacity, torch.float16, channel="full")
+    for row_reduce in (True, False):
+        config = K.LaunchConfig(block_n=16, row_reduce_max_programs=1e9 if row_reduce else 0.0)
+        first = _run_triton(args, codec, 0.125, config=config, num_splits=2)
+        assert rel_err(first, dense_reference(codec, args, 0.125)) <= 1e-2
+        v_cs = args[9].clone()  # its own tensor (the case may share one for K and V)
+        updated = list(args)
+        updated[9] = v_cs
+        _run_triton(tuple(updated), codec, 0.125, config=config, num_splits=2)  # caches the composite
+        with torch.no_grad():
+            v_cs[:, :64] = _random_rotation(2, 64, v_cs.device)  # new rotation, same tensor
+            v_cs[:, 64] *= 1.5  # and new scales (row D of the [Hkv, D + 2, D] form)
+        cached = _run_triton(tuple(updated), codec, 0.125, config=config, num_splits=2)
+        K._VALUE_COMPOSITES.clear()
+        uncached = _run_triton(tuple(updated), codec, 0.125, config=config, num_splits=2)
+        assert rel_err(cached, uncached.double()) <= 1e-6
+        assert rel_err(cached, first.double()) > 1e-2  # the new rotation changed the output
+
+
 def test_v2_slot_maps_cover_every_coefficient():
     # every coefficient appears exactly once among the key slots and once among the value slots
     for head_dim in K.SUPPORTED_HEAD_DIMS:
@@ -389,6 +412,8 @@ V2_GPU_CONFIGS = [
     K.LaunchConfig(centre_in_mma=True, maxnreg=168),
     K.LaunchConfig(centre_in_mma=True, whole_row=True),
     K.LaunchConfig(kernel="v1", centre_in_mma=True, maxnreg=168),
+    K.LaunchConfig(pdl=True),
+    K.LaunchConfig(kernel="v1", maxnreg=168, pdl=True, row_reduce_max_programs=1e9),
 ]
 
 
@@ -405,6 +430,34 @@ def test_gpu_real_shapes(head_dim, spec):
     for config in configs:
         got = _run_triton(args, codec, head_dim**-0.5, config=config)
         assert rel_err(got, want) <= 1e-2, config
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("row_reduce", [True, False])
+def test_gpu_pdl_in_cuda_graph(row_reduce):
+    # programmatic dependent launch inside a CUDA graph (how decode steps are served): replays on
+    # fresh inputs copied into the captured buffers must match uncaptured calls without PDL
+    codec, args = make_case(
+        UNIFORM_REAL, 2, 8, 4, 1, 128, [3000, 1234], 3000, torch.bfloat16, device="cuda", channel="full"
+    )
+    layout = ops.compressed_layout(codec.spec, 128)
+    pdl = K.LaunchConfig(pdl=True, row_reduce_max_programs=1e9 if row_reduce else 0.0)
+    plain = K.LaunchConfig(row_reduce_max_programs=1e9 if row_reduce else 0.0)
+    static = [a.clone() for a in args]
+    for _ in range(2):  # warm-up: compile, fill the caches of folded matrices
+        K.wavelet_attention_triton(*static, layout, 128**-0.5, config=pdl)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = K.wavelet_attention_triton(*static, layout, 128**-0.5, config=pdl)
+    for _ in range(3):
+        _, fresh = make_case(
+            UNIFORM_REAL, 2, 8, 4, 1, 128, [3000, 1234], 3000, torch.bfloat16, device="cuda", channel="full"
+        )
+        for dst, src in zip(static[:8], fresh[:8], strict=True):  # channel tensors stay (cached folds)
+            dst.copy_(src)
+        graph.replay()
+        want = K.wavelet_attention_triton(*static, layout, 128**-0.5, config=plain)
+        assert rel_err(out, want.double()) <= 1e-5
 
 
 @pytest.mark.gpu
