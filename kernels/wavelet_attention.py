@@ -629,9 +629,6 @@ class _FieldChunk:
     coef_start: int  # coefficient held by field 0 of byte 0
     grid_step: float
     grid_offset: float
-    # keys as int16 fields even when narrow (zero-padded to 16 slots): the whole-row loads hand the
-    # kernel int16 halves of the code row, not bytes
-    k_int16: bool = False
 
     @property
     def v_fields(self) -> int:
@@ -643,7 +640,7 @@ class _FieldChunk:
 
     @property
     def k_bytes(self) -> bool:
-        return self.n_elems < 16 and not self.k_int16
+        return self.n_elems < 16
 
     @property
     def k_fields(self) -> int:
@@ -651,7 +648,7 @@ class _FieldChunk:
 
     @property
     def k_padded(self) -> int:
-        return max(2 * self.n_elems, 16) if self.k_bytes else max(self.n_elems, 16)
+        return max(2 * self.n_elems, 16) if self.k_bytes else self.n_elems
 
     def coef_of_byte_field(self, byte: int, bit_offset: int) -> int:
         return self.coef_start + byte * (8 // self.bits) + bit_offset // self.bits
@@ -667,7 +664,7 @@ class _FieldChunk:
 
     def k_slots(self):
         """(slot, coefficient, pos) of each key slot."""
-        if not self.k_bytes:  # int16 fields: the value layout (flat field planes)
+        if not self.k_bytes:  # >= 16 elements: the value layout (flat field planes)
             for slot, coef, pos in self.v_slots():
                 yield slot - self.v_slot0 + self.k_slot0, coef, pos
             return
@@ -677,9 +674,8 @@ class _FieldChunk:
                 yield self.k_slot0 + f * self.k_padded + byte, self.coef_of_byte_field(byte, pos), pos
 
 
-def _field_chunks(layout: CompressedLayout, whole_row: bool = False) -> list[_FieldChunk]:
-    """Cut the layout into v2 chunks; UnsupportedLayout when v2 cannot run it (v1 then does).
-    whole_row: keys of narrow chunks as padded int16 fields (see whole_row_elems)."""
+def _field_chunks(layout: CompressedLayout) -> list[_FieldChunk]:
+    """Cut the layout into v2 chunks; UnsupportedLayout when v2 cannot run it (v1 then does)."""
     if layout.head_dim not in SUPPORTED_HEAD_DIMS:
         raise UnsupportedLayout(f"head_dim {layout.head_dim} (the kernel supports {SUPPORTED_HEAD_DIMS})")
     chunks: list[_FieldChunk] = []
@@ -698,7 +694,7 @@ def _field_chunks(layout: CompressedLayout, whole_row: bool = False) -> list[_Fi
         remaining, elem, coef = n_bytes // 2, offset // 2, start
         while remaining:
             n = 1 << (remaining.bit_length() - 1)
-            chunk = _FieldChunk(elem, n, bits, index, k_slot, v_slot, coef, step, grid_offset, whole_row)
+            chunk = _FieldChunk(elem, n, bits, index, k_slot, v_slot, coef, step, grid_offset)
             chunks.append(chunk)
             k_slot += chunk.k_fields * chunk.k_padded
             v_slot += chunk.v_fields * chunk.v_padded
@@ -729,14 +725,12 @@ class _PlanV2:
 _PLANS_V2: dict[tuple, _PlanV2] = {}
 
 
-def _plan_v2(
-    layout: CompressedLayout, device: torch.device, subnormal: bool, whole_row: bool = False
-) -> _PlanV2:
-    cache_key = (layout.key or id(layout), str(device), subnormal, whole_row)
+def _plan_v2(layout: CompressedLayout, device: torch.device, subnormal: bool) -> _PlanV2:
+    cache_key = (layout.key or id(layout), str(device), subnormal)
     plan = _PLANS_V2.get(cache_key)
     if plan is not None:
         return plan
-    chunks = _field_chunks(layout, whole_row)
+    chunks = _field_chunks(layout)
     k_slots = sum(c.k_fields * c.k_padded for c in chunks)
     v_slots = sum(c.v_fields * c.v_padded for c in chunks)
     d = layout.head_dim
@@ -833,29 +827,6 @@ def _v2_reason(layout: CompressedLayout, k_codes: torch.Tensor, k_scales: torch.
     return None
 
 
-def whole_row_elems(layout: CompressedLayout) -> int:
-    """Padded int16 elements of a code row when the v2 kernel can read whole rows, else 0.
-
-    A code row (48 B at head_dim 128) starts at a multiple of its size, so per-chunk loads of its
-    32 B and 16 B parts touch 5 sectors of 32 B per 2 rows where the bytes fill 3: the H200 profile
-    of v2 showed L2 throughput at 86% and DRAM at 48%. One load of the whole row, padded to a power
-    of two of int16 elements (the pad masked off, so no bytes beyond the row are read), touches
-    only the row's own sectors; the kernel then splits it into its two halves. That needs exactly
-    two chunks, the first filling the first half and the second padded to it, each half at least the
-    MMA's 16 elements (head_dim 128 with the default bands: 16 + 8 elements padded to 32)."""
-    if _v2_layout_reason(layout) is not None:
-        return 0
-    chunks = _field_chunks(layout)
-    elems = layout.n_code_bytes // 2
-    padded = 1 << (elems - 1).bit_length()
-    half = padded // 2
-    if len(chunks) != 2 or half < 16 or chunks[0].elem_offset != 0 or chunks[0].n_elems != half:
-        return 0
-    if chunks[1].elem_offset != half or max(chunks[1].n_elems, 16) != half:
-        return 0  # the second half must be the chunk's operand width (its elements, padded to 16)
-    return padded
-
-
 def triton_support(layout: CompressedLayout) -> str | None:
     """None when the Triton kernel handles `layout`, else the reason it does not."""
     if not HAS_TRITON:
@@ -885,15 +856,9 @@ class LaunchConfig:
     lazy_rescale: bool = True  # v2: rescale accumulators only when a running max grows
     row_reduce_max_programs: float = 1.0  # per-row reduce while query rows <= this x SMs
     maxnreg: int | None = None  # split kernel register cap: 168 -> 12 one-warp programs per SM
-    # v2: read each code row with one load and split it in registers (see whole_row_elems), where
-    # the layout allows; False: one load per chunk
-    whole_row: bool = False
     # affine value fields centred through the MMA's accumulator input (see _band_values) instead of
     # one packed subtract per operand pair
     centre_in_mma: bool = False
-    # programmatic dependent launch (Hopper+): the split kernel and the reduce start their programs
-    # while the kernel before them finishes (each waits for its input before reading it)
-    pdl: bool = False
 
 
 # (head_dim, block_m, grids) -> config, from the sweep of benchmarks/bench_attention.py --sweep on an
@@ -1076,20 +1041,6 @@ if HAS_TRITON:
     # finite "no score yet": exp2(_NEG_BIG - _NEG_BIG) stays 1 and never makes a NaN
     _NEG_BIG = tl.constexpr(-1.0e30)
     _MAGIC = tl.constexpr(MAGIC_OFFSET)
-
-    @triton.jit
-    def _pdl_launch_dependents(USE_PDL: tl.constexpr):
-        """Programmatic dependent launch: let the next kernel of the op start its programs now (they
-        wait in _pdl_wait for this kernel's writes). No-op without PDL."""
-        if USE_PDL:
-            tl.extra.cuda.gdc_launch_dependents()
-
-    @triton.jit
-    def _pdl_wait(USE_PDL: tl.constexpr):
-        """Wait until the previous kernel of the op has finished and its writes are visible."""
-        if USE_PDL:
-            tl.extra.cuda.gdc_wait()
-
     _ASM_0x0F = tl.constexpr(_magic_asm(0x0F))
     _ASM_0xF0 = tl.constexpr(_magic_asm(0xF0))
     _ASM_0x03 = tl.constexpr(_magic_asm(0x03))
@@ -1122,13 +1073,11 @@ if HAS_TRITON:
         S: tl.constexpr,
         BLOCK_M: tl.constexpr,
         D_CHUNK: tl.constexpr,
-        USE_PDL: tl.constexpr = False,
     ):
         """q_w = M_h (q * s_k) * qk_scale * step in fp16 for D_CHUNK of the S kernel slots (D for
         v1, padded field planes for v2) per program, and that chunk's share of each band's score
         offset sum_s q_w[s] * shift[s]; grid (sequence x kv head x row block, S / D_CHUNK), so a
         short batch still spreads over many programs. The split kernels add the chunk shares."""
-        _pdl_launch_dependents(USE_PDL)
         pid = tl.program_id(0)
         chunk = tl.program_id(1)
         row_block = pid % n_row_blocks
@@ -1707,11 +1656,9 @@ if HAS_TRITON:
         KB3_SCALE: tl.constexpr,
         KB3_AFFINE: tl.constexpr,
         CENTRE_IN_MMA: tl.constexpr = False,
-        USE_PDL: tl.constexpr = False,
     ):
         """One (split, sequence, kv head, row block): online softmax over a range of compressed
         tokens in the coefficient domain, or (last split) over the exact tokens."""
-        _pdl_launch_dependents(USE_PDL)
         split = tl.program_id(0)
         pid = tl.program_id(1)
         row_block = pid % n_row_blocks
@@ -1757,7 +1704,6 @@ if HAS_TRITON:
             lo = SINKS + split * chunk
             hi = tl.minimum(lo + chunk, comp_hi)
             row_hi = tl.minimum(limit, hi)
-            _pdl_wait(USE_PDL)  # the prologue's query operands
             qw_rows = qw_ptr + pid * BLOCK_M * D + local[None, :] * D
             kc_base = kc_ptr + batch * kc_stride_b + kv_head * kc_stride_h
             ks_base = ks_ptr + batch * ks_stride_b + kv_head * ks_stride_h
@@ -2154,22 +2100,6 @@ if HAS_TRITON:
         return out
 
     @triton.jit
-    def _tile_scores(raw, q_fields, BITS: tl.constexpr, MODE: tl.constexpr, USE_ASM: tl.constexpr):
-        """_chunk_scores on int16 elements already loaded: raw [BLOCK_N, slots per field]."""
-        dots = tl.dot(_field_operand(raw, BITS, 0, MODE, USE_ASM), q_fields[0])
-        for f in tl.static_range(1, 16 // BITS):
-            dots = tl.dot(_field_operand(raw, BITS, f, MODE, USE_ASM), q_fields[f], dots)
-        return dots
-
-    @triton.jit
-    def _tile_values(raw_t, ps, acc_fields, BITS: tl.constexpr, MODE: tl.constexpr, USE_ASM: tl.constexpr):
-        """_chunk_values on int16 elements already loaded: raw_t [slots per field, BLOCK_N]."""
-        out = ()
-        for f in tl.static_range(16 // BITS):
-            out = out + (tl.dot(_field_operand(raw_t, BITS, f, MODE, USE_ASM), ps, acc_fields[f]),)
-        return out
-
-    @triton.jit
     def _field_centre(BITS: tl.constexpr, F: tl.constexpr):
         """1024 + mid of field F at its fp16 position (field_layout): what MODE 2 subtracts."""
         OFFSET: tl.constexpr = F * BITS
@@ -2189,25 +2119,6 @@ if HAS_TRITON:
         for f in tl.static_range(len(acc_fields)):
             out = out + (acc_fields[f] - _field_centre(BITS, f) * step_sum,)
         return out
-
-    @triton.jit
-    def _row_halves(rows_ptr, n_ok, WHOLE_ROW: tl.constexpr, ROW_ELEMS: tl.constexpr, BLOCK_N: tl.constexpr):
-        """Whole code rows as int16 [BLOCK_N, WHOLE_ROW] (pad masked off: no bytes beyond the row
-        are read), split into their two halves [BLOCK_N, WHOLE_ROW / 2] (see whole_row_elems)."""
-        e = tl.arange(0, WHOLE_ROW)[None, :]
-        ptrs = rows_ptr.to(tl.pointer_type(tl.int16), bitcast=True)[:, None] + e
-        raw = tl.load(ptrs, mask=n_ok[:, None] & (e < ROW_ELEMS), other=0)
-        return tl.split(tl.permute(tl.reshape(raw, [BLOCK_N, 2, WHOLE_ROW // 2]), (0, 2, 1)))
-
-    @triton.jit
-    def _row_halves_t(
-        rows_ptr, n_ok, WHOLE_ROW: tl.constexpr, ROW_ELEMS: tl.constexpr, BLOCK_N: tl.constexpr
-    ):
-        """_row_halves transposed: two [WHOLE_ROW / 2, BLOCK_N] (the values' MMA operands)."""
-        e = tl.arange(0, WHOLE_ROW)[:, None]
-        ptrs = rows_ptr.to(tl.pointer_type(tl.int16), bitcast=True)[None, :] + e
-        raw = tl.load(ptrs, mask=n_ok[None, :] & (e < ROW_ELEMS), other=0)
-        return tl.split(tl.permute(tl.reshape(raw, [2, WHOLE_ROW // 2, BLOCK_N]), (1, 2, 0)))
 
     @triton.jit
     def _chunk_rescale(acc_fields, alpha):
@@ -2302,16 +2213,12 @@ if HAS_TRITON:
         LAZY_RESCALE: tl.constexpr,
         CHUNKS: tl.constexpr,
         EXACT_SPLIT: tl.constexpr,
-        WHOLE_ROW: tl.constexpr = 0,  # > 0: padded int16 elements of a whole-row load (see whole_row_elems)
-        ROW_ELEMS: tl.constexpr = 0,  # int16 elements of a code row
         CENTRE_IN_MMA: tl.constexpr = False,  # magic value fields centred via the MMA's C input
-        USE_PDL: tl.constexpr = False,  # programmatic dependent launch (see _pdl_wait)
     ):
         """One (split, sequence, kv head, row block) of the v2 kernel: code rows read as int16
         elements (narrow key chunks as bytes), one MMA per bit field; keys put tokens on the MMA's
         M, values put slots on M and tokens on K (int16 elements let ldmatrix.trans deliver token
         pairs, no byte gathers). S: key slots. Last split: the exact tokens."""
-        _pdl_launch_dependents(USE_PDL)
         split = tl.program_id(0)
         pid = tl.program_id(1)
         row_block = pid % n_row_blocks
@@ -2367,7 +2274,6 @@ if HAS_TRITON:
             lo = SINKS + split * chunk
             hi = tl.minimum(lo + chunk, comp_hi)
             row_hi = tl.minimum(limit, hi)
-            _pdl_wait(USE_PDL)  # the prologue's query operands
             qw_rows = qw_ptr + pid * BLOCK_M * S + local[None, :] * S
             kc_base = kc_ptr + batch * kc_stride_b + kv_head * kc_stride_h
             ks_base = ks_ptr + batch * ks_stride_b + kv_head * ks_stride_h
@@ -2406,27 +2312,19 @@ if HAS_TRITON:
                 # would not pipeline and stall every step on global-memory latency)
                 ks0, ks1, ks2, ks3 = _load_scales(ks_base + offs_n * SCALE_STRIDE, n_ok, N_SCALES, BLOCK_N)
                 s = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
-                if WHOLE_ROW > 0:
-                    k_half0, k_half1 = _row_halves(kc_rows, n_ok, WHOLE_ROW, ROW_ELEMS, BLOCK_N)
                 for c in tl.static_range(len(CHUNKS)):
-                    if WHOLE_ROW > 0:
-                        if c == 0:
-                            dots = _tile_scores(k_half0, qs[c], CHUNKS[c][2], K_MODE, USE_ASM)
-                        else:
-                            dots = _tile_scores(k_half1, qs[c], CHUNKS[c][2], K_MODE, USE_ASM)
-                    else:
-                        dots = _chunk_scores(
-                            kc_rows,
-                            n_ok,
-                            qs[c],
-                            CHUNKS[c][0],
-                            CHUNKS[c][1],
-                            CHUNKS[c][2],
-                            CHUNKS[c][7],
-                            CHUNKS[c][8],
-                            K_MODE,
-                            USE_ASM,
-                        )
+                    dots = _chunk_scores(
+                        kc_rows,
+                        n_ok,
+                        qs[c],
+                        CHUNKS[c][0],
+                        CHUNKS[c][1],
+                        CHUNKS[c][2],
+                        CHUNKS[c][7],
+                        CHUNKS[c][8],
+                        K_MODE,
+                        USE_ASM,
+                    )
                     scale = _pick(ks0, ks1, ks2, ks3, CHUNKS[c][3]) * K_MUL
                     s += (dots + qcs[c][None, :]) * scale[:, None]
                 s = tl.where(offs_n[:, None] < row_hi[None, :], s, float("-inf"))
@@ -2449,8 +2347,6 @@ if HAS_TRITON:
                 vs0, vs1, vs2, vs3 = _load_scales(vs_base + offs_n * SCALE_STRIDE, n_ok, N_SCALES, BLOCK_N)
                 new_accs = ()
                 new_psums = ()
-                if WHOLE_ROW > 0:
-                    v_half0, v_half1 = _row_halves_t(vc_rows, n_ok, WHOLE_ROW, ROW_ELEMS, BLOCK_N)
                 for c in tl.static_range(len(CHUNKS)):
                     ps = p * _pick(vs0, vs1, vs2, vs3, CHUNKS[c][3]).to(tl.float16)[:, None]
                     if CENTRE_IN_MMA:
@@ -2463,30 +2359,20 @@ if HAS_TRITON:
                         acc_in = _centre_inputs(accs[c], step_wide, CHUNKS[c][2])
                     else:
                         acc_in = accs[c]
-                    if WHOLE_ROW > 0:
-                        if c == 0:
-                            new_accs = new_accs + (
-                                _tile_values(v_half0, ps, acc_in, CHUNKS[c][2], V_MODE, USE_ASM),
-                            )
-                        else:
-                            new_accs = new_accs + (
-                                _tile_values(v_half1, ps, acc_in, CHUNKS[c][2], V_MODE, USE_ASM),
-                            )
-                    else:
-                        new_accs = new_accs + (
-                            _chunk_values(
-                                vc_rows,
-                                n_ok,
-                                ps,
-                                acc_in,
-                                CHUNKS[c][0],
-                                CHUNKS[c][1],
-                                CHUNKS[c][6],
-                                CHUNKS[c][2],
-                                V_MODE,
-                                USE_ASM,
-                            ),
-                        )
+                    new_accs = new_accs + (
+                        _chunk_values(
+                            vc_rows,
+                            n_ok,
+                            ps,
+                            acc_in,
+                            CHUNKS[c][0],
+                            CHUNKS[c][1],
+                            CHUNKS[c][6],
+                            CHUNKS[c][2],
+                            V_MODE,
+                            USE_ASM,
+                        ),
+                    )
                     if CENTRE_IN_MMA:
                         new_psums = new_psums + (psum_accs[c] + step_sum,)
                     else:
@@ -2575,12 +2461,10 @@ if HAS_TRITON:
         D_CHUNK: tl.constexpr,
         ROTATE: tl.constexpr,
         OFFSET: tl.constexpr,
-        USE_PDL: tl.constexpr = False,
     ):
         """Merge the compressed splits, inverse-transform once (x - m = (R^T W^T c) * s), merge the
         exact part (stored centred), add the value offset m, write out. transform_ptr: [D, D], or
         per kv head (transform_stride_h) the composite of W, R and s (value_transform)."""
-        _pdl_wait(USE_PDL)
         pid = tl.program_id(0)
         row_block = pid % n_row_blocks
         kv_head = (pid // n_row_blocks) % n_kv_heads
@@ -2704,12 +2588,10 @@ if HAS_TRITON:
         SPLIT_CHUNK: tl.constexpr,
         ROTATE: tl.constexpr,
         OFFSET: tl.constexpr,
-        USE_PDL: tl.constexpr = False,
     ):
         """_reduce_kernel with one program per query row, for launches with few (sequence, kv head)
         pairs: SPLIT_CHUNK splits merged per step (one wide load, not a serial chain of small
         ones), then the inverse transform as a [D] x [D, D] product."""
-        _pdl_wait(USE_PDL)
         pid = tl.program_id(0)
         row_local = pid % BLOCK_M
         program = pid // BLOCK_M
@@ -2838,9 +2720,8 @@ def wavelet_attention_triton(
     if num_splits is None:
         num_splits = choose_num_splits(programs, capacity, layout, config, q.device)
     device = q.device
-    whole_row = whole_row_elems(layout) if use_v2 and config.whole_row else 0
     if use_v2:
-        plan2 = _plan_v2(layout, device, config.subnormal, whole_row > 0)
+        plan2 = _plan_v2(layout, device, config.subnormal)
         n_slots = plan2.k_slots
         slot_rows, slot_factor, slot_shift, slot_band = (
             plan2.transform_slots,
@@ -2878,10 +2759,6 @@ def wavelet_attention_triton(
     v_rotation = None if v_params.rotation is None else _on(v_params.rotation, device)
     v_offset = None if v_params.offset is None else _on(v_params.offset, device)
     q_transform, q_transform_stride_h = query_transform(slot_rows, k_rotation, k_channel_scale)
-    use_pdl = (
-        config.pdl and q.is_cuda and not interpreting and torch.cuda.get_device_capability(device)[0] >= 9
-    )
-    pdl_launch = {"launch_pdl": True} if use_pdl else {}
     _prologue_kernel[(programs, n_qc)](
         q,
         q.stride(0),
@@ -2905,7 +2782,6 @@ def wavelet_attention_triton(
         S=n_slots,
         BLOCK_M=block_m,
         D_CHUNK=d_chunk,
-        USE_PDL=use_pdl,
         num_warps=4,
     )
     # ptxas register cap for the split kernel (more resident programs per SM; GPU compile only)
@@ -2966,11 +2842,7 @@ def wavelet_attention_triton(
             LAZY_RESCALE=config.lazy_rescale,
             CHUNKS=plan2.chunk_constexpr,
             EXACT_SPLIT=k_exact.dtype in (torch.float16, torch.bfloat16) and not interpreting,
-            WHOLE_ROW=whole_row,
-            ROW_ELEMS=layout.n_code_bytes // 2,
             CENTRE_IN_MMA=config.centre_in_mma and not config.subnormal,
-            USE_PDL=use_pdl,
-            **pdl_launch,
             num_warps=config.num_warps,
             num_stages=config.num_stages,
             **split_options,
@@ -3022,8 +2894,6 @@ def wavelet_attention_triton(
             num_warps=config.num_warps,
             num_stages=config.num_stages,
             CENTRE_IN_MMA=config.centre_in_mma,
-            USE_PDL=use_pdl,
-            **pdl_launch,
             **split_options,
             **plan.constexprs,
         )
@@ -3061,10 +2931,8 @@ def wavelet_attention_triton(
             D=d,
             BLOCK_M=block_m,
             SPLIT_CHUNK=16,
-            USE_PDL=use_pdl,
             num_warps=4,
             **channel_flags,
-            **pdl_launch,
         )
     else:
         _reduce_kernel[(programs,)](
@@ -3073,9 +2941,7 @@ def wavelet_attention_triton(
             BLOCK_M=block_m,
             D_CHUNK=min(d, 32),
             num_warps=8 if v_rotation is not None else 4,  # the rotation's [D, D] pieces
-            USE_PDL=use_pdl,
             **channel_flags,
-            **pdl_launch,
         )
     return out
 

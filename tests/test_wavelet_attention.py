@@ -279,32 +279,6 @@ def test_v2_slot_maps_cover_every_coefficient():
         assert int((plan.slot_coef >= 0).sum()) == head_dim
 
 
-def test_whole_row_loads():
-    # head_dim 128 with the default bands: a 48-byte code row is 16 + 8 int16 elements, read as one
-    # load of 32 (the pad masked) and split in registers; its key slots (narrow chunk as padded
-    # int16 fields) still cover every coefficient once, and the kernel agrees with the reference
-    layout = ops.compressed_layout(UNIFORM_SPEC, 128)
-    assert K.whole_row_elems(layout) == 32
-    assert K.whole_row_elems(ops.compressed_layout(UNIFORM_SPEC, 64)) == 0  # halves of 8 < the MMA's 16
-    assert K.whole_row_elems(ops.compressed_layout(UNIFORM_SPEC, 256)) == 0  # second half not 16 wide
-    assert K.whole_row_elems(ops.compressed_layout(SMALL_SPEC, 128)) == 0  # table grids: no v2
-    chunks = K._field_chunks(layout, whole_row=True)
-    assert [c.k_bytes for c in chunks] == [False, False]
-    coefs = sorted(coef for c in chunks for _, coef, _ in c.k_slots())
-    assert coefs == list(range(128))
-    capacity = 70
-    codec, args = make_case(
-        UNIFORM_SPEC, 2, 2, 4, 1, 128, [capacity, 37], capacity, torch.bfloat16, channel="full"
-    )
-    want = dense_reference(codec, args, 0.1)
-    for config in (
-        K.LaunchConfig(block_n=16, whole_row=True),
-        K.LaunchConfig(block_n=16, whole_row=True, centre_in_mma=True),
-    ):
-        got = _run_triton(args, codec, 0.1, config=config, num_splits=2)
-        assert rel_err(got, want) <= 1e-2, config
-
-
 def test_splits_and_blocks_agree():
     capacity = 90
     codec, args = make_case(SMALL_SPEC, 2, 1, 4, 1, 64, [capacity, 57], capacity, torch.float16)
@@ -410,10 +384,7 @@ V2_GPU_CONFIGS = [
     K.LaunchConfig(row_reduce_max_programs=1e9),
     K.LaunchConfig(kernel="v1", maxnreg=168),
     K.LaunchConfig(centre_in_mma=True, maxnreg=168),
-    K.LaunchConfig(centre_in_mma=True, whole_row=True),
     K.LaunchConfig(kernel="v1", centre_in_mma=True, maxnreg=168),
-    K.LaunchConfig(pdl=True),
-    K.LaunchConfig(kernel="v1", maxnreg=168, pdl=True, row_reduce_max_programs=1e9),
 ]
 
 
@@ -430,34 +401,6 @@ def test_gpu_real_shapes(head_dim, spec):
     for config in configs:
         got = _run_triton(args, codec, head_dim**-0.5, config=config)
         assert rel_err(got, want) <= 1e-2, config
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("row_reduce", [True, False])
-def test_gpu_pdl_in_cuda_graph(row_reduce):
-    # programmatic dependent launch inside a CUDA graph (how decode steps are served): replays on
-    # fresh inputs copied into the captured buffers must match uncaptured calls without PDL
-    codec, args = make_case(
-        UNIFORM_REAL, 2, 8, 4, 1, 128, [3000, 1234], 3000, torch.bfloat16, device="cuda", channel="full"
-    )
-    layout = ops.compressed_layout(codec.spec, 128)
-    pdl = K.LaunchConfig(pdl=True, row_reduce_max_programs=1e9 if row_reduce else 0.0)
-    plain = K.LaunchConfig(row_reduce_max_programs=1e9 if row_reduce else 0.0)
-    static = [a.clone() for a in args]
-    for _ in range(2):  # warm-up: compile, fill the caches of folded matrices
-        K.wavelet_attention_triton(*static, layout, 128**-0.5, config=pdl)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = K.wavelet_attention_triton(*static, layout, 128**-0.5, config=pdl)
-    for _ in range(3):
-        _, fresh = make_case(
-            UNIFORM_REAL, 2, 8, 4, 1, 128, [3000, 1234], 3000, torch.bfloat16, device="cuda", channel="full"
-        )
-        for dst, src in zip(static[:8], fresh[:8], strict=True):  # channel tensors stay (cached folds)
-            dst.copy_(src)
-        graph.replay()
-        want = K.wavelet_attention_triton(*static, layout, 128**-0.5, config=plain)
-        assert rel_err(out, want.double()) <= 1e-5
 
 
 @pytest.mark.gpu
