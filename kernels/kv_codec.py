@@ -195,8 +195,9 @@ def compress_into_cache_reference(
 #     matrix-vector product with the band's rows of M (R, W or W R); all scale candidates of a
 #     band are coded at once as a [candidates, band] tile, so a vector takes a few dependent
 #     steps instead of a 16-step loop per band.
-#   tile (prefill chunks): one program per (BLOCK_T tokens, b * h); one tl.dot per band, the
-#     candidates in an unrolled loop.
+#   tile (prefill chunks): one program per (BLOCK_T tokens, b * h); each band's coefficients are
+#     tl.dots accumulated over BLOCK_K-channel chunks of the transform's input (_tile_coeffs), the
+#     scale candidates a runtime loop that keeps the best scale per row, codes made once after it.
 # Affine grids (level v = offset + step * v, e.g. `uniform`) code without table lookups or
 # divisions: code = clamp(ceil(c / (s * step) - offset / step - 1/2), 0, 2**bits - 1), the count
 # of grid midpoints below c / s up to fp32 rounding. Other grids (lloyd, int, log) use the
@@ -278,7 +279,8 @@ if HAS_TRITON:
         HAS_CS: tl.constexpr,
     ):
         # The band's coefficients c_i = sum_j M[START + i, j] y_j: [BLOCK_S] (VEC) or
-        # [BLOCK_T, BLOCK_S] (rows_ok [BLOCK_T, 1] masks tokens past T); columns past SIZE are 0.
+        # [BLOCK_T, BLOCK_S] (MODE 0 only: the tile path's transforms are _tile_coeffs; rows_ok
+        # [BLOCK_T, 1] masks tokens past T); columns past SIZE are 0.
         # MODE 0: no transform (c = y's channels).
         i = tl.arange(0, BLOCK_S)
         i_ok = i < SIZE
@@ -290,21 +292,105 @@ if HAS_TRITON:
             else:
                 cols = (START + i)[None, :]
                 c = _load_y(x_row, sxd, m_row, s_row, scsd, cols, rows_ok & i_ok[None, :], HAS_OFFSET, HAS_CS)
-        elif VEC:
+        else:
             mat = tl.load(
                 mat_ptr + (START + i)[:, None] * s_mi + d[None, :] * s_mj,
                 mask=i_ok[:, None] & d_ok[None, :],
                 other=0.0,
             )
             c = tl.sum(mat * y[None, :], axis=1)
-        else:  # matt[j, i] = M[START + i, j]; exact fp32 products, ieee accumulation
-            matt = tl.load(
-                mat_ptr + (START + i)[None, :] * s_mi + d[:, None] * s_mj,
-                mask=d_ok[:, None] & i_ok[None, :],
-                other=0.0,
-            )
-            c = tl.dot(y, matt, input_precision="ieee")
         return c
+
+    @triton.jit
+    def _band_rows_t(
+        mat_ptr, s_mi, s_mj, j, j_ok, START: tl.constexpr, SIZE: tl.constexpr, BLOCK_S: tl.constexpr
+    ):
+        # [BLOCK_K, BLOCK_S]: element [jj, i] = M[START + i, j[jj]]; columns past SIZE are 0
+        i = tl.arange(0, BLOCK_S)
+        return tl.load(
+            mat_ptr + (START + i)[None, :] * s_mi + j[:, None] * s_mj,
+            mask=j_ok[:, None] & (i < SIZE)[None, :],
+            other=0.0,
+        )
+
+    @triton.jit
+    def _tile_coeffs(
+        rows_ok,
+        x_row,
+        sxd,
+        m_row,
+        s_row,
+        scsd,
+        mat_ptr,
+        s_mi,
+        s_mj,
+        rot_ptr,
+        sri,
+        srj,
+        BLOCK_T: tl.constexpr,
+        D: tl.constexpr,
+        BLOCK_D: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        MODE: tl.constexpr,
+        HAS_OFFSET: tl.constexpr,
+        HAS_CS: tl.constexpr,
+        N_BANDS: tl.constexpr,
+        B0_START: tl.constexpr,
+        B0_SIZE: tl.constexpr,
+        B0_BLOCK_S: tl.constexpr,
+        B1_START: tl.constexpr,
+        B1_SIZE: tl.constexpr,
+        B1_BLOCK_S: tl.constexpr,
+        B2_START: tl.constexpr,
+        B2_SIZE: tl.constexpr,
+        B2_BLOCK_S: tl.constexpr,
+        B3_START: tl.constexpr,
+        B3_SIZE: tl.constexpr,
+        B3_BLOCK_S: tl.constexpr,
+    ):
+        # Every band's coefficients [BLOCK_T, B*_BLOCK_S] (MODE 1-3), the transform's input taken
+        # BLOCK_K channels at a time: each band's tl.dot accumulates over the chunks in channel
+        # order, the same fp32 FMA chain as one dot over all D channels. One dot over D loads
+        # whole [BLOCK_T, D] and [D, band] operands into registers per thread (FMA dot on fp32):
+        # at D = 128, ~1000 values, spilled to local memory (4 KB+ per thread on sm_90).
+        # MODE 3 (c = W (R y)): z = R y is made BLOCK_K rows of R at a time, each from y chunks.
+        acc0 = tl.zeros((BLOCK_T, B0_BLOCK_S), tl.float32)
+        acc1 = tl.zeros((BLOCK_T, B1_BLOCK_S), tl.float32)
+        acc2 = tl.zeros((BLOCK_T, B2_BLOCK_S), tl.float32)
+        acc3 = tl.zeros((BLOCK_T, B3_BLOCK_S), tl.float32)
+        for j0 in tl.range(0, BLOCK_D, BLOCK_K, loop_unroll_factor=1):
+            j = j0 + tl.arange(0, BLOCK_K)
+            j_ok = j < D
+            if MODE == 3:
+                z = tl.zeros((BLOCK_T, BLOCK_K), tl.float32)
+                for k0 in tl.range(0, BLOCK_D, BLOCK_K, loop_unroll_factor=1):
+                    k = k0 + tl.arange(0, BLOCK_K)
+                    k_ok = k < D
+                    k_rows = rows_ok & k_ok[None, :]
+                    y = _load_y(x_row, sxd, m_row, s_row, scsd, k[None, :], k_rows, HAS_OFFSET, HAS_CS)
+                    rt = tl.load(
+                        rot_ptr + j[None, :] * sri + k[:, None] * srj,
+                        mask=k_ok[:, None] & j_ok[None, :],
+                        other=0.0,
+                    )
+                    z = tl.dot(y, rt, z, input_precision="ieee")
+            else:
+                z = _load_y(
+                    x_row, sxd, m_row, s_row, scsd, j[None, :], rows_ok & j_ok[None, :], HAS_OFFSET, HAS_CS
+                )
+            if N_BANDS > 0:
+                m0 = _band_rows_t(mat_ptr, s_mi, s_mj, j, j_ok, B0_START, B0_SIZE, B0_BLOCK_S)
+                acc0 = tl.dot(z, m0, acc0, input_precision="ieee")
+            if N_BANDS > 1:
+                m1 = _band_rows_t(mat_ptr, s_mi, s_mj, j, j_ok, B1_START, B1_SIZE, B1_BLOCK_S)
+                acc1 = tl.dot(z, m1, acc1, input_precision="ieee")
+            if N_BANDS > 2:
+                m2 = _band_rows_t(mat_ptr, s_mi, s_mj, j, j_ok, B2_START, B2_SIZE, B2_BLOCK_S)
+                acc2 = tl.dot(z, m2, acc2, input_precision="ieee")
+            if N_BANDS > 3:
+                m3 = _band_rows_t(mat_ptr, s_mi, s_mj, j, j_ok, B3_START, B3_SIZE, B3_BLOCK_S)
+                acc3 = tl.dot(z, m3, acc3, input_precision="ieee")
+        return acc0, acc1, acc2, acc3
 
     @triton.jit
     def _n_non_finite(c, VEC: tl.constexpr):
@@ -384,15 +470,11 @@ if HAS_TRITON:
         tl.store(scale_base + BAND, tl.where(row_finite, scale, float("nan")).to(tl.float16), mask=row_ok)
 
     @triton.jit
-    def _tile_candidate(
+    def _tile_candidate_error(
         c,
         absmax,
         in_band,
         fi,
-        best_err,
-        scale,
-        code,
-        level,
         grid_ptr,
         mids_ptr,
         frac_ptr,
@@ -403,21 +485,12 @@ if HAS_TRITON:
         Z0: tl.constexpr,
         GRID_OFFSET: tl.constexpr,
     ):
-        # code c [BLOCK_T, BLOCK_S] with scale candidate fi; keep it where its error is lower
+        # (squared error [BLOCK_T], scale [BLOCK_T]) of coding c [BLOCK_T, BLOCK_S] with candidate fi
         f = tl.load(frac_ptr + fi)
         s = tl.minimum(absmax * f, 65504.0).to(tl.float16).to(tl.float32)
-        cand, lv = _grid_code(
-            c, s[:, None], grid_ptr, mids_ptr, LUT_OFFSET, BITS, AFFINE, STEP, Z0, GRID_OFFSET
-        )
+        _, lv = _grid_code(c, s[:, None], grid_ptr, mids_ptr, LUT_OFFSET, BITS, AFFINE, STEP, Z0, GRID_OFFSET)
         diff = c - lv * s[:, None]
-        err = tl.sum(tl.where(in_band[None, :], diff * diff, 0.0), axis=1)
-        better = err < best_err  # strict: the first (largest) candidate wins ties
-        return (
-            tl.where(better, err, best_err),
-            tl.where(better, s, scale),
-            tl.where(better[:, None], cand, code),
-            tl.where(better[:, None], lv, level),
-        )
+        return tl.sum(tl.where(in_band[None, :], diff * diff, 0.0), axis=1), s
 
     @triton.jit
     def _encode_band_tile(
@@ -444,32 +517,33 @@ if HAS_TRITON:
         Z0: tl.constexpr,
         GRID_OFFSET: tl.constexpr,
     ):
-        # BLOCK_T vectors' band c [BLOCK_T, BLOCK_S]; the scale candidates in an unrolled loop.
+        # BLOCK_T vectors' band c [BLOCK_T, BLOCK_S]; the scale candidates in a runtime loop.
         i = tl.arange(0, BLOCK_S)
         in_band = i < SIZE
         absmax = tl.max(tl.where(in_band[None, :], tl.abs(c), 0.0), axis=1)
         if MSE:
-            best_err = tl.full((BLOCK_T,), float("inf"), tl.float32)
-            scale = tl.zeros((BLOCK_T,), tl.float32)
-            code = tl.zeros((BLOCK_T, BLOCK_S), tl.int32)
-            level = tl.zeros((BLOCK_T, BLOCK_S), tl.float32)
-            if AFFINE:  # unrolled: independent candidates overlap
-                for fi in tl.static_range(N_FRACTIONS):
-                    best_err, scale, code, level = _tile_candidate(
-                        c, absmax, in_band, fi, best_err, scale, code, level, grid_ptr, mids_ptr,
-                        frac_ptr, LUT_OFFSET, BITS, AFFINE, STEP, Z0, GRID_OFFSET,
-                    )  # fmt: skip
-            else:  # a loop: the table lookups unrolled 16 times compile for minutes
-                for fi in range(N_FRACTIONS):
-                    best_err, scale, code, level = _tile_candidate(
-                        c, absmax, in_band, fi, best_err, scale, code, level, grid_ptr, mids_ptr,
-                        frac_ptr, LUT_OFFSET, BITS, AFFINE, STEP, Z0, GRID_OFFSET,
-                    )  # fmt: skip
+            # A runtime loop that keeps only each row's best error and scale; the codes are made
+            # once after it, from that scale (the same arithmetic, so the same codes). Unrolled,
+            # with [BLOCK_T, BLOCK_S] codes and levels carried through every candidate, the affine
+            # variant compiled (sm_90, D = 128) to ~35k instructions and 23 KB of spills per
+            # thread; table lookups unrolled 16 times compiled for minutes.
+            best_err, scale = _tile_candidate_error(
+                c, absmax, in_band, 0, grid_ptr, mids_ptr, frac_ptr, LUT_OFFSET, BITS, AFFINE, STEP, Z0,
+                GRID_OFFSET,
+            )  # fmt: skip
+            for fi in tl.range(1, N_FRACTIONS, loop_unroll_factor=1):
+                err, s = _tile_candidate_error(
+                    c, absmax, in_band, fi, grid_ptr, mids_ptr, frac_ptr, LUT_OFFSET, BITS, AFFINE, STEP,
+                    Z0, GRID_OFFSET,
+                )  # fmt: skip
+                better = err < best_err  # strict: the first (largest) candidate wins ties
+                best_err = tl.where(better, err, best_err)
+                scale = tl.where(better, s, scale)
         else:
             scale = tl.minimum(absmax, 65504.0).to(tl.float16).to(tl.float32)
-            code, level = _grid_code(
-                c, scale[:, None], grid_ptr, mids_ptr, LUT_OFFSET, BITS, AFFINE, STEP, Z0, GRID_OFFSET
-            )
+        code, level = _grid_code(
+            c, scale[:, None], grid_ptr, mids_ptr, LUT_OFFSET, BITS, AFFINE, STEP, Z0, GRID_OFFSET
+        )
         if UNBIASED:
             energy = tl.sum(tl.where(in_band[None, :], c * c, 0.0), axis=1)
             proj = tl.sum(tl.where(in_band[None, :], level * c, 0.0), axis=1)
@@ -570,6 +644,7 @@ if HAS_TRITON:
         D: tl.constexpr,
         BLOCK_D: tl.constexpr,
         BLOCK_T: tl.constexpr,
+        BLOCK_K: tl.constexpr,
         VEC: tl.constexpr,
         B0_START: tl.constexpr,
         B0_SIZE: tl.constexpr,
@@ -656,7 +731,6 @@ if HAS_TRITON:
             cols = d[None, :]
             cols_ok = t_ok[:, None] & d_ok[None, :]
             rows_ok = t_ok[:, None]
-        y = _load_y(x_row, sxd, m_row, s_row, scsd, cols, cols_ok, HAS_OFFSET, HAS_CS)
         if MODE == 1:
             mat_ptr = rot_ptr + h * srh
             s_mi = sri
@@ -665,48 +739,53 @@ if HAS_TRITON:
             mat_ptr = w_ptr
             s_mi = D
             s_mj = 1
-        if MODE == 3:  # rotate first (z = R y), then each band takes its rows of W
-            if VEC:
+
+        # every band's coefficients first: a vector with any non-finite coefficient is stored as
+        # codes 0 and NaN scales in every band (codec.py)
+        if VEC or MODE == 0:
+            y = _load_y(x_row, sxd, m_row, s_row, scsd, cols, cols_ok, HAS_OFFSET, HAS_CS)
+            if MODE == 3:  # rotate first (z = R y), then each band takes its rows of W
                 rot = tl.load(
                     rot_ptr + h * srh + d[:, None] * sri + d[None, :] * srj,
                     mask=d_ok[:, None] & d_ok[None, :],
                     other=0.0,
                 )
                 y = tl.sum(rot * y[None, :], axis=1)
-            else:
-                rott = tl.load(
-                    rot_ptr + h * srh + d[None, :] * sri + d[:, None] * srj,
-                    mask=d_ok[:, None] & d_ok[None, :],
-                    other=0.0,
-                )
-                y = tl.dot(y, rott, input_precision="ieee")
-
-        # every band's coefficients first: a vector with any non-finite coefficient is stored as
-        # codes 0 and NaN scales in every band (codec.py)
+            if N_BANDS > 0:
+                c0 = _band_coeffs(
+                    y, rows_ok, x_row, sxd, m_row, s_row, scsd, mat_ptr, s_mi, s_mj, VEC, B0_START,
+                    B0_SIZE, B0_BLOCK_S, D, BLOCK_D, MODE, HAS_OFFSET, HAS_CS,
+                )  # fmt: skip
+            if N_BANDS > 1:
+                c1 = _band_coeffs(
+                    y, rows_ok, x_row, sxd, m_row, s_row, scsd, mat_ptr, s_mi, s_mj, VEC, B1_START,
+                    B1_SIZE, B1_BLOCK_S, D, BLOCK_D, MODE, HAS_OFFSET, HAS_CS,
+                )  # fmt: skip
+            if N_BANDS > 2:
+                c2 = _band_coeffs(
+                    y, rows_ok, x_row, sxd, m_row, s_row, scsd, mat_ptr, s_mi, s_mj, VEC, B2_START,
+                    B2_SIZE, B2_BLOCK_S, D, BLOCK_D, MODE, HAS_OFFSET, HAS_CS,
+                )  # fmt: skip
+            if N_BANDS > 3:
+                c3 = _band_coeffs(
+                    y, rows_ok, x_row, sxd, m_row, s_row, scsd, mat_ptr, s_mi, s_mj, VEC, B3_START,
+                    B3_SIZE, B3_BLOCK_S, D, BLOCK_D, MODE, HAS_OFFSET, HAS_CS,
+                )  # fmt: skip
+        else:
+            c0, c1, c2, c3 = _tile_coeffs(
+                rows_ok, x_row, sxd, m_row, s_row, scsd, mat_ptr, s_mi, s_mj, rot_ptr + h * srh, sri, srj,
+                BLOCK_T, D, BLOCK_D, BLOCK_K, MODE, HAS_OFFSET, HAS_CS, N_BANDS, B0_START, B0_SIZE,
+                B0_BLOCK_S, B1_START, B1_SIZE, B1_BLOCK_S, B2_START, B2_SIZE, B2_BLOCK_S, B3_START, B3_SIZE,
+                B3_BLOCK_S,
+            )  # fmt: skip
         n_bad = 0
         if N_BANDS > 0:
-            c0 = _band_coeffs(
-                y, rows_ok, x_row, sxd, m_row, s_row, scsd, mat_ptr, s_mi, s_mj, VEC, B0_START, B0_SIZE,
-                B0_BLOCK_S, D, BLOCK_D, MODE, HAS_OFFSET, HAS_CS,
-            )  # fmt: skip
             n_bad += _n_non_finite(c0, VEC)
         if N_BANDS > 1:
-            c1 = _band_coeffs(
-                y, rows_ok, x_row, sxd, m_row, s_row, scsd, mat_ptr, s_mi, s_mj, VEC, B1_START, B1_SIZE,
-                B1_BLOCK_S, D, BLOCK_D, MODE, HAS_OFFSET, HAS_CS,
-            )  # fmt: skip
             n_bad += _n_non_finite(c1, VEC)
         if N_BANDS > 2:
-            c2 = _band_coeffs(
-                y, rows_ok, x_row, sxd, m_row, s_row, scsd, mat_ptr, s_mi, s_mj, VEC, B2_START, B2_SIZE,
-                B2_BLOCK_S, D, BLOCK_D, MODE, HAS_OFFSET, HAS_CS,
-            )  # fmt: skip
             n_bad += _n_non_finite(c2, VEC)
         if N_BANDS > 3:
-            c3 = _band_coeffs(
-                y, rows_ok, x_row, sxd, m_row, s_row, scsd, mat_ptr, s_mi, s_mj, VEC, B3_START, B3_SIZE,
-                B3_BLOCK_S, D, BLOCK_D, MODE, HAS_OFFSET, HAS_CS,
-            )  # fmt: skip
             n_bad += _n_non_finite(c3, VEC)
         row_finite = n_bad == 0
         if VEC:
@@ -773,6 +852,8 @@ if HAS_TRITON:
 
 
 MAX_KERNEL_BANDS = 4
+# Prefill (tile path): channels of the transform's input per tl.dot step (_tile_coeffs).
+PREFILL_BLOCK_K = 16
 # Chunks shorter than this take the one-program-per-vector path (decode steps, short verifies).
 VEC_MAX_T = 16
 _BAND_FIELDS = (
@@ -867,6 +948,7 @@ def launch_config(codec, x: torch.Tensor, channel_scale: torch.Tensor, exact: bo
         D=d,
         BLOCK_D=block_d,
         BLOCK_T=block_t,
+        BLOCK_K=PREFILL_BLOCK_K,
         VEC=vec,
         **_band_constants(codec, lut_offsets, vec),
         N_BANDS=codec.n_bands,

@@ -140,6 +140,31 @@ def test_default_grids_are_affine():
     assert ok and step == pytest.approx(2 / 3) and offset == -1.0
 
 
+@pytest.mark.parametrize(
+    "spec, head_dim",
+    [
+        # rotation then a wavelet (c = W R y), affine and table grids, an `-ub` scale
+        ("wavelet=haar;levels=2;bands=1/2:4:uniform:mse-ub,1/2:2:lloyd:mse", 64),
+        # D = 96: the transform's input chunks run past D (BLOCK_D = 128), masked
+        ("default", 96),
+        # `-ub` scales after the candidate loop (mse-ub) and without one (absmax-ub)
+        ("default;bands=1/2:4:uniform:mse-ub,1/2:2:lloyd:absmax-ub", 64),
+    ],
+)
+def test_tile_path_transforms_match_reference(spec, head_dim):
+    # prefill-sized chunks: band coefficients accumulated over channel chunks (_tile_coeffs),
+    # scale candidates in a loop that keeps the best scale, codes made once from it
+    codec = get_codec(spec, head_dim)
+    t = 70  # more than one token block, the last one partial
+    config = K.launch_config(codec, torch.empty(1, 3, t, head_dim), torch.empty(0), False, False)
+    assert not config["constexprs"]["VEC"] and config["constexprs"]["BLOCK_T"] < t
+    x = torch.randn(2, 3, t, head_dim, device=DEVICE) * 2 + torch.randn(3, 1, head_dim, device=DEVICE) * 4
+    params = _random_params(3, head_dim, DEVICE)
+    got, ref = K.compress_triton(codec, x, params), K.compress_reference(codec, x, params)
+    coefficients = codec.coefficients(x, *K.channel_params(params, 3, head_dim))
+    _assert_same_encoding(codec, x, None, got, ref, coefficients)
+
+
 @pytest.mark.parametrize("t", [1, 5])
 @pytest.mark.parametrize("spec", ["default", "lloyd", "hq8"])
 def test_vector_path_matches_reference_with_rotation(spec, t):
@@ -151,8 +176,10 @@ def test_vector_path_matches_reference_with_rotation(spec, t):
     params = _random_params(3, 64, DEVICE)
     got, ref = K.compress_triton(codec, x, params), K.compress_reference(codec, x, params)
     scale, offset, rotation = K.channel_params(params, 3, 64)
-    same = ((got[0] == ref[0]).all(-1) & (got[1] == ref[1]).all(-1)).float().mean()
-    assert same >= 0.98
+    same = (got[0] == ref[0]).all(-1) & (got[1] == ref[1]).all(-1)
+    # 12 or 60 vectors: one boundary flip (a fp32 rounding tie, checked by the errors below) is
+    # 8% of 12, so count flips instead of taking a fraction
+    assert int((~same).sum()) <= max(1, 0.02 * same.numel())
     c = codec.coefficients(x, scale, offset, rotation)
     err_got = (codec.decode_coefficients(*got) - c).pow(2).sum(-1)
     err_ref = (codec.decode_coefficients(*ref) - c).pow(2).sum(-1)
