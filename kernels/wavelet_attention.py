@@ -2461,6 +2461,7 @@ if HAS_TRITON:
         D_CHUNK: tl.constexpr,
         ROTATE: tl.constexpr,
         OFFSET: tl.constexpr,
+        SPLIT_CHUNK: tl.constexpr = 8,
     ):
         """Merge the compressed splits, inverse-transform once (x - m = (R^T W^T c) * s), merge the
         exact part (stored centred), add the value offset m, write out. transform_ptr: [D, D], or
@@ -2477,20 +2478,24 @@ if HAS_TRITON:
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, D], tl.float32)
         base = pid * (num_splits + 1)
-        for split in range(0, num_splits):
+        # SPLIT_CHUNK partials per step in one wide load: a serial chain of one small load per
+        # split waited on memory latency each time (measured 36.6 us for 66 splits at B = 8)
+        for first in range(0, num_splits, SPLIT_CHUNK):
+            split = first + tl.arange(0, SPLIT_CHUNK)
+            ok = (split < num_splits)[:, None] & row_ok[None, :]  # [SPLIT_CHUNK, BLOCK_M]
             part = base + split
-            m_s = tl.load(m_ptr + part * BLOCK_M + local, mask=row_ok, other=_NEG_BIG)
-            l_s = tl.load(l_ptr + part * BLOCK_M + local, mask=row_ok, other=0.0)
+            m_s = tl.load(m_ptr + part[:, None] * BLOCK_M + local[None, :], mask=ok, other=_NEG_BIG)
+            l_s = tl.load(l_ptr + part[:, None] * BLOCK_M + local[None, :], mask=ok, other=0.0)
             acc_s = tl.load(
-                acc_ptr + part * BLOCK_M * D + local[:, None] * D + d[None, :],
-                mask=row_ok[:, None],
+                acc_ptr + part[:, None, None] * BLOCK_M * D + local[None, :, None] * D + d[None, None, :],
+                mask=ok[:, :, None],
                 other=0.0,
             )
-            m_new = tl.maximum(m_i, m_s)
+            m_new = tl.maximum(m_i, tl.max(m_s, axis=0))
             alpha = tl.exp2(m_i - m_new)
-            beta = tl.exp2(m_s - m_new)
-            acc = acc * alpha[:, None] + acc_s * beta[:, None]
-            l_i = l_i * alpha + l_s * beta
+            w = tl.exp2(m_s - m_new[None, :])
+            acc = acc * alpha[:, None] + tl.sum(acc_s * w[:, :, None], axis=0)
+            l_i = l_i * alpha + tl.sum(l_s * w, axis=0)
             m_i = m_new
         exact = base + num_splits
         m_e = tl.load(m_ptr + exact * BLOCK_M + local, mask=row_ok, other=_NEG_BIG)

@@ -283,9 +283,20 @@ def test_splits_and_blocks_agree():
     capacity = 90
     codec, args = make_case(SMALL_SPEC, 2, 1, 4, 1, 64, [capacity, 57], capacity, torch.float16)
     want = dense_reference(codec, args, 0.125)
+    # 11 splits: more than one chunk of the reduces' wide split loads (8 or 16), the last partial;
+    # both reduce kernels
     outs = [
-        _run_triton(args, codec, 0.125, config=K.LaunchConfig(block_n=bn), num_splits=ns)
-        for bn, ns in ((16, 1), (16, 5), (32, 2), (64, 1))
+        _run_triton(
+            args, codec, 0.125, config=K.LaunchConfig(block_n=bn, row_reduce_max_programs=rr), num_splits=ns
+        )
+        for bn, ns, rr in (
+            (16, 1, 0.0),
+            (16, 5, 0.0),
+            (32, 2, 0.0),
+            (64, 1, 0.0),
+            (16, 11, 0.0),
+            (16, 11, 1e9),
+        )
     ]
     for out in outs:
         assert rel_err(out, want) <= 1e-2
