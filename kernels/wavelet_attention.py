@@ -2445,8 +2445,6 @@ if HAS_TRITON:
         v_scale_stride_h,
         v_offset_ptr,
         v_offset_stride_h,
-        v_rotation_ptr,
-        v_rotation_stride_h,
         out_ptr,
         out_stride_b,
         out_stride_h,
@@ -2459,7 +2457,6 @@ if HAS_TRITON:
         D: tl.constexpr,
         BLOCK_M: tl.constexpr,
         D_CHUNK: tl.constexpr,
-        ROTATE: tl.constexpr,
         OFFSET: tl.constexpr,
         SPLIT_CHUNK: tl.constexpr = 8,
     ):
@@ -2508,18 +2505,16 @@ if HAS_TRITON:
         head = kv_head * group + rows // n_new
         token = rows % n_new
         out_rows = out_ptr + batch * out_stride_b + head * out_stride_h + token * out_stride_t
-        if ROTATE:  # y = c @ W, then x = y @ R, accumulated over D_CHUNK-wide pieces of y
-            rotated = tl.zeros([BLOCK_M, D], tl.float32)
-            for chunk in tl.static_range(D // D_CHUNK):
-                cols = chunk * D_CHUNK + tl.arange(0, D_CHUNK)
-                w = tl.load(transform_ptr + kv_head * transform_stride_h + d[:, None] * D + cols[None, :])
-                y = tl.dot(acc, w, input_precision="tf32x3")
-                r = tl.load(v_rotation_ptr + kv_head * v_rotation_stride_h + cols[:, None] * D + d[None, :])
-                r = r.to(tl.float32)
-                rotated = tl.dot(y, r, rotated, input_precision="tf32x3")
+        # the composite W R s (or W) maps coefficient sums to channels, D_CHUNK channels at a time
+        for chunk in tl.static_range(D // D_CHUNK):
+            cols = chunk * D_CHUNK + tl.arange(0, D_CHUNK)
+            w = tl.load(
+                transform_ptr + kv_head * transform_stride_h + d[:, None] * D + cols[None, :]
+            )  # [D slots, D_CHUNK channels]
+            values = tl.dot(acc, w, input_precision="tf32x3")
             _reduce_store(
-                rotated,
-                d,
+                values,
+                cols,
                 acc_ptr,
                 exact,
                 v_channel_scale_ptr,
@@ -2536,32 +2531,6 @@ if HAS_TRITON:
                 BLOCK_M,
                 OFFSET,
             )
-        else:
-            for chunk in tl.static_range(D // D_CHUNK):
-                cols = chunk * D_CHUNK + tl.arange(0, D_CHUNK)
-                w = tl.load(
-                    transform_ptr + kv_head * transform_stride_h + d[:, None] * D + cols[None, :]
-                )  # [D slots, D_CHUNK channels]
-                values = tl.dot(acc, w, input_precision="tf32x3")
-                _reduce_store(
-                    values,
-                    cols,
-                    acc_ptr,
-                    exact,
-                    v_channel_scale_ptr,
-                    v_scale_stride_h,
-                    v_offset_ptr,
-                    v_offset_stride_h,
-                    kv_head,
-                    alpha,
-                    beta,
-                    denom,
-                    out_rows,
-                    row_ok,
-                    D,
-                    BLOCK_M,
-                    OFFSET,
-                )
 
 
 if HAS_TRITON:
@@ -2577,8 +2546,6 @@ if HAS_TRITON:
         v_scale_stride_h,
         v_offset_ptr,
         v_offset_stride_h,
-        v_rotation_ptr,
-        v_rotation_stride_h,
         out_ptr,
         out_stride_b,
         out_stride_h,
@@ -2591,7 +2558,6 @@ if HAS_TRITON:
         D: tl.constexpr,
         BLOCK_M: tl.constexpr,
         SPLIT_CHUNK: tl.constexpr,
-        ROTATE: tl.constexpr,
         OFFSET: tl.constexpr,
     ):
         """_reduce_kernel with one program per query row, for launches with few (sequence, kv head)
@@ -2635,10 +2601,6 @@ if HAS_TRITON:
                 transform_ptr + kv_head * transform_stride_h + c[:, None] * D + d[None, :]
             )  # [coef, channel]
             values = tl.sum(acc[:, None] * w_t, axis=0)
-            if ROTATE:  # x = y @ R
-                r = tl.load(v_rotation_ptr + kv_head * v_rotation_stride_h + c[:, None] * D + d[None, :])
-                r = r.to(tl.float32)
-                values = tl.sum(tl.reshape(values, [D, 1]) * r, axis=0)
             values = values * tl.load(v_channel_scale_ptr + kv_head * v_scale_stride_h + d).to(tl.float32)
             o = (values * alpha + tl.load(acc_ptr + exact * D + d) * beta) / denom
             if OFFSET:
@@ -2902,9 +2864,8 @@ def wavelet_attention_triton(
             **split_options,
             **plan.constexprs,
         )
-    if v_rotation is not None:  # W, R and s as one matrix per kv head
+    if v_rotation is not None:  # W, R and s as one matrix per kv head: the reduces apply no R
         inverse = value_transform(inverse, v_rotation, v_cs, v_channel_scale)
-        v_rotation = None
         v_cs = _ones(hkv, d, device)
     reduce_args = (
         m_part,
@@ -2916,8 +2877,6 @@ def wavelet_attention_triton(
         v_cs.stride(0),
         v_cs if v_offset is None else v_offset,  # unread without OFFSET
         0 if v_offset is None else v_offset.stride(0),
-        v_cs if v_rotation is None else v_rotation,  # unread without ROTATE
-        0 if v_rotation is None else v_rotation.stride(0),
         out,
         out.stride(0),
         out.stride(1),
@@ -2928,7 +2887,7 @@ def wavelet_attention_triton(
         n_row_blocks,
         num_splits,
     )
-    channel_flags = dict(ROTATE=v_rotation is not None, OFFSET=v_offset is not None)
+    channel_flags = dict(OFFSET=v_offset is not None)
     if programs * block_m <= config.row_reduce_max_programs * _sm_count(device):
         # few (sequence, kv head) pairs and many splits: one program per query row
         _reduce_rows_kernel[(programs * block_m,)](
@@ -2945,7 +2904,7 @@ def wavelet_attention_triton(
             D=d,
             BLOCK_M=block_m,
             D_CHUNK=min(d, 32),
-            num_warps=8 if v_rotation is not None else 4,  # the rotation's [D, D] pieces
+            num_warps=4,
             **channel_flags,
         )
     return out
