@@ -267,6 +267,16 @@ def test_value_transform_cache_follows_the_channel_tensor():
         assert rel_err(cached, first.double()) > 1e-2  # the new rotation changed the output
 
 
+def test_tuned_config_by_launch_size():
+    # one sequence (few programs, latency-bound splits) takes v2, larger launches v1 (the measured
+    # winners, benchmarks/RESULTS.md); table grids always v1 (v2 needs affine grids)
+    affine = ops.compressed_layout("default", 128)
+    assert K.tuned_config(affine, 128, 4, programs=8).kernel == "v2"
+    assert K.tuned_config(affine, 128, 4, programs=K.SMALL_LAUNCH_PROGRAMS + 1).kernel == "v1"
+    assert K.tuned_config(affine, 128, 4).kernel == "v1"
+    assert K.tuned_config(ops.compressed_layout("lloyd", 128), 128, 4, programs=8).kernel == "v1"
+
+
 def test_v2_slot_maps_cover_every_coefficient():
     # every coefficient appears exactly once among the key slots and once among the value slots
     for head_dim in K.SUPPORTED_HEAD_DIMS:
