@@ -24,9 +24,10 @@ The Triton path (``wavelet_attention_triton``) is three launches:
      accumulator. Tokens are the key MMAs' M dimension and the few query rows their N (padded to
      8): scores^T = K_field @ q^T; values put slots on M: acc^T += V_field^T @ p^T. One more program
      per (sequence, kv head, row block) handles the exact sink/window tokens in the channel domain;
-  3. reduce: merges the compressed ranges, applies W, R, s and m once, merges the exact part under
-     the same softmax, writes the output in q's dtype (one program per query row when there are
-     few of them, else one per row block).
+  3. reduce: merges the compressed ranges, applies W, R and s once (one folded matrix per kv
+     head, see value_transform) and m, merges the exact part under the same softmax, writes the
+     output in q's dtype (one program per query row when there are few of them, else one per row
+     block).
 
 Two split kernels decode the codes:
 
@@ -44,9 +45,10 @@ no byte gathers). Token sums (softmax denominator, sum of p * scale) come out of
 (ones @ p); accumulators are rescaled only when a running max grows. Field operands are either
 magic (default: values centred as in v1) or fp16 subnormals (``field * 2**-24``, no offset and no
 subtract, but the value sums then keep the grid offset and cancel against it at the end: measured
-1.0e-2 error on one 32k-token split of random codes). On the H200 v2 issues ~25% fewer
-instructions per token than v1 yet runs within ~3% of it: the loop is not issue-bound
-(benchmarks/RESULTS.md); the tuned table keeps the measured winner.
+1.0e-2 error on one 32k-token split of random codes). On the H200 v2 issues ~17% fewer
+instructions per token than v1 yet runs within ~5% of it: the loop is bound by latency with ~3
+warps per scheduler, not by issue slots or L2 (profiles in benchmarks/RESULTS.md). The tuned
+tables keep the measured winners: v1 for large launches, v2 for one sequence.
 
 Kernel slot order: each kernel visits coefficients in the order its operands are built (fields of
 bytes or int16 elements); that permutation (and each field's power of two) is folded into the
