@@ -46,7 +46,8 @@ no byte gathers). Token sums (softmax denominator, sum of p * scale) come out of
 magic (default: values centred as in v1) or fp16 subnormals (``field * 2**-24``, no offset and no
 subtract, but the value sums then keep the grid offset and cancel against it at the end: measured
 1.0e-2 error on one 32k-token split of random codes). On the H200 v2 issues ~17% fewer
-instructions per token than v1 yet runs within ~5% of it: the loop is bound by latency with ~3
+instructions per token than v1 yet runs 5-7% slower on large launches (faster on one sequence):
+the loop is bound by latency with ~3
 warps per scheduler, not by issue slots or L2 (profiles in benchmarks/RESULTS.md). The tuned
 tables keep the measured winners: v1 for large launches, v2 for one sequence.
 
