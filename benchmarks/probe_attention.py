@@ -3,6 +3,7 @@ launch configs (CUDA-graph medians, the same method as bench_attention.py).
 
     python benchmarks/probe_attention.py once --config JSON [--shape B,N]      # for ncu
     python benchmarks/probe_attention.py grid --configs FILE.json --out DIR   # list of LaunchConfig dicts
+    python benchmarks/probe_attention.py kernels --configs FILE.json           # per-kernel times
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ def precompile(configs: list[dict]) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("mode", choices=["once", "grid"])
+    p.add_argument("mode", choices=["once", "grid", "kernels"])
     p.add_argument("--config", default="{}")
     p.add_argument("--configs", default="")
     p.add_argument("--shape", default="8,131072")
@@ -77,8 +78,18 @@ def main() -> None:
         print("ok", cfg, flush=True)
         return
     configs = json.loads(pathlib.Path(a.configs).read_text())
-    precompile(configs)
     shapes = [tuple(map(int, x.split(","))) for x in a.shapes.split(";")]
+    if a.mode == "kernels":  # torch.profiler: mean us per call of each kernel, per shape and config
+        for b, n in shapes:
+            s = ba.Setup(b, n, ba.HQ, ba.HKV, "cuda", smoke=False)
+            s.use_codec(UNIFORM)
+            for c in configs:
+                times = ba.kernel_breakdown(s, wa.LaunchConfig(**c))
+                listing = ", ".join(f"{k.strip('_')[:24]} {v}" for k, v in times.items())
+                print(f"({b}, {n}) {c}: {listing}", flush=True)
+            s.free()
+        return
+    precompile(configs)
     setups = []
     for b, n in shapes:
         s = ba.Setup(b, n, ba.HQ, ba.HKV, "cuda", smoke=False)

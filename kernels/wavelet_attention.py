@@ -858,10 +858,19 @@ class LaunchConfig:
     subnormal: bool = False
     lazy_rescale: bool = True  # v2: rescale accumulators only when a running max grows
     row_reduce_max_programs: float = 1.0  # per-row reduce while query rows <= this x SMs
+    reduce_split_chunk: int = 16  # per-row reduce: split partials merged per wide load (power of 2)
     maxnreg: int | None = None  # split kernel register cap: 168 -> 12 one-warp programs per SM
     # affine value fields centred through the MMA's accumulator input (see _band_values) instead of
     # one packed subtract per operand pair
     centre_in_mma: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("block_n", "reduce_split_chunk"):
+            value = getattr(self, name)
+            if value < 1 or value & (value - 1):
+                raise ValueError(f"LaunchConfig.{name} must be a power of two >= 1, got {value}")
+        if self.kernel not in ("v1", "v2"):
+            raise ValueError(f"LaunchConfig.kernel must be 'v1' or 'v2', got {self.kernel!r}")
 
 
 # (head_dim, block_m, grids) -> config, from the sweep of benchmarks/bench_attention.py --sweep on an
@@ -871,9 +880,20 @@ class LaunchConfig:
 # Measured: on affine grids v1 and v2 tie within ~3% at equal settings (v2 issues ~25% fewer
 # instructions; the loop is not issue-bound), v1 with a 168-register cap (12 programs per SM) and
 # ~32 programs per SM was best; on Lloyd grids (table lookups) 32-token steps and 3 stages.
+# Fourth session (17:20 UTC, probe_attention.py grid): the per-row reduce with 64 splits per load
+# beat the block reduce at every decode shape with 4 rows per program: (8, 131072) 0.3909 ->
+# 0.3694-0.3706 ms, (32, 32768) 0.4028 -> 0.3955-0.3959, (8, 32768) 0.1334 -> 0.1141; aiming the
+# splits at whole waves of resident programs (36, 48, 60, 72 per SM) did not beat 32 (within +-3%).
 TUNED_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
     (128, 4, "affine"): LaunchConfig(
-        block_n=64, num_stages=2, ctas_per_sm=32.0, min_split_tokens=512, kernel="v1", maxnreg=168
+        block_n=64,
+        num_stages=2,
+        ctas_per_sm=32.0,
+        min_split_tokens=512,
+        kernel="v1",
+        maxnreg=168,
+        row_reduce_max_programs=64.0,
+        reduce_split_chunk=64,
     ),
     (128, 4, "table"): LaunchConfig(
         block_n=32, num_stages=3, ctas_per_sm=32.0, min_split_tokens=512, kernel="v1"
@@ -882,13 +902,20 @@ TUNED_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
 
 
 # Launches with few (sequence, kv head, row block) programs, e.g. one sequence: each split is a
-# lone warp on its scheduler and the loop's latency, not issue, bounds it; v2's shorter loop wins
-# there. Measured 2026-11-30 (H200, probe_attention.py grid) at (B, N) = (1, 32768): v2 0.0335 /
-# 0.0344 ms against v1 0.0362 / 0.0370 in two runs; at (8, 131072) v1 stays ahead (0.386 / 0.411).
+# lone warp on its scheduler and the loop's latency, not issue, bounds it. Measured 2026-11-30
+# (H200, probe_attention.py grid) at (B, N) = (1, 32768), ms: one-warp 64-token steps v2 0.0308-0.0323
+# (v1 0.0346-0.0370 in the third session); two-warp 128-token steps v1 0.0285, v2 0.0296; four
+# warps 0.040-0.061; three or more pipeline stages and shorter splits (128-384 tokens) were slower.
 SMALL_LAUNCH_PROGRAMS = 16
 SMALL_LAUNCH_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
     (128, 4, "affine"): LaunchConfig(
-        block_n=64, num_stages=2, ctas_per_sm=32.0, min_split_tokens=512, kernel="v2", maxnreg=168
+        block_n=128,
+        num_warps=2,
+        num_stages=2,
+        ctas_per_sm=32.0,
+        min_split_tokens=512,
+        kernel="v1",
+        reduce_split_chunk=64,
     ),
 }
 
@@ -2897,7 +2924,7 @@ def wavelet_attention_triton(
             *reduce_args,
             D=d,
             BLOCK_M=block_m,
-            SPLIT_CHUNK=16,
+            SPLIT_CHUNK=config.reduce_split_chunk,
             num_warps=4,
             **channel_flags,
         )

@@ -268,13 +268,23 @@ def test_value_transform_cache_follows_the_channel_tensor():
 
 
 def test_tuned_config_by_launch_size():
-    # one sequence (few programs, latency-bound splits) takes v2, larger launches v1 (the measured
-    # winners, benchmarks/RESULTS.md); table grids always v1 (v2 needs affine grids)
+    # one sequence (few programs, latency-bound splits) takes the small-launch table (two-warp
+    # 128-token steps), larger launches the one-warp 64-token config (the measured winners,
+    # benchmarks/RESULTS.md); table grids have no small-launch entry
     affine = ops.compressed_layout("default", 128)
-    assert K.tuned_config(affine, 128, 4, programs=8).kernel == "v2"
-    assert K.tuned_config(affine, 128, 4, programs=K.SMALL_LAUNCH_PROGRAMS + 1).kernel == "v1"
-    assert K.tuned_config(affine, 128, 4).kernel == "v1"
-    assert K.tuned_config(ops.compressed_layout("lloyd", 128), 128, 4, programs=8).kernel == "v1"
+    small = K.tuned_config(affine, 128, 4, programs=8)
+    large = K.tuned_config(affine, 128, 4, programs=K.SMALL_LAUNCH_PROGRAMS + 1)
+    assert (small.block_n, small.num_warps) == (128, 2)
+    assert (large.block_n, large.num_warps, large.maxnreg) == (64, 1, 168)
+    assert K.tuned_config(affine, 128, 4) == large
+    lloyd = K.tuned_config(ops.compressed_layout("lloyd", 128), 128, 4, programs=8)
+    assert lloyd == K.TUNED_CONFIGS[(128, 4, "table")]
+
+
+@pytest.mark.parametrize("bad", [dict(block_n=48), dict(reduce_split_chunk=0), dict(kernel="v3")])
+def test_launch_config_rejects_bad_fields(bad):
+    with pytest.raises(ValueError, match="LaunchConfig"):
+        K.LaunchConfig(**bad)
 
 
 def test_v2_slot_maps_cover_every_coefficient():
