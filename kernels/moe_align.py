@@ -44,6 +44,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .fast_launch import launch
+
 # Single-launch route: O(P^2) compares (see the module docstring); at 4096 pairs still a few us.
 TRITON_MAX_PAIRS = 4096
 _PAIR_BLOCK = 64
@@ -283,7 +285,9 @@ def group_by_expert_triton(topk_ids: torch.Tensor, num_experts: int, block_m: in
     sorted_pairs = torch.empty(num_pairs, dtype=torch.int32, device=flat.device)
     tiles = torch.empty(3, n_slots, dtype=torch.int32, device=flat.device)
     grid = (triton.cdiv(num_pairs, _PAIR_BLOCK),)
-    _align_kernel[grid](
+    launch(
+        _align_kernel,
+        grid,
         flat,
         sorted_pairs,
         tiles,
@@ -321,10 +325,21 @@ def group_by_expert_blocked(topk_ids: torch.Tensor, num_experts: int, block_m: i
     tiles = torch.empty(3, n_slots, dtype=torch.int32, device=device)
     # Many bins: fewer pairs per chunk keeps the [chunk, bins] matrices at <= 4096 elements (registers).
     chunk = max(8, min(_RANK_CHUNK, _MATRIX_ELEMENTS // bins))
-    _block_histogram_kernel[(num_blocks,)](
-        flat, block_counts, num_pairs, num_experts, BLOCK_P=block_pairs, BINS=bins, CHUNK=chunk, num_warps=4
+    launch(
+        _block_histogram_kernel,
+        (num_blocks,),
+        flat,
+        block_counts,
+        num_pairs,
+        num_experts,
+        BLOCK_P=block_pairs,
+        BINS=bins,
+        CHUNK=chunk,
+        num_warps=4,
     )
-    _block_scatter_kernel[(num_blocks,)](
+    launch(
+        _block_scatter_kernel,
+        (num_blocks,),
         flat,
         block_counts,
         sorted_pairs,

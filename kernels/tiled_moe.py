@@ -74,6 +74,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .fast_launch import launch
 from .moe_align import ExpertGrouping, group_by_expert, interpreting
 from .triton_masks import mask_and
 
@@ -804,7 +805,9 @@ def launch_gate_up(
     num_pairs = grouping.sorted_pairs.numel()
     h = torch.empty(num_pairs, dims.ffn_pad, dtype=hidden.dtype, device=hidden.device)
     grid = (grouping.max_tiles * (dims.ffn_pad // cfg.up_n),)
-    _gate_up_kernel[grid](
+    launch(
+        _gate_up_kernel,
+        grid,
         hidden,
         w_gate_up,
         h,
@@ -842,7 +845,9 @@ def launch_down(
     cfg: MoEConfig,
 ) -> None:
     grid = (grouping.max_tiles * (dims.hidden_pad // cfg.down_n), cfg.down_split)
-    _down_kernel[grid](
+    launch(
+        _down_kernel,
+        grid,
         h,
         w_down,
         out32,

@@ -67,6 +67,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .fast_launch import launch
 from .kv_codec import channel_params as _codec_channel_params
 
 try:  # Triton is optional: the reference runs anywhere.
@@ -151,7 +152,7 @@ class CompressedLayout:
 # input validation (shared by the reference, the Triton path and the op's fake implementation)
 
 
-def check_attention_inputs(
+def _check_metadata(
     q: torch.Tensor,
     k_codes: torch.Tensor,
     k_scales: torch.Tensor,
@@ -163,13 +164,8 @@ def check_attention_inputs(
     k_channel_scale: torch.Tensor,
     v_channel_scale: torch.Tensor,
     layout: CompressedLayout,
-    check_values: bool = True,
 ) -> None:
-    """Raise ValueError naming the problem, before any kernel runs.
-
-    ``check_values`` also reads seq_lens (one device sync on CUDA); it is skipped while a CUDA graph
-    is being captured, where a sync is not allowed.
-    """
+    """The checks that depend on shapes, strides, dtypes and devices only (see check_attention_inputs)."""
     tensors = {
         "q": q,
         "k_codes": k_codes,
@@ -238,6 +234,58 @@ def check_attention_inputs(
         raise ValueError(
             f"seq_lens must be an integer [B] = [{batch}] tensor, got {seq_lens.dtype} {list(seq_lens.shape)}"
         )
+
+
+# Metadata (shapes, strides, dtypes, devices) that passed _check_metadata, with the layout: a decode
+# step repeats the same metadata every call, and the checks cost ~20 us of Python here (several
+# times that on the GPU machine's host).
+_VALID_METADATA: set = set()
+_MAX_VALID_METADATA = 1024
+
+
+def check_attention_inputs(
+    q: torch.Tensor,
+    k_codes: torch.Tensor,
+    k_scales: torch.Tensor,
+    v_codes: torch.Tensor,
+    v_scales: torch.Tensor,
+    k_exact: torch.Tensor,
+    v_exact: torch.Tensor,
+    seq_lens: torch.Tensor,
+    k_channel_scale: torch.Tensor,
+    v_channel_scale: torch.Tensor,
+    layout: CompressedLayout,
+    check_values: bool = True,
+) -> None:
+    """Raise ValueError naming the problem, before any kernel runs.
+
+    ``check_values`` also reads seq_lens (one device sync on CUDA); it is skipped while a CUDA graph
+    is being captured, where a sync is not allowed.
+    """
+    tensors = (
+        q,
+        k_codes,
+        k_scales,
+        v_codes,
+        v_scales,
+        k_exact,
+        v_exact,
+        seq_lens,
+        k_channel_scale,
+        v_channel_scale,
+    )
+    signature = (layout, tuple((t.shape, t.stride(), t.dtype, t.device) for t in tensors))
+    try:
+        known = signature in _VALID_METADATA
+    except TypeError:  # symbolic shapes (tracing, the fake implementation): check, never cache
+        known, signature = False, None
+    if not known:
+        _check_metadata(*tensors, layout)
+        if signature is not None:
+            if len(_VALID_METADATA) >= _MAX_VALID_METADATA:
+                _VALID_METADATA.clear()
+            _VALID_METADATA.add(signature)
+    tq, capacity = q.shape[2], k_codes.shape[2]
     if check_values and not (seq_lens.is_cuda and torch.cuda.is_current_stream_capturing()):
         lens = seq_lens.detach().to("cpu", torch.int64)
         if bool(((lens < tq) | (lens > capacity)).any()):
@@ -2756,7 +2804,9 @@ def wavelet_attention_triton(
     v_rotation = None if v_params.rotation is None else _on(v_params.rotation, device)
     v_offset = None if v_params.offset is None else _on(v_params.offset, device)
     q_transform, q_transform_stride_h = query_transform(slot_rows, k_rotation, k_channel_scale)
-    _prologue_kernel[(programs, n_qc)](
+    launch(
+        _prologue_kernel,
+        (programs, n_qc),
         q,
         q.stride(0),
         q.stride(1),
@@ -2791,7 +2841,9 @@ def wavelet_attention_triton(
         seq_lens,
     )
     if use_v2:
-        _split_kernel_v2[(num_splits + 1, programs)](
+        launch(
+            _split_kernel_v2,
+            (num_splits + 1, programs),
             qw,
             qc,
             q,
@@ -2845,7 +2897,9 @@ def wavelet_attention_triton(
             **split_options,
         )
     else:
-        _split_kernel[(num_splits + 1, programs)](
+        launch(
+            _split_kernel,
+            (num_splits + 1, programs),
             qw,
             qc,
             q,
@@ -2920,7 +2974,9 @@ def wavelet_attention_triton(
     channel_flags = dict(OFFSET=v_offset is not None)
     if programs * block_m <= config.row_reduce_max_programs * _sm_count(device):
         # few (sequence, kv head) pairs and many splits: one program per query row
-        _reduce_rows_kernel[(programs * block_m,)](
+        launch(
+            _reduce_rows_kernel,
+            (programs * block_m,),
             *reduce_args,
             D=d,
             BLOCK_M=block_m,
@@ -2929,7 +2985,9 @@ def wavelet_attention_triton(
             **channel_flags,
         )
     else:
-        _reduce_kernel[(programs,)](
+        launch(
+            _reduce_kernel,
+            (programs,),
             *reduce_args,
             D=d,
             BLOCK_M=block_m,

@@ -383,9 +383,12 @@ def test_bad_inputs_fail_before_any_kernel(triton_backend):
         (dict(k_cs=torch.ones(3, 64)), "k_channel_scale"),
         (dict(v_cs=torch.ones(2, 64, device="meta")), "one device"),
     ]
+    op(*args, codec.spec, 0.125)  # good metadata is remembered (check_attention_inputs) ...
     for replace, message in cases:
-        with pytest.raises(ValueError, match=message):
-            op(*_bad(args, **replace), codec.spec, 0.125)
+        for _ in range(2):  # ... bad metadata never is: it fails every time
+            with pytest.raises(ValueError, match=message):
+                op(*_bad(args, **replace), codec.spec, 0.125)
+    assert op(*args, codec.spec, 0.125).isfinite().all()
 
 
 def test_unsupported_head_dim_errors_in_kernel_and_falls_back_in_op(triton_backend):
@@ -432,6 +435,24 @@ def test_gpu_real_shapes(head_dim, spec):
     for config in configs:
         got = _run_triton(args, codec, head_dim**-0.5, config=config)
         assert rel_err(got, want) <= 1e-2, config
+
+
+@pytest.mark.gpu
+def test_gpu_repeated_calls_reuse_compiled_kernels_and_stay_correct():
+    # the second call of a shape launches the kept CompiledKernels (kernels/fast_launch.py): fresh
+    # inputs of the same shapes and alignment must give results as correct as the first call's
+    from wmoe_compile.kernels import fast_launch
+
+    fast_launch.clear()
+    for round_ in range(3):
+        codec, args = make_case(
+            UNIFORM_REAL, 2, 8, 4, 1, 128, [3000, 1234], 3000, torch.bfloat16, device="cuda", channel="full"
+        )
+        got = _run_triton(args, codec, 128**-0.5)
+        assert rel_err(got, dense_reference(codec, args, 128**-0.5)) <= 1e-2, round_
+    # one sequence pair of 8 kv heads: the small-launch config (v1 split) and the per-row reduce
+    for kernel in (K._prologue_kernel, K._split_kernel, K._reduce_rows_kernel):
+        assert fast_launch.kernel_info(kernel).compiled, kernel.fn.__name__
 
 
 @pytest.mark.gpu
