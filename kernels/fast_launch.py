@@ -93,7 +93,8 @@ def launch(kernel, grid: tuple, *args, **kwargs) -> None:
         return
     if hit is not None:
         compiled, tail = hit
-        compiled[grid](*args, *tail)
+        # JITFunction.run pads the grid to three dimensions; CompiledKernel[grid] does not
+        compiled[(*grid, 1, 1)[:3]](*args, *tail)
         return
     compiled = kernel[grid](*args, **kwargs)
     if hasattr(compiled, "packed_metadata") and len(info.compiled) < MAX_ENTRIES_PER_KERNEL:

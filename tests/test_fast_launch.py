@@ -32,6 +32,7 @@ class _Compiled:
         self.log = log
 
     def __getitem__(self, grid):
+        assert len(grid) == 3, f"CompiledKernel[grid] reads grid[0], grid[1] and grid[2], got {grid}"
         return lambda *args: self.log.append(("compiled", grid, args))
 
 
@@ -67,8 +68,9 @@ def test_second_launch_reuses_the_compiled_kernel_with_constexprs_in_order(compi
     x = torch.zeros(64)
     fl.launch(k, (4,), x, 7, 0.5, BLOCK=32, num_warps=2)
     fl.launch(k, (8, 2), x, 7, 0.25, BLOCK=32, num_warps=2)  # a new float and grid: still a hit
-    assert _kinds(k) == ["jit", "compiled"]
-    assert k.log[1][1] == (8, 2)
+    fl.launch(k, (5,), x, 7, 0.25, BLOCK=32, num_warps=2)
+    assert _kinds(k) == ["jit", "compiled", "compiled"]
+    assert [entry[1] for entry in k.log[1:]] == [(8, 2, 1), (5, 1, 1)]  # padded to three dimensions
     assert k.log[1][2] == (x, 7, 0.25, 32, 3)  # runtime args, then BLOCK and FLAG's default
 
 
