@@ -2755,8 +2755,6 @@ def wavelet_attention_triton(
     n_row_blocks = -(-rows // block_m)
     if config is None:
         config = tuned_config(layout, d, block_m, batch * hkv * n_row_blocks)
-    if config.kernel not in ("v1", "v2"):
-        raise ValueError(f"LaunchConfig.kernel must be 'v1' or 'v2', got {config.kernel!r}")
     use_v2 = config.kernel == "v2" and _v2_reason(layout, k_codes, k_scales) is None
     if use_v2 and block_m > V2_MAX_BLOCK_M:
         block_m = V2_MAX_BLOCK_M
