@@ -133,7 +133,9 @@ def test_kv_compress_into_cache_state_io(flavor, steps, start, form):
     for buffer, value in zip((module.codes, module.scales, module.exact), state, strict=True):
         buffer.copy_(value)
     want = module(x, positions, channel_params)
-    np.testing.assert_allclose(out, want.numpy(), rtol=1e-6, atol=1e-6)
+    # out sums 16 exact values of magnitude ~3: onnxruntime adds them in another order than torch,
+    # a few fp32 ulps of the terms (1.2e-6 seen on a sum of 0.095); the exact cache itself is equal
+    np.testing.assert_allclose(out, want.numpy(), rtol=1e-6, atol=1e-5)
     _codes_mostly_equal(codes, module.codes)
     np.testing.assert_allclose(scales.astype(np.float32), module.scales.float().numpy(), rtol=1e-3)
     np.testing.assert_allclose(exact, module.exact.numpy(), rtol=1e-6, atol=1e-6)
