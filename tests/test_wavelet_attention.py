@@ -450,7 +450,7 @@ def test_gpu_repeated_calls_reuse_compiled_kernels_and_stay_correct():
         )
         got = _run_triton(args, codec, 128**-0.5)
         assert rel_err(got, dense_reference(codec, args, 128**-0.5)) <= 1e-2, round_
-    # one sequence pair of 8 kv heads: the small-launch config (v1 split) and the per-row reduce
+    # 2 sequences x 8 kv heads = 16 programs: the small-launch config (v1 split), the per-row reduce
     for kernel in (K._prologue_kernel, K._split_kernel, K._reduce_rows_kernel):
         assert fast_launch.kernel_info(kernel).compiled, kernel.fn.__name__
 
