@@ -26,8 +26,8 @@ The Triton path (``wavelet_attention_triton``) is three launches:
      per (sequence, kv head, row block) handles the exact sink/window tokens in the channel domain;
   3. reduce: merges the compressed ranges, applies W, R and s once (one folded matrix per kv
      head, see value_transform) and m, merges the exact part under the same softmax, writes the
-     output in q's dtype (one program per query row when there are few of them, else one per row
-     block).
+     output in q's dtype (one program per query row for decode launches, whose few rows per
+     program would leave most SMs idle; one per row block for long prefill chunks).
 
 Two split kernels decode the codes:
 
@@ -46,10 +46,11 @@ no byte gathers). Token sums (softmax denominator, sum of p * scale) come out of
 magic (default: values centred as in v1) or fp16 subnormals (``field * 2**-24``, no offset and no
 subtract, but the value sums then keep the grid offset and cancel against it at the end: measured
 1.0e-2 error on one 32k-token split of random codes). On the H200 v2 issues ~17% fewer
-instructions per token than v1 yet runs 5-7% slower on large launches (faster on one sequence):
-the loop is bound by latency with ~3
-warps per scheduler, not by issue slots or L2 (profiles in benchmarks/RESULTS.md). The tuned
-tables keep the measured winners: v1 for large launches, v2 for one sequence.
+instructions per token than v1 yet runs 5-7% slower on large launches: the loop is bound by
+latency with ~3 warps per scheduler, not by issue slots or L2 (profiles in
+benchmarks/RESULTS.md). The tuned tables keep the measured winners: v1 with one-warp 64-token steps
+for large launches, v1 with two-warp 128-token steps for one sequence (0.0285 ms at (1, 32768)
+against v2's 0.0296 and one-warp v2's 0.0308-0.0323).
 
 Kernel slot order: each kernel visits coefficients in the order its operands are built (fields of
 bytes or int16 elements); that permutation (and each field's power of two) is folded into the
