@@ -153,20 +153,12 @@ class CompressedLayout:
 # input validation (shared by the reference, the Triton path and the op's fake implementation)
 
 
-def _check_metadata(
-    q: torch.Tensor,
-    k_codes: torch.Tensor,
-    k_scales: torch.Tensor,
-    v_codes: torch.Tensor,
-    v_scales: torch.Tensor,
-    k_exact: torch.Tensor,
-    v_exact: torch.Tensor,
-    seq_lens: torch.Tensor,
-    k_channel_scale: torch.Tensor,
-    v_channel_scale: torch.Tensor,
-    layout: CompressedLayout,
-) -> None:
-    """The checks that depend on shapes, strides, dtypes and devices only (see check_attention_inputs)."""
+def _check_metadata(inputs: tuple[torch.Tensor, ...], layout: CompressedLayout) -> None:
+    """The checks that depend on shapes, strides, dtypes and devices only: ``inputs`` are
+    check_attention_inputs' ten tensors in its order."""
+    q, k_codes, k_scales, v_codes, v_scales, k_exact, v_exact, seq_lens, k_channel_scale, v_channel_scale = (
+        inputs
+    )
     tensors = {
         "q": q,
         "k_codes": k_codes,
@@ -281,7 +273,7 @@ def check_attention_inputs(
     except TypeError:  # symbolic shapes (tracing, the fake implementation): check, never cache
         known, signature = False, None
     if not known:
-        _check_metadata(*tensors, layout)
+        _check_metadata(tensors, layout)
         if signature is not None:
             if len(_VALID_METADATA) >= _MAX_VALID_METADATA:
                 _VALID_METADATA.clear()
