@@ -36,7 +36,10 @@ def _assert_same_encoding(codec, x, cs, got, ref, coefficients=None):
     (gc, gs), (rc, rs) = got, ref
     assert gc.shape == rc.shape and gs.shape == rs.shape and gc.dtype == torch.uint8
     same = (gc == rc).all(-1) & ((gs == rs) | (torch.isnan(gs) & torch.isnan(rs))).all(-1)
-    assert same.float().mean() >= 0.98, f"only {same.float().mean():.4f} of vectors encode identically"
+    # at most 2% may differ, and at least one: a 27-vector case failed once with a single boundary
+    # vector (WMOE_TEST_SEED=2812795512); the differing ones must still tie in error below
+    differing, total = int((~same).sum()), same.numel()
+    assert differing <= max(1, total // 50), f"{differing} of {total} vectors encode differently"
     if bool(same.all()):
         return
     c = codec.coefficients(x, cs) if coefficients is None else coefficients
