@@ -35,23 +35,27 @@ MMA = gl.constexpr(gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 1
 A_OP = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=MMA.value, k_width=2))
 B_OP = gl.constexpr(gl.DotOperandLayout(operand_index=1, parent=MMA.value, k_width=2))
 TOKEN_MAJOR = gl.constexpr(gl.BlockedLayout([1, 8], [16, 2], [1, 1], [1, 0]))
-TOKEN_MAJOR24 = gl.constexpr(gl.BlockedLayout([1, 8], [8, 4], [1, 1], [1, 0]))
 TILE = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0]))
 SCALES = gl.constexpr(gl.BlockedLayout([1, 2], [32, 1], [1, 1], [1, 0]))
 
-# magic fields of two int16 elements: (x >> SH) & mask | 0x6400 (fp16 1024 + field << pos)
-LO4 = gl.constexpr("lop3.b32 $0, $1, 0x000F000F, 0x64006400, 0xea;")
-HI4 = gl.constexpr("lop3.b32 $0, $1, 0x00F000F0, 0x64006400, 0xea;")
-LO4S = gl.constexpr("{ .reg .b32 t; shr.b32 t, $1, 8; lop3.b32 $0, t, 0x000F000F, 0x64006400, 0xea; }")
-HI4S = gl.constexpr("{ .reg .b32 t; shr.b32 t, $1, 8; lop3.b32 $0, t, 0x00F000F0, 0x64006400, 0xea; }")
-F2_0 = gl.constexpr("lop3.b32 $0, $1, 0x00030003, 0x64006400, 0xea;")
-F2_1 = gl.constexpr("lop3.b32 $0, $1, 0x000C000C, 0x64006400, 0xea;")
-F2_2 = gl.constexpr("lop3.b32 $0, $1, 0x00300030, 0x64006400, 0xea;")
-F2_3 = gl.constexpr("lop3.b32 $0, $1, 0x00C000C0, 0x64006400, 0xea;")
-F2_4 = gl.constexpr("{ .reg .b32 t; shr.b32 t, $1, 8; lop3.b32 $0, t, 0x00030003, 0x64006400, 0xea; }")
-F2_5 = gl.constexpr("{ .reg .b32 t; shr.b32 t, $1, 8; lop3.b32 $0, t, 0x000C000C, 0x64006400, 0xea; }")
-F2_6 = gl.constexpr("{ .reg .b32 t; shr.b32 t, $1, 8; lop3.b32 $0, t, 0x00300030, 0x64006400, 0xea; }")
-F2_7 = gl.constexpr("{ .reg .b32 t; shr.b32 t, $1, 8; lop3.b32 $0, t, 0x00C000C0, 0x64006400, 0xea; }")
+
+def _field_asm(bits: int, field: int) -> str:
+    """PTX for bit field `field` (of `bits` bits) of two int16 elements -> two magic fp16
+    (1024 + field value << position); fields in the upper byte are shifted down by 8 first."""
+    pos = field * bits
+    shift, pos = (8, pos - 8) if pos >= 8 else (0, pos)
+    mask = ((1 << bits) - 1) << pos
+    lop = f"lop3.b32 $0, {{src}}, 0x{mask:04X}{mask:04X}, 0x64006400, 0xea;"
+    if not shift:
+        return lop.format(src="$1")
+    return "{ .reg .b32 t; shr.b32 t, $1, 8; " + lop.format(src="t") + " }"
+
+
+LO4 = gl.constexpr(_field_asm(4, 0))
+HI4 = gl.constexpr(_field_asm(4, 1))
+LO4S = gl.constexpr(_field_asm(4, 2))
+HI4S = gl.constexpr(_field_asm(4, 3))
+F2_0, F2_1, F2_2, F2_3, F2_4, F2_5, F2_6, F2_7 = (gl.constexpr(_field_asm(2, f)) for f in range(8))
 
 
 @gluon.jit

@@ -59,7 +59,8 @@ def kernel_info(kernel) -> _KernelInfo:
     return info
 
 
-def _interpreting() -> bool:
+def interpreting() -> bool:
+    """Triton kernels run in its CPU interpreter (TRITON_INTERPRET=1): nothing is compiled."""
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
@@ -78,7 +79,7 @@ def argument_key(args: tuple) -> tuple:
 def launch(kernel, grid: tuple, *args, **kwargs) -> None:
     """``kernel[grid](*args, **kwargs)``: runtime arguments positional, constexprs and launch options
     (num_warps, num_stages, maxnreg) as keywords. Reuses the compiled kernel after the first call."""
-    if not ENABLED or _interpreting():
+    if not ENABLED or interpreting():
         kernel[grid](*args, **kwargs)
         return
     info = kernel_info(kernel)

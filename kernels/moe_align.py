@@ -37,14 +37,13 @@ Three implementations with identical results (on the GPU none synchronises with 
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from .fast_launch import launch
+from .fast_launch import interpreting, launch
 
 # Single-launch route: O(P^2) compares (see the module docstring); at 4096 pairs still a few us.
 TRITON_MAX_PAIRS = 4096
@@ -76,10 +75,6 @@ class ExpertGrouping:
 def max_tiles(num_pairs: int, num_experts: int, block_m: int) -> int:
     """Upper bound on sum_e ceil(count_e / block_m), from shapes only (no look at the routing)."""
     return num_pairs // block_m + min(num_experts, num_pairs)
-
-
-def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def group_by_expert_torch(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> ExpertGrouping:

@@ -62,12 +62,12 @@ Long prefill chunks appended to a compressed history use the same kernels with s
 
 from __future__ import annotations
 
-import os
 import weakref
 from dataclasses import dataclass, field
 
 import torch
 
+from .fast_launch import interpreting as _interpreting
 from .fast_launch import launch
 from .kv_codec import channel_params as _codec_channel_params
 
@@ -2680,10 +2680,6 @@ if HAS_TRITON:
             token = row % n_new
             out_row = out_ptr + batch * out_stride_b + head * out_stride_h + token * out_stride_t
             tl.store(out_row + d, o.to(out_ptr.dtype.element_ty))
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def wavelet_attention_triton(

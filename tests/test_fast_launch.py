@@ -54,7 +54,7 @@ class _Kernel:
 @pytest.fixture
 def compiling(monkeypatch):
     """The fast path as on a GPU machine: not interpreting, device 0."""
-    monkeypatch.setattr(fl, "_interpreting", lambda: False)
+    monkeypatch.setattr(fl, "interpreting", lambda: False)
     monkeypatch.setattr(fl.torch.cuda, "current_device", lambda: 0)
     return _Kernel()
 
