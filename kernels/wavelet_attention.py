@@ -837,6 +837,91 @@ def _plan_v2(layout: CompressedLayout, device: torch.device, subnormal: bool) ->
     return plan
 
 
+# ------------------------------------------------------------------------------------------------
+# v3 plan: the Gluon kernel's slots (kernels/wavelet_attention_gluon.py). One layout family: head_dim
+# 128, a 4-bit band of 64 coefficients then a 2-bit band of 64, affine grids (the codec's default).
+# Each band is 4 MMA operands of 16 slots: the 4-bit band's operand f is field f of its 16 int16
+# elements; the 2-bit band's operand o holds field 2o of its 8 elements in slots 0-7 and field
+# 2o + 1 in slots 8-15. Keys and values share the slot order (128 slots, no padding).
+
+V3_BANDS = ((0, 64, 4), (64, 64, 2))
+V3_MAX_ROWS = 8  # query rows per program: the key MMAs' N
+
+
+def v3_operand_fields(band: int, operand: int) -> tuple[int, int]:
+    """(field of slots 0-7, field of slots 8-15) of operand `operand` of v3 band `band`."""
+    return (operand, operand) if band == 0 else (2 * operand, 2 * operand + 1)
+
+
+def _v3_layout_check(layout: CompressedLayout) -> None:
+    if layout.head_dim != 128 or tuple(layout.bands) != V3_BANDS:
+        raise UnsupportedLayout(
+            f"v3 runs head_dim 128 with bands {V3_BANDS}, "
+            f"got head_dim {layout.head_dim}, bands {layout.bands}"
+        )
+    for index, grid in enumerate(layout.grids):
+        if not _is_affine(grid)[0]:
+            raise UnsupportedLayout(f"band {index}: grid is not affine (v3 needs code * step + offset)")
+
+
+def _plan_v3(layout: CompressedLayout, device: torch.device) -> _PlanV2:
+    """v3's slot maps in _PlanV2's form (the prologue and reduce read them alike; v3 has no
+    chunk constexprs: its two bands are fixed)."""
+    cache_key = (layout.key or id(layout), str(device), "v3")
+    plan = _PLANS_V2.get(cache_key)
+    if plan is not None:
+        return plan
+    _v3_layout_check(layout)
+    d = layout.head_dim
+    transform = layout.transform.to(torch.float64)
+    rows = torch.zeros(d, d, dtype=torch.float64)
+    k_factor = torch.zeros(d, dtype=torch.float64)
+    k_shift = torch.zeros(d, dtype=torch.float64)
+    slot_chunk = torch.zeros(d, dtype=torch.int32)
+    v_step = torch.zeros(d, dtype=torch.float64)
+    v_shift = torch.zeros(d, dtype=torch.float64)
+    slot_coef = torch.full((d,), -1, dtype=torch.int32)
+    for band, (start, size, bits) in enumerate(layout.bands):
+        _, step, grid_offset = _is_affine(layout.grids[band])
+        n_elems = size * bits // 16
+        for operand in range(4):
+            fields = v3_operand_fields(band, operand)
+            for j in range(16):
+                element, field_index = j % n_elems, fields[j // 8] if n_elems == 8 else fields[0]
+                offset = field_index * bits
+                byte = 2 * element + offset // 8  # within the band (int16 elements are little-endian)
+                coef = start + byte * (8 // bits) + (offset % 8) // bits
+                _, pos = field_layout(bits, field_index)
+                per_value = step / 2**pos
+                slot = 16 * (4 * band + operand) + j
+                rows[slot] = transform[coef]
+                # keys: the MMA sees 1024 + code * 2**pos; values: code * 2**pos - mid once centred
+                k_factor[slot] = per_value
+                k_shift[slot] = grid_offset / per_value - MAGIC_OFFSET
+                slot_chunk[slot] = band
+                v_step[slot] = per_value
+                v_shift[slot] = 2 ** (pos + bits - 1) + grid_offset / per_value
+                slot_coef[slot] = coef
+    if sorted(slot_coef.tolist()) != list(range(d)):
+        raise AssertionError("v3 slots must hold every coefficient once")  # a bug in this plan
+    plan = _PlanV2(
+        chunks=[],
+        chunk_constexpr=(),
+        k_slots=d,
+        v_slots=d,
+        transform_slots=rows.float().contiguous().to(device),
+        k_factor=k_factor.float().to(device),
+        k_shift=k_shift.float().to(device),
+        slot_chunk=slot_chunk.to(device),
+        v_step=v_step.float().to(device),
+        v_shift=v_shift.float().to(device),
+        slot_coef=slot_coef.to(device),
+        transform=layout.transform.to(torch.float32).contiguous().to(device),
+    )
+    _PLANS_V2[cache_key] = plan
+    return plan
+
+
 # per-layout answers of the support checks: layouts with a key (every op call's) are fixed, and
 # the op asks on every call, where host time is the decode budget
 _LAYOUT_REASONS: dict[tuple[str, str], str | None] = {}
@@ -871,6 +956,45 @@ def _v2_reason(layout: CompressedLayout, k_codes: torch.Tensor, k_scales: torch.
     return None
 
 
+def _v3_reason(
+    layout: CompressedLayout, k_codes: torch.Tensor, k_scales: torch.Tensor, block_m: int
+) -> str | None:
+    """None when the Gluon v3 kernel can run this call, else why not (the call then runs v1)."""
+    reason = _layout_reason(layout, "v3", _v3_layout_check)
+    if reason is not None:
+        return reason
+    if _interpreting() or not k_codes.is_cuda:
+        return "v3 is a Gluon kernel: CUDA only, no interpreter"
+    if torch.cuda.get_device_capability(k_codes.device) < (8, 0):
+        return "v3 needs sm_80 or newer (mma.sync m16n8k16, cp.async)"
+    if block_m > V3_MAX_ROWS:
+        return f"{block_m} query rows per program, v3 handles {V3_MAX_ROWS}"
+    if any(st % 2 for st in k_codes.stride()[:3]) or k_codes.data_ptr() % 2:
+        return "code cache strides are not int16-aligned"
+    if any(st % 2 for st in k_scales.stride()[:3]) or k_scales.data_ptr() % 4:
+        return "scale rows are not 4-byte aligned pairs"
+    from .wavelet_attention_gluon import gluon_reason  # Gluon only where v3 can run
+
+    return gluon_reason()
+
+
+def split_kernel_choice(
+    config: LaunchConfig,
+    layout: CompressedLayout,
+    k_codes: torch.Tensor,
+    k_scales: torch.Tensor,
+    block_m: int,
+) -> str:
+    """The split kernel a call runs: the config's where it can run, else v1 (every layout the
+    Triton path accepts, and the faster Triton kernel on large launches: v2 is the fallback only
+    of configs that ask for v2)."""
+    if config.kernel == "v3" and _v3_reason(layout, k_codes, k_scales, block_m) is None:
+        return "v3"
+    if config.kernel == "v2" and _v2_reason(layout, k_codes, k_scales) is None:
+        return "v2"
+    return "v1"
+
+
 def triton_support(layout: CompressedLayout) -> str | None:
     """None when the Triton kernel handles `layout`, else the reason it does not."""
     if not HAS_TRITON:
@@ -891,7 +1015,9 @@ class LaunchConfig:
     ctas_per_sm: float = 16.0  # flash-decoding splits: aim for this many programs per SM ...
     min_split_tokens: int = 512  # ... but give each split at least this many compressed tokens
     exact_block: int = 32  # exact sink/window tokens per step (64 spills v2's registers)
-    kernel: str = "v2"  # "v2": int16 field planes (affine layouts; else v1 runs), "v1": byte planes
+    # "v1": byte planes (every layout); "v2": int16 field planes (affine layouts; else v1 runs);
+    # "v3": the Gluon kernel (kernels/wavelet_attention_gluon.py; its layout family on CUDA, else v1)
+    kernel: str = "v2"
     # v2 operand encoding. False: 1024-offset "magic" fields, values centred to small exact integers
     # (one packed subtract per pair). True: fields as fp16 subnormals (no offset, no subtract; ~4%
     # faster measured), but the value sums then carry the grid offset and cancel against it at the
@@ -904,14 +1030,21 @@ class LaunchConfig:
     # affine value fields centred through the MMA's accumulator input (see _band_values) instead of
     # one packed subtract per operand pair
     centre_in_mma: bool = False
+    keys_via_smem: bool = False  # v3: key code tiles through the cp.async ring (else loaded per step)
+    cache_tiles: bool = False  # v3: the ring's copies through L1 (cp.async.ca)
 
     def __post_init__(self) -> None:
         for name in ("block_n", "reduce_split_chunk"):
             value = getattr(self, name)
             if value < 1 or value & (value - 1):
                 raise ValueError(f"LaunchConfig.{name} must be a power of two >= 1, got {value}")
-        if self.kernel not in ("v1", "v2"):
-            raise ValueError(f"LaunchConfig.kernel must be 'v1' or 'v2', got {self.kernel!r}")
+        if self.kernel not in ("v1", "v2", "v3"):
+            raise ValueError(f"LaunchConfig.kernel must be 'v1', 'v2' or 'v3', got {self.kernel!r}")
+        if self.kernel == "v3" and (self.num_warps != 1 or self.num_stages not in (1, 2, 3, 4)):
+            raise ValueError(
+                "LaunchConfig for v3 needs num_warps=1 and num_stages 1-4 (its cp.async ring of "
+                f"8 KB code tiles per stage), got num_warps={self.num_warps}, num_stages={self.num_stages}"
+            )
 
 
 # (head_dim, block_m, grids) -> config, from the sweep of benchmarks/bench_attention.py --sweep on an
@@ -925,13 +1058,21 @@ class LaunchConfig:
 # beat the block reduce at every decode shape with 4 rows per program: (8, 131072) 0.3909 ->
 # 0.3694-0.3706 ms, (32, 32768) 0.4028 -> 0.3955-0.3959, (8, 32768) 0.1334 -> 0.1141; aiming the
 # splits at whole waves of resident programs (36, 48, 60, 72 per SM) did not beat 32 (within +-3%).
+# Fifth session (19:55 UTC, probe_attention.py grid): the Gluon v3 kernel with its value tiles
+# through L1 (cache_tiles) and one stage beat v1 at every large decode shape: (8, 131072) 0.3702 ->
+# 0.3021 ms, (32, 32768) 0.3956 -> 0.3238, (8, 32768) 0.114 -> 0.1045. Without cache_tiles v3 was
+# 0.349 / 0.368 (ncu: L2 throughput 83% busy at 56% of DRAM bandwidth: the bands' separate
+# requests for shared 32-byte sectors); keys through the cp.async ring too: 0.49 (L2 90% busy);
+# two or three stages, 24/40/48 splits per SM, 32-token steps and a 160-register cap were slower.
+# Where v3 cannot run (no Gluon, the interpreter) this entry runs v1 with these settings.
 TUNED_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
     (128, 4, "affine"): LaunchConfig(
         block_n=64,
-        num_stages=2,
+        num_stages=1,
         ctas_per_sm=32.0,
         min_split_tokens=512,
-        kernel="v1",
+        kernel="v3",
+        cache_tiles=True,
         maxnreg=168,
         row_reduce_max_programs=64.0,
         reduce_split_chunk=64,
@@ -2470,6 +2611,72 @@ if HAS_TRITON:
                 )
 
     @triton.jit
+    def _exact_kernel(
+        q_ptr,
+        q_stride_b,
+        q_stride_h,
+        q_stride_t,
+        ke_ptr,
+        ke_stride_b,
+        ke_stride_h,
+        ke_stride_s,
+        ve_ptr,
+        ve_stride_b,
+        ve_stride_h,
+        ve_stride_s,
+        seq_lens_ptr,
+        m_ptr,
+        l_ptr,
+        acc_ptr,
+        n_kv_heads,
+        group,
+        n_new,
+        n_row_blocks,
+        num_splits,
+        qk_scale,
+        D: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        EXACT_BLOCK: tl.constexpr,
+        SINKS: tl.constexpr,
+        WINDOW: tl.constexpr,
+        EXACT_SPLIT: tl.constexpr,
+    ):
+        """The exact sink/window tokens of one (sequence, kv head, row block) as partial num_splits,
+        for split kernels that handle only the compressed ranges (v3, which Gluon writes and which
+        cannot call Triton functions)."""
+        pid = tl.program_id(0)
+        row_block = pid % n_row_blocks
+        kv_head = (pid // n_row_blocks) % n_kv_heads
+        batch = pid // (n_row_blocks * n_kv_heads)
+        rows = row_block * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_ok = rows < group * n_new
+        token = rows % n_new
+        seq_len = tl.load(seq_lens_ptr + batch).to(tl.int32)
+        limit = tl.where(row_ok, seq_len - n_new + token + 1, 0)
+        part = pid * (num_splits + 1) + num_splits
+        head = kv_head * group + rows // n_new
+        _exact_part_t(
+            q_ptr + batch * q_stride_b + head * q_stride_h + token * q_stride_t,
+            ke_ptr + batch * ke_stride_b + kv_head * ke_stride_h,
+            ve_ptr + batch * ve_stride_b + kv_head * ve_stride_h,
+            ke_stride_s,
+            ve_stride_s,
+            seq_len,
+            limit,
+            row_ok,
+            qk_scale,
+            m_ptr + part * BLOCK_M,
+            l_ptr + part * BLOCK_M,
+            acc_ptr + part * BLOCK_M * D,
+            D,
+            BLOCK_M,
+            EXACT_BLOCK,
+            SINKS,
+            WINDOW,
+            EXACT_SPLIT,
+        )
+
+    @triton.jit
     def _reduce_store(
         values,
         cols,
@@ -2744,7 +2951,8 @@ def wavelet_attention_triton(
     n_row_blocks = -(-rows // block_m)
     if config is None:
         config = tuned_config(layout, d, block_m, batch * hkv * n_row_blocks)
-    use_v2 = config.kernel == "v2" and _v2_reason(layout, k_codes, k_scales) is None
+    kernel = split_kernel_choice(config, layout, k_codes, k_scales, block_m)
+    use_v3, use_v2 = kernel == "v3", kernel == "v2"
     if use_v2 and block_m > V2_MAX_BLOCK_M:
         block_m = V2_MAX_BLOCK_M
         n_row_blocks = -(-rows // block_m)
@@ -2752,8 +2960,8 @@ def wavelet_attention_triton(
     if num_splits is None:
         num_splits = choose_num_splits(programs, capacity, layout, config, q.device)
     device = q.device
-    if use_v2:
-        plan2 = _plan_v2(layout, device, config.subnormal)
+    if use_v3 or use_v2:
+        plan2 = _plan_v3(layout, device) if use_v3 else _plan_v2(layout, device, config.subnormal)
         n_slots = plan2.k_slots
         slot_rows, slot_factor, slot_shift, slot_band = (
             plan2.transform_slots,
@@ -2827,7 +3035,81 @@ def wavelet_attention_triton(
         *v_exact.stride()[:3],
         seq_lens,
     )
-    if use_v2:
+    if use_v3:
+        from .wavelet_attention_gluon import split_kernel_v3
+
+        launch(
+            _exact_kernel,
+            (programs,),
+            q,
+            q.stride(0),
+            q.stride(1),
+            q.stride(2),
+            *common_exact,
+            m_part,
+            l_part,
+            acc_part,
+            hkv,
+            group,
+            tq,
+            n_row_blocks,
+            num_splits,
+            qk_scale,
+            D=d,
+            BLOCK_M=block_m,
+            EXACT_BLOCK=config.exact_block,
+            SINKS=layout.sinks,
+            WINDOW=layout.window,
+            EXACT_SPLIT=k_exact.dtype in (torch.float16, torch.bfloat16),
+            num_warps=1,
+        )
+        launch(
+            split_kernel_v3,
+            (num_splits, programs),
+            qw,
+            qc,
+            k_codes,
+            k_codes.stride(0),
+            k_codes.stride(1),
+            k_scales,
+            k_scales.stride(0),
+            k_scales.stride(1),
+            v_codes,
+            v_codes.stride(0),
+            v_codes.stride(1),
+            v_scales,
+            v_scales.stride(0),
+            v_scales.stride(1),
+            seq_lens,
+            plan2.v_step,
+            plan2.v_shift,
+            plan2.slot_coef,
+            m_part,
+            l_part,
+            acc_part,
+            hkv,
+            group,
+            tq,
+            n_row_blocks,
+            num_splits,
+            CODE_ROW=k_codes.stride(2) // 2,
+            SCALE_ROW=k_scales.stride(2),
+            E4=layout.band_byte_offsets[0] // 2,
+            E2=layout.band_byte_offsets[1] // 2,
+            D=d,
+            BLOCK_M=block_m,
+            N_QC=n_qc,
+            BLOCK_N=config.block_n,
+            SINKS=layout.sinks,
+            WINDOW=layout.window,
+            STAGES=config.num_stages,
+            KEYS_VIA_SMEM=config.keys_via_smem,
+            CACHE_TILES=config.cache_tiles,
+            LAZY_RESCALE=config.lazy_rescale,
+            num_warps=1,
+            **split_options,
+        )
+    elif use_v2:
         launch(
             _split_kernel_v2,
             (num_splits + 1, programs),
@@ -3009,6 +3291,7 @@ __all__ = [
     "choose_num_splits",
     "decode_coefficients",
     "default_config",
+    "split_kernel_choice",
     "triton_support",
     "tuned_config",
     "wavelet_attention_reference",

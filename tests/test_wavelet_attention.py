@@ -275,13 +275,13 @@ def test_tuned_config_by_launch_size():
     small = K.tuned_config(affine, 128, 4, programs=8)
     large = K.tuned_config(affine, 128, 4, programs=K.SMALL_LAUNCH_PROGRAMS + 1)
     assert (small.block_n, small.num_warps) == (128, 2)
-    assert (large.block_n, large.num_warps, large.maxnreg) == (64, 1, 168)
+    assert (large.kernel, large.block_n, large.num_warps, large.maxnreg) == ("v3", 64, 1, 168)
     assert K.tuned_config(affine, 128, 4) == large
     lloyd = K.tuned_config(ops.compressed_layout("lloyd", 128), 128, 4, programs=8)
     assert lloyd == K.TUNED_CONFIGS[(128, 4, "table")]
 
 
-@pytest.mark.parametrize("bad", [dict(block_n=48), dict(reduce_split_chunk=0), dict(kernel="v3")])
+@pytest.mark.parametrize("bad", [dict(block_n=48), dict(reduce_split_chunk=0), dict(kernel="v4")])
 def test_launch_config_rejects_bad_fields(bad):
     with pytest.raises(ValueError, match="LaunchConfig"):
         K.LaunchConfig(**bad)
@@ -437,6 +437,42 @@ def test_gpu_real_shapes(head_dim, spec):
         assert rel_err(got, want) <= 1e-2, config
 
 
+V3_GPU_CONFIGS = [
+    K.LaunchConfig(kernel="v3", num_stages=1),
+    K.LaunchConfig(kernel="v3", num_stages=2, maxnreg=168),
+    K.LaunchConfig(kernel="v3", num_stages=3, lazy_rescale=False, keys_via_smem=True),
+    K.LaunchConfig(kernel="v3", num_stages=2, keys_via_smem=True, cache_tiles=True),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "spec,group,tq",
+    [
+        (UNIFORM_REAL, 4, 1),  # decode, 4 of the MMAs' 8 query rows real
+        (UNIFORM_REAL, 8, 1),  # all 8 rows
+        (UNIFORM_REAL, 1, 3),  # speculative decode: causal rows, one head
+        ("default;window=0;sinks=0", 4, 2),  # causal rows inside the compressed range: masked steps
+    ],
+)
+@pytest.mark.parametrize("channel", ["scale", "full"])
+def test_gpu_v3_matches_reference(spec, group, tq, channel):
+    # the Gluon kernel: ragged lengths (1, and lengths that are not multiples of the 64-token step),
+    # garbage and NaN scales past each length, several split counts (empty splits included)
+    seq_lens = [4096, tq, 1000, 2049, 133]  # tq: nothing before the new tokens
+    codec, args = make_case(
+        spec, 5, 2, group, tq, 128, seq_lens, 4096, torch.bfloat16, device="cuda", channel=channel
+    )
+    layout = ops.compressed_layout(codec.spec, 128)
+    block_m = K._block_m(group * tq)
+    assert K.split_kernel_choice(V3_GPU_CONFIGS[0], layout, args[1], args[2], block_m) == "v3"
+    want = dense_reference(codec, args, 128**-0.5)
+    for config in V3_GPU_CONFIGS:
+        for splits in (None, 1, 7, 70):
+            got = _run_triton(args, codec, 128**-0.5, config=config, num_splits=splits)
+            assert rel_err(got, want) <= 1e-2, (config, splits)
+
+
 @pytest.mark.gpu
 def test_gpu_repeated_calls_reuse_compiled_kernels_and_stay_correct():
     # the second call of a shape launches the kept CompiledKernels (kernels/fast_launch.py): fresh
@@ -514,8 +550,9 @@ def test_gpu_long_split_precision(spec):
         (K.LaunchConfig(subnormal=True), (64,)),
         (K.LaunchConfig(centre_in_mma=True), (1, 64)),
         (K.LaunchConfig(kernel="v1", centre_in_mma=True), (1, 64)),
+        (K.LaunchConfig(kernel="v3", num_stages=2), (1, 64)),
     ]
-    for config, split_counts in cases if spec == UNIFORM_REAL else cases[1:2] + cases[4:]:
+    for config, split_counts in cases if spec == UNIFORM_REAL else cases[1:2] + cases[4:5]:
         for splits in split_counts:
             got = K.wavelet_attention_triton(*args, layout, 128**-0.5, config=config, num_splits=splits)
             assert rel_err(got, want) <= 1e-2, (config, splits)

@@ -1,0 +1,525 @@
+"""The "v3" split kernel of wavelet decode attention, in Gluon (Triton's explicit-layout dialect).
+
+Same job as ``_split_kernel_v2`` in wavelet_attention.py (online softmax over one range of
+compressed tokens, coefficient-domain value sums, partials in the reduce's format), written with
+explicit layouts so each operand is built where the tensor cores want it:
+
+* keys: a token's code row already holds what an m16n8k16 A fragment wants (lane (g, t): int16
+  elements 2t, 2t + 1, 2t + 8, 2t + 9 of tokens g and g + 8), so code words load from global memory
+  straight into the fragment: one LOP3 per fp16 pair (mask the field, OR in the fp16 1024 exponent),
+  no shared memory, shuffles or layout conversions;
+* values put slots on M and tokens on K, so a register must pair two tokens: the tiles go through
+  shared memory (cp.async, 16 bytes per copy) and come back transposed (ldmatrix.trans);
+* the 2-bit band has 8 int16 elements per token, half an MMA's 16 rows: its tiles hold each element
+  twice and rows 8-15 take the next bit field (rows g and g + 8 of a fragment sit in the same lane,
+  so the per-row field choice folds away): two fields per operand, no padding;
+* value fields stay "magic" (1024 + field) and are centred through the MMA's accumulator input
+  (acc - (1024 + mid) * sum_n p w), not by a subtract per pair;
+* token sums (softmax denominator, sum of p * scale per band) come out of the tensor cores
+  (ones @ p), already in the accumulators' layout.
+
+It runs one layout family: head_dim 128 with a 4-bit band of 64 coefficients then a 2-bit band of 64
+(one code row = 16 + 8 int16 elements, one fp16 scale per band), affine grids: the codec's default.
+``_v3_reason`` in wavelet_attention.py says why another layout is not run (the call then runs v1). Gluon
+has no interpreter: this kernel runs on CUDA only and is checked on the GPU
+(tests/test_attention_gpu.py); the host plan that maps its slots to coefficients is checked on the
+CPU by an emulation (tests/test_attention_v3_plan.py).
+"""
+
+from __future__ import annotations
+
+from .wavelet_attention import _MODE_MAGIC, MAGIC_OFFSET, _field_asm, field_layout
+
+try:  # Gluon ships with Triton >= 3.5; without it v3 is simply unavailable
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
+
+    HAS_GLUON = True
+    GLUON_IMPORT_ERROR = ""
+except Exception as exc:  # noqa: BLE001 - any import failure means "no Gluon here"
+    HAS_GLUON = False
+    GLUON_IMPORT_ERROR = f"{type(exc).__name__}: {exc}"
+
+
+def field_centre(bits: int, field_index: int) -> float:
+    """1024 + mid of a magic value field at its fp16 position (what centring subtracts; the plan's
+    v_shift adds mid back, see _plan_v3)."""
+    _, pos = field_layout(bits, field_index)
+    return MAGIC_OFFSET + float(1 << (pos + bits - 1))
+
+
+if HAS_GLUON:
+    try:
+        # one warp: m16n8 tiles; operands in the fragments mma.sync reads (16-bit, two per register)
+        _MMA = gl.constexpr(
+            gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 1], instr_shape=[16, 8])
+        )
+        _A = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=_MMA.value, k_width=2))
+        _B = gl.constexpr(gl.DotOperandLayout(operand_index=1, parent=_MMA.value, k_width=2))
+        # [tokens, 16 int16] value tiles: 8 elements (16 bytes, one cp.async) per thread
+        _TOKEN_ROWS = gl.constexpr(gl.BlockedLayout([1, 8], [16, 2], [1, 1], [1, 0]))
+        _TOKEN_ROWS_8B = gl.constexpr(gl.BlockedLayout([1, 4], [8, 4], [1, 1], [1, 0]))  # 8-byte copies
+        _TILE = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0]))
+        # [tokens, 2] fp16 scale pairs: one 4-byte load per token
+        _SCALE_PAIRS = gl.constexpr(gl.BlockedLayout([1, 2], [32, 1], [1, 1], [1, 0]))
+        # field asm of the int16 code elements (magic: 1024 + field in place)
+        _F4_0, _F4_1, _F4_2, _F4_3 = (gl.constexpr(_field_asm(_MODE_MAGIC, 4, f)) for f in range(4))
+        _F2_0, _F2_1, _F2_2, _F2_3, _F2_4, _F2_5, _F2_6, _F2_7 = (
+            gl.constexpr(_field_asm(_MODE_MAGIC, 2, f)) for f in range(8)
+        )
+        # per-operand centres of the value fields (rows 0-7, rows 8-15)
+        _C4_0, _C4_1, _C4_2, _C4_3 = (gl.constexpr(field_centre(4, f)) for f in range(4))
+        _C2_0, _C2_1, _C2_2, _C2_3, _C2_4, _C2_5, _C2_6, _C2_7 = (
+            gl.constexpr(field_centre(2, f)) for f in range(8)
+        )
+        _NEG_BIG = gl.constexpr(-1.0e30)
+    except Exception as exc:  # noqa: BLE001 - a Gluon whose layout API differs: no v3
+        HAS_GLUON = False
+        GLUON_IMPORT_ERROR = f"Gluon layouts: {type(exc).__name__}: {exc}"
+
+
+def gluon_reason() -> str | None:
+    """None when this Triton's Gluon can build the v3 kernel, else why not."""
+    return None if HAS_GLUON else f"Gluon unavailable ({GLUON_IMPORT_ERROR})"
+
+
+if HAS_GLUON:
+
+    @gluon.jit
+    def _field(raw, ASM: gl.constexpr):
+        """fp16 operand of one field of every int16 code element in raw (two elements per op)."""
+        return gl.inline_asm_elementwise(ASM, "=r,r", [raw], dtype=gl.float16, is_pure=True, pack=2)
+
+    @gluon.jit
+    def _field_pair(raw, upper, ASM_LO: gl.constexpr, ASM_HI: gl.constexpr):
+        """Rows/columns 8-15 (upper) take the next field of the same elements (2-bit band)."""
+        return gl.where(upper, _field(raw, ASM_HI), _field(raw, ASM_LO))
+
+    @gluon.jit
+    def _issue_tiles(
+        k4,
+        k2,
+        v4,
+        v2,
+        kcodes,
+        vcodes,
+        tok,
+        ROW: gl.constexpr,
+        E4: gl.constexpr,
+        E2: gl.constexpr,
+        KEYS: gl.constexpr,
+        CACHE: gl.constexpr,
+    ):
+        """cp.async the code tiles of BLOCK_N tokens into one ring stage (one commit group): the
+        values' and (KEYS) the keys' [tokens, 16] int16 per band, the 2-bit band's 8 elements
+        twice. tok: token indices in SliceLayout(1, _TOKEN_ROWS). CACHE: through L1 (cp.async.ca),
+        where the bands' copies of one 32-byte sector meet (48-byte rows straddle sectors, the
+        2-bit band shares its sector with 4-bit codes), instead of each going to L2."""
+        if CACHE:  # Triton issues 16-byte copies as cp.async.cg (L2 only): 8-byte ones take .ca
+            MODIFIER: gl.constexpr = ".ca"
+            ve = gl.arange(0, 16, layout=gl.SliceLayout(0, _TOKEN_ROWS_8B))
+            tok = gl.convert_layout(tok, gl.SliceLayout(1, _TOKEN_ROWS_8B))
+        else:
+            MODIFIER: gl.constexpr = ""
+            ve = gl.arange(0, 16, layout=gl.SliceLayout(0, _TOKEN_ROWS))
+        if KEYS:
+            k_rows = kcodes + tok[:, None] * ROW
+            async_copy.async_copy_global_to_shared(k4, k_rows + E4 + ve[None, :], cache_modifier=MODIFIER)
+            async_copy.async_copy_global_to_shared(
+                k2, k_rows + E2 + (ve % 8)[None, :], cache_modifier=MODIFIER
+            )
+        v_rows = vcodes + tok[:, None] * ROW
+        async_copy.async_copy_global_to_shared(v4, v_rows + E4 + ve[None, :], cache_modifier=MODIFIER)
+        async_copy.async_copy_global_to_shared(v2, v_rows + E2 + (ve % 8)[None, :], cache_modifier=MODIFIER)
+        async_copy.commit_group()
+
+    @gluon.jit
+    def _load_keys(codes, tok, ROW: gl.constexpr, E4: gl.constexpr, E2: gl.constexpr):
+        """Key code words of BLOCK_N tokens straight from global memory into A fragments (lane
+        (g, t) reads words of its own tokens): [tokens, 16] int16 per band, the 2-bit band's 8
+        elements twice. tok: token indices in SliceLayout(1, _A)."""
+        kj = gl.arange(0, 16, layout=gl.SliceLayout(0, _A))
+        rows = codes + tok[:, None] * ROW
+        return gl.load(rows + E4 + kj[None, :]), gl.load(rows + E2 + (kj % 8)[None, :])
+
+    @gluon.jit
+    def _load_scale_pairs(scales, tok, ROW: gl.constexpr):
+        """The two fp16 band scales of BLOCK_N tokens, [tokens, 2] (one 4-byte load per token)."""
+        sb = gl.arange(0, 2, layout=gl.SliceLayout(0, _SCALE_PAIRS))
+        return gl.load(scales + tok[:, None] * ROW + sb[None, :])
+
+    @gluon.jit
+    def _split_scales(pair):
+        """[tokens, 2] fp16 -> two fp32 vectors in the scores' token layout."""
+        s0, s1 = gl.split(pair.to(gl.float32))
+        return gl.convert_layout(s0, gl.SliceLayout(1, _MMA)), gl.convert_layout(s1, gl.SliceLayout(1, _MMA))
+
+    @gluon.jit
+    def _scores(raw4, raw2, k0, k1, q0, q1, q2, q3, q4, q5, q6, q7, qc0, qc1, BLOCK_N: gl.constexpr):
+        """Scores^T [BLOCK_N tokens, 8 rows] (log2 domain): per band the field MMAs against the
+        transformed query slices plus the band's score offset, times the band's scale. raw4/raw2:
+        the step's key code words in A fragments."""
+        kj = gl.arange(0, 16, layout=gl.SliceLayout(0, _A))
+        upper = (kj >= 8)[None, :]
+        zero = gl.zeros([BLOCK_N, 8], gl.float32, layout=_MMA)
+        sa = mma_v2(_field(raw4, _F4_0), q0, zero)
+        sa = mma_v2(_field(raw4, _F4_1), q1, sa)
+        sa = mma_v2(_field(raw4, _F4_2), q2, sa)
+        sa = mma_v2(_field(raw4, _F4_3), q3, sa)
+        sb = mma_v2(_field_pair(raw2, upper, _F2_0, _F2_1), q4, zero)
+        sb = mma_v2(_field_pair(raw2, upper, _F2_2, _F2_3), q5, sb)
+        sb = mma_v2(_field_pair(raw2, upper, _F2_4, _F2_5), q6, sb)
+        sb = mma_v2(_field_pair(raw2, upper, _F2_6, _F2_7), q7, sb)
+        return (sa + qc0[None, :]) * k0[:, None] + (sb + qc1[None, :]) * k1[:, None]
+
+    @gluon.jit
+    def _centre(upper_rows, C_LO: gl.constexpr, C_HI: gl.constexpr):
+        """[16, 1] fp32 centres of one value operand's rows (folds to constants per register)."""
+        return gl.where(upper_rows, C_HI, C_LO)
+
+    @gluon.jit
+    def _accumulate_values(
+        s,
+        m_i,
+        a0,
+        a1,
+        a2,
+        a3,
+        a4,
+        a5,
+        a6,
+        a7,
+        l_acc,
+        wsa,
+        wsb,
+        w0,
+        w1,
+        tile4,
+        tile2,
+        ones,
+        LAZY_RESCALE: gl.constexpr,
+    ):
+        """Online-softmax update of one step: rescale when a running max grows, p = exp2(s - m),
+        then the value fields of both bands against p * scale, centred through the accumulator
+        input. tile4/tile2: this step's value tiles (their cp.async already waited for)."""
+        m_new = gl.maximum(m_i, gl.max(s, axis=0))
+        if (not LAZY_RESCALE) or gl.max(m_new - m_i, axis=0) > 0:
+            alpha = gl.exp2(m_i - m_new)[None, :]
+            a0 = a0 * alpha
+            a1 = a1 * alpha
+            a2 = a2 * alpha
+            a3 = a3 * alpha
+            a4 = a4 * alpha
+            a5 = a5 * alpha
+            a6 = a6 * alpha
+            a7 = a7 * alpha
+            l_acc = l_acc * alpha
+            wsa = wsa * alpha
+            wsb = wsb * alpha
+            m_i = m_new
+        p = gl.exp2(s - m_i[None, :])
+        pa = gl.convert_layout((p * w0[:, None]).to(gl.float16), _B)
+        pb = gl.convert_layout((p * w1[:, None]).to(gl.float16), _B)
+        p16 = gl.convert_layout(p.to(gl.float16), _B)
+        zero = gl.zeros([16, 8], gl.float32, layout=_MMA)
+        l_acc = mma_v2(ones, p16, l_acc)
+        # this step's sums of p * scale, in every row of the accumulators' layout
+        step_a = mma_v2(ones, pa, zero)
+        step_b = mma_v2(ones, pb, zero)
+        wsa = wsa + step_a
+        wsb = wsb + step_b
+        slot = gl.arange(0, 16, layout=gl.SliceLayout(1, _A))
+        upper = (slot >= 8)[:, None]
+        upper_rows = (gl.arange(0, 16, layout=gl.SliceLayout(1, _MMA)) >= 8)[:, None]
+        r4 = tile4.permute([1, 0]).load(_A)  # [16 elements, BLOCK_N tokens]
+        r2 = tile2.permute([1, 0]).load(_A)
+        a0 = mma_v2(_field(r4, _F4_0), pa, a0 - _C4_0 * step_a)
+        a1 = mma_v2(_field(r4, _F4_1), pa, a1 - _C4_1 * step_a)
+        a2 = mma_v2(_field(r4, _F4_2), pa, a2 - _C4_2 * step_a)
+        a3 = mma_v2(_field(r4, _F4_3), pa, a3 - _C4_3 * step_a)
+        a4 = mma_v2(_field_pair(r2, upper, _F2_0, _F2_1), pb, a4 - _centre(upper_rows, _C2_0, _C2_1) * step_b)
+        a5 = mma_v2(_field_pair(r2, upper, _F2_2, _F2_3), pb, a5 - _centre(upper_rows, _C2_2, _C2_3) * step_b)
+        a6 = mma_v2(_field_pair(r2, upper, _F2_4, _F2_5), pb, a6 - _centre(upper_rows, _C2_4, _C2_5) * step_b)
+        a7 = mma_v2(_field_pair(r2, upper, _F2_6, _F2_7), pb, a7 - _centre(upper_rows, _C2_6, _C2_7) * step_b)
+        return m_i, a0, a1, a2, a3, a4, a5, a6, a7, l_acc, wsa, wsb
+
+    @gluon.jit
+    def _store_operand(
+        acc,
+        sums,
+        acc_out,
+        v_step_ptr,
+        v_shift_ptr,
+        slot_coef_ptr,
+        row_ok,
+        SLOT0: gl.constexpr,
+        D: gl.constexpr,
+    ):
+        """Coefficient sums of one operand's 16 slots, scattered to coefficient order:
+        (acc + shift * sum_n p w) * step (see _plan_v3)."""
+        slots = SLOT0 + gl.arange(0, 16, layout=gl.SliceLayout(1, _MMA))
+        rows = gl.arange(0, 8, layout=gl.SliceLayout(0, _MMA))
+        coef = gl.load(slot_coef_ptr + slots)
+        step = gl.load(v_step_ptr + slots)
+        shift = gl.load(v_shift_ptr + slots)
+        values = (acc + shift[:, None] * sums) * step[:, None]
+        gl.store(acc_out + rows[None, :] * D + coef[:, None], values, mask=row_ok[None, :])
+
+    @gluon.jit
+    def split_kernel_v3(
+        qw_ptr,  # fp16 [programs, BLOCK_M, 128]: transformed query in v3 slot order (prologue)
+        qc_ptr,  # fp32 [programs, N_QC, BLOCK_M, 4]: chunk shares of each band's score offset
+        kc_ptr,  # uint8 codes [B, Hkv, capacity, CODE_ROW bytes]
+        kc_stride_b,
+        kc_stride_h,  # bytes
+        ks_ptr,  # fp16 scales [B, Hkv, capacity, SCALE_ROW]
+        ks_stride_b,
+        ks_stride_h,  # elements
+        vc_ptr,
+        vc_stride_b,
+        vc_stride_h,
+        vs_ptr,
+        vs_stride_b,
+        vs_stride_h,
+        seq_lens_ptr,  # int [B]: positions in the cache per sequence
+        v_step_ptr,  # fp32 [128] per value slot (see _plan_v3)
+        v_shift_ptr,  # fp32 [128]
+        slot_coef_ptr,  # int32 [128]: coefficient held by each value slot
+        m_ptr,  # fp32 [programs, num_splits + 1, BLOCK_M]: running max (log2 domain)
+        l_ptr,  # fp32 [programs, num_splits + 1, BLOCK_M]: softmax denominator
+        acc_ptr,  # fp32 [programs, num_splits + 1, BLOCK_M, D]: coefficient sums
+        n_kv_heads,
+        group,  # q heads per kv head
+        n_new,  # new tokens per sequence (1 for decode)
+        n_row_blocks,
+        num_splits,  # compressed splits; partial num_splits (the exact tokens) is not written here
+        CODE_ROW: gl.constexpr,  # int16 elements per code row (token stride)
+        SCALE_ROW: gl.constexpr,  # fp16 scales per row (token stride)
+        E4: gl.constexpr,  # first int16 element of the 4-bit band
+        E2: gl.constexpr,  # first int16 element of the 2-bit band
+        D: gl.constexpr,
+        BLOCK_M: gl.constexpr,  # query rows per program (<= 8)
+        N_QC: gl.constexpr,
+        BLOCK_N: gl.constexpr,  # tokens per step
+        SINKS: gl.constexpr,
+        WINDOW: gl.constexpr,
+        STAGES: gl.constexpr,  # code-tile ring stages: the tiles of STAGES - 1 steps ahead in flight
+        KEYS_VIA_SMEM: gl.constexpr,  # keys through the ring too (else loaded at their step, no smem)
+        CACHE_TILES: gl.constexpr,  # the ring's copies through L1 (see _issue_tiles)
+        LAZY_RESCALE: gl.constexpr,
+    ):
+        """One (split, sequence, kv head, row block): online softmax over a range of compressed
+        tokens in the coefficient domain; grid (num_splits, programs)."""
+        split = gl.program_id(0)
+        pid = gl.program_id(1)
+        row_block = pid % n_row_blocks
+        kv_head = (pid // n_row_blocks) % n_kv_heads
+        batch = pid // (n_row_blocks * n_kv_heads)
+        # query rows on the MMAs' N (8; rows >= BLOCK_M are padding)
+        local = gl.arange(0, 8, layout=gl.SliceLayout(0, _MMA))
+        rows = row_block * BLOCK_M + local
+        row_ok = (local < BLOCK_M) & (rows < group * n_new)
+        token = rows % n_new
+        seq_len = gl.load(seq_lens_ptr + batch).to(gl.int32)
+        # causal: new token t sees positions < seq_len - n_new + t + 1
+        limit = gl.where(row_ok, seq_len - n_new + token + 1, 0)
+        comp_hi = gl.minimum(gl.maximum(seq_len - WINDOW, SINKS), gl.max(limit, axis=0))
+        chunk = gl.cdiv(gl.cdiv(gl.maximum(comp_hi - SINKS, 0), num_splits), BLOCK_N) * BLOCK_N
+        lo = SINKS + split * chunk
+        hi = gl.minimum(lo + chunk, comp_hi)
+        row_hi = gl.minimum(limit, hi)
+        # steps below every real row's limit need no score mask
+        all_hi = gl.min(gl.where(row_ok, row_hi, hi), axis=0)
+        full_hi = lo + gl.maximum(all_hi - lo, 0) // BLOCK_N * BLOCK_N
+        # ---- loop invariants
+        qs = gl.arange(0, 16, layout=gl.SliceLayout(1, _B))
+        qr = gl.arange(0, 8, layout=gl.SliceLayout(0, _B))
+        q_rows = qw_ptr + pid * BLOCK_M * 128 + qr[None, :] * 128 + qs[:, None]
+        q_ok = (qr < BLOCK_M)[None, :]
+        q0 = gl.load(q_rows + 0 * 16, mask=q_ok, other=0.0)
+        q1 = gl.load(q_rows + 1 * 16, mask=q_ok, other=0.0)
+        q2 = gl.load(q_rows + 2 * 16, mask=q_ok, other=0.0)
+        q3 = gl.load(q_rows + 3 * 16, mask=q_ok, other=0.0)
+        q4 = gl.load(q_rows + 4 * 16, mask=q_ok, other=0.0)
+        q5 = gl.load(q_rows + 5 * 16, mask=q_ok, other=0.0)
+        q6 = gl.load(q_rows + 6 * 16, mask=q_ok, other=0.0)
+        q7 = gl.load(q_rows + 7 * 16, mask=q_ok, other=0.0)
+        # each band's score offset: the sum of the prologue's N_QC chunk shares
+        qc_rows = qc_ptr + pid * N_QC * BLOCK_M * 4 + local * 4
+        qc0 = gl.zeros([8], gl.float32, layout=gl.SliceLayout(0, _MMA))
+        qc1 = gl.zeros([8], gl.float32, layout=gl.SliceLayout(0, _MMA))
+        for k in gl.static_range(N_QC):
+            qc0 += gl.load(qc_rows + k * BLOCK_M * 4 + 0, mask=local < BLOCK_M, other=0.0)
+            qc1 += gl.load(qc_rows + k * BLOCK_M * 4 + 1, mask=local < BLOCK_M, other=0.0)
+        ones = gl.full([16, BLOCK_N], 1.0, gl.float16, layout=_A)  # token sums through the MMA
+        kcodes = (kc_ptr + batch * kc_stride_b + kv_head * kc_stride_h).to(
+            gl.pointer_type(gl.int16), bitcast=True
+        )
+        vcodes = (vc_ptr + batch * vc_stride_b + kv_head * vc_stride_h).to(
+            gl.pointer_type(gl.int16), bitcast=True
+        )
+        kscales = ks_ptr + batch * ks_stride_b + kv_head * ks_stride_h
+        vscales = vs_ptr + batch * vs_stride_b + kv_head * vs_stride_h
+        kt = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, _A))
+        st = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, _SCALE_PAIRS))
+        vt = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, _TOKEN_ROWS))
+        mt = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, _MMA))
+        # the ring of code tiles: stage i holds step i's key and value tiles
+        KEY_STAGES: gl.constexpr = STAGES if KEYS_VIA_SMEM else 1  # 1: an unused placeholder
+        k4s = gl.allocate_shared_memory(gl.int16, [KEY_STAGES, BLOCK_N, 16], _TILE)
+        k2s = gl.allocate_shared_memory(gl.int16, [KEY_STAGES, BLOCK_N, 16], _TILE)
+        v4s = gl.allocate_shared_memory(gl.int16, [STAGES, BLOCK_N, 16], _TILE)
+        v2s = gl.allocate_shared_memory(gl.int16, [STAGES, BLOCK_N, 16], _TILE)
+        # ---- state
+        a0 = gl.zeros([16, 8], gl.float32, layout=_MMA)
+        a1 = gl.zeros([16, 8], gl.float32, layout=_MMA)
+        a2 = gl.zeros([16, 8], gl.float32, layout=_MMA)
+        a3 = gl.zeros([16, 8], gl.float32, layout=_MMA)
+        a4 = gl.zeros([16, 8], gl.float32, layout=_MMA)
+        a5 = gl.zeros([16, 8], gl.float32, layout=_MMA)
+        a6 = gl.zeros([16, 8], gl.float32, layout=_MMA)
+        a7 = gl.zeros([16, 8], gl.float32, layout=_MMA)
+        l_acc = gl.zeros([16, 8], gl.float32, layout=_MMA)
+        wsa = gl.zeros([16, 8], gl.float32, layout=_MMA)
+        wsb = gl.zeros([16, 8], gl.float32, layout=_MMA)
+        m_i = gl.full([8], _NEG_BIG, gl.float32, layout=gl.SliceLayout(0, _MMA))
+        # ---- full steps: every token below every row's limit, no masks or clamps. The tiles of
+        # step i + STAGES - 1 are in flight while step i computes; scales one step ahead.
+        if full_hi > lo:
+            last_full = full_hi - BLOCK_N
+            for i in gl.static_range(STAGES - 1):
+                ahead = gl.minimum(lo + i * BLOCK_N, last_full)  # past the end: a harmless repeat
+                _issue_tiles(
+                    k4s.index(i % KEY_STAGES),
+                    k2s.index(i % KEY_STAGES),
+                    v4s.index(i),
+                    v2s.index(i),
+                    kcodes,
+                    vcodes,
+                    ahead + vt,
+                    CODE_ROW,
+                    E4,
+                    E2,
+                    KEYS_VIA_SMEM,
+                    CACHE_TILES,
+                )
+            k_pair = _load_scale_pairs(kscales, lo + st, SCALE_ROW)
+            v_pair = _load_scale_pairs(vscales, lo + st, SCALE_ROW)
+            for start in range(lo, full_hi, BLOCK_N):
+                step = (start - lo) // BLOCK_N
+                ahead = gl.minimum(start + (STAGES - 1) * BLOCK_N, last_full)
+                slot = (step + STAGES - 1) % STAGES  # the stage the previous step read
+                _issue_tiles(
+                    k4s.index(slot % KEY_STAGES),
+                    k2s.index(slot % KEY_STAGES),
+                    v4s.index(slot),
+                    v2s.index(slot),
+                    kcodes,
+                    vcodes,
+                    ahead + vt,
+                    CODE_ROW,
+                    E4,
+                    E2,
+                    KEYS_VIA_SMEM,
+                    CACHE_TILES,
+                )
+                k0, k1 = _split_scales(k_pair)
+                w0, w1 = _split_scales(v_pair)
+                nxt = gl.minimum(start + BLOCK_N, last_full)
+                k_pair = _load_scale_pairs(kscales, nxt + st, SCALE_ROW)
+                v_pair = _load_scale_pairs(vscales, nxt + st, SCALE_ROW)
+                cur = step % STAGES
+                if KEYS_VIA_SMEM:
+                    async_copy.wait_group(STAGES - 1)  # this step's group has landed
+                    raw4 = k4s.index(cur).load(_A)
+                    raw2 = k2s.index(cur).load(_A)
+                else:
+                    raw4, raw2 = _load_keys(kcodes, start + kt, CODE_ROW, E4, E2)
+                s = _scores(raw4, raw2, k0, k1, q0, q1, q2, q3, q4, q5, q6, q7, qc0, qc1, BLOCK_N)
+                if not KEYS_VIA_SMEM:
+                    async_copy.wait_group(STAGES - 1)
+                m_i, a0, a1, a2, a3, a4, a5, a6, a7, l_acc, wsa, wsb = _accumulate_values(
+                    s,
+                    m_i,
+                    a0,
+                    a1,
+                    a2,
+                    a3,
+                    a4,
+                    a5,
+                    a6,
+                    a7,
+                    l_acc,
+                    wsa,
+                    wsb,
+                    w0,
+                    w1,
+                    v4s.index(cur),
+                    v2s.index(cur),
+                    ones,
+                    LAZY_RESCALE,
+                )
+            async_copy.wait_group(0)
+        # ---- the rest: tokens clamped to the range (loads stay in bounds), scores masked per row
+        last = hi - 1
+        for start in range(full_hi, hi, BLOCK_N):
+            _issue_tiles(
+                k4s.index(0),
+                k2s.index(0),
+                v4s.index(0),
+                v2s.index(0),
+                kcodes,
+                vcodes,
+                gl.minimum(start + vt, last),
+                CODE_ROW,
+                E4,
+                E2,
+                KEYS_VIA_SMEM,
+                CACHE_TILES,
+            )
+            k0, k1 = _split_scales(_load_scale_pairs(kscales, gl.minimum(start + st, last), SCALE_ROW))
+            w0, w1 = _split_scales(_load_scale_pairs(vscales, gl.minimum(start + st, last), SCALE_ROW))
+            if KEYS_VIA_SMEM:
+                async_copy.wait_group(0)
+                raw4 = k4s.index(0).load(_A)
+                raw2 = k2s.index(0).load(_A)
+            else:
+                raw4, raw2 = _load_keys(kcodes, gl.minimum(start + kt, last), CODE_ROW, E4, E2)
+                async_copy.wait_group(0)
+            s = _scores(raw4, raw2, k0, k1, q0, q1, q2, q3, q4, q5, q6, q7, qc0, qc1, BLOCK_N)
+            s = gl.where((start + mt)[:, None] < row_hi[None, :], s, float("-inf"))
+            m_i, a0, a1, a2, a3, a4, a5, a6, a7, l_acc, wsa, wsb = _accumulate_values(
+                s,
+                m_i,
+                a0,
+                a1,
+                a2,
+                a3,
+                a4,
+                a5,
+                a6,
+                a7,
+                l_acc,
+                wsa,
+                wsb,
+                w0,
+                w1,
+                v4s.index(0),
+                v2s.index(0),
+                ones,
+                LAZY_RESCALE,
+            )
+        # ---- partials in the reduce's format
+        part = pid * (num_splits + 1) + split
+        gl.store(m_ptr + part * BLOCK_M + local, m_i, mask=row_ok)
+        gl.store(l_ptr + part * BLOCK_M + local, gl.max(l_acc, axis=0), mask=row_ok)
+        acc_out = acc_ptr + part * BLOCK_M * D
+        _store_operand(a0, wsa, acc_out, v_step_ptr, v_shift_ptr, slot_coef_ptr, row_ok, 0, D)
+        _store_operand(a1, wsa, acc_out, v_step_ptr, v_shift_ptr, slot_coef_ptr, row_ok, 16, D)
+        _store_operand(a2, wsa, acc_out, v_step_ptr, v_shift_ptr, slot_coef_ptr, row_ok, 32, D)
+        _store_operand(a3, wsa, acc_out, v_step_ptr, v_shift_ptr, slot_coef_ptr, row_ok, 48, D)
+        _store_operand(a4, wsb, acc_out, v_step_ptr, v_shift_ptr, slot_coef_ptr, row_ok, 64, D)
+        _store_operand(a5, wsb, acc_out, v_step_ptr, v_shift_ptr, slot_coef_ptr, row_ok, 80, D)
+        _store_operand(a6, wsb, acc_out, v_step_ptr, v_shift_ptr, slot_coef_ptr, row_ok, 96, D)
+        _store_operand(a7, wsb, acc_out, v_step_ptr, v_shift_ptr, slot_coef_ptr, row_ok, 112, D)

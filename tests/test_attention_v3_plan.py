@@ -1,0 +1,122 @@
+"""The Gluon v3 kernel's host plan, checked on the CPU (Gluon has no interpreter).
+
+The kernel (kernels/wavelet_attention_gluon.py) builds its MMA operands in a fixed way: slot
+16 * (4 * band + operand) + j holds, for the 4-bit band, field `operand` of int16 element j, and for
+the 2-bit band, field 2 * operand + j // 8 of element j % 8; keys enter the MMA as 1024 + field in
+place, values as that minus the field's centre. ``emulate`` below restates that construction in
+float64 torch; with the plan's per-slot factors it must reproduce, from the same codes, the scores
+q . c and the value sums sum_t p_t c_t that decode_coefficients gives. A wrong slot map, factor,
+shift or centre fails here, before any GPU run.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from wmoe_compile.kernels import wavelet_attention as K
+from wmoe_compile.kernels.wavelet_attention_gluon import field_centre
+
+from wmoe_compile.ops import attention as ops
+
+
+def _kernel_slot(band: int, slot_in_band: int) -> tuple[int, int]:
+    """(int16 element within the band, field) the kernel puts in a slot (see the module docstring)."""
+    operand, j = divmod(slot_in_band, 16)
+    if band == 0:
+        return j, operand
+    return j % 8, 2 * operand + j // 8
+
+
+def _magic(elements: torch.Tensor, bits: int, field_index: int) -> torch.Tensor:
+    """1024 + the field in place, as the kernel's asm makes it (field_layout: shift, position)."""
+    shift, pos = K.field_layout(bits, field_index)
+    return 1024.0 + ((elements >> shift) & (((1 << bits) - 1) << pos)).double()
+
+
+def emulate(layout, plan, codes, scales, query, weights):
+    """Scores [N] and coefficient sums [D] computed the v3 kernel's way (float64)."""
+    elements = codes.view(torch.int16).long() & 0xFFFF  # [N, 24] little-endian int16 elements
+    first = [off // 2 for off in layout.band_byte_offsets]
+    q_slots = (plan.transform_slots.double() @ query) * plan.k_factor.double()
+    scores = torch.zeros(codes.shape[0], dtype=torch.float64)
+    sums = torch.zeros(layout.head_dim, dtype=torch.float64)
+    for band, (_, _, bits) in enumerate(layout.bands):
+        slots = range(64 * band, 64 * band + 64)
+        magic = torch.stack(
+            [
+                _magic(elements[:, first[band] + e], bits, f)
+                for e, f in (_kernel_slot(band, s - 64 * band) for s in slots)
+            ],
+            dim=1,
+        )  # [N, 64]
+        q_band = q_slots[64 * band : 64 * band + 64]
+        offset = (q_band * plan.k_shift.double()[64 * band : 64 * band + 64]).sum()  # the prologue's qc
+        scale = scales[:, band].double()
+        scores += scale * (magic @ q_band + offset)
+        # values: centred through the accumulator input, then the plan's shift and step
+        w = weights * scale
+        centre = torch.tensor(
+            [field_centre(bits, _kernel_slot(band, s - 64 * band)[1]) for s in slots], dtype=torch.float64
+        )
+        acc = w @ (magic - centre)
+        band_sums = (
+            acc + plan.v_shift.double()[64 * band : 64 * band + 64] * w.sum()
+        ) * plan.v_step.double()[64 * band : 64 * band + 64]
+        sums[plan.slot_coef[64 * band : 64 * band + 64].long()] += band_sums
+    return scores, sums
+
+
+@pytest.mark.parametrize("spec", ["default", "default;window=8;sinks=2"])
+def test_v3_plan_reproduces_scores_and_value_sums(spec):
+    layout = ops.compressed_layout(spec, 128)
+    plan = K._plan_v3(layout, torch.device("cpu"))
+    n = 200
+    codes = torch.randint(0, 256, (n, layout.n_code_bytes), dtype=torch.uint8)
+    scales = (torch.rand(n, 2) + 0.5).half()
+    query = torch.randn(128, dtype=torch.float64)
+    weights = torch.rand(n, dtype=torch.float64)
+    coefficients = K.decode_coefficients(codes, scales, layout).double()  # [N, D]
+    want_scores = coefficients @ (layout.transform.double() @ query)
+    want_sums = weights @ coefficients
+    scores, sums = emulate(layout, plan, codes, scales, query, weights)
+    torch.testing.assert_close(scores, want_scores, rtol=1e-6, atol=1e-6 * want_scores.abs().max().item())
+    torch.testing.assert_close(sums, want_sums, rtol=1e-6, atol=1e-6 * want_sums.abs().max().item())
+
+
+def test_v3_plan_slots_hold_every_coefficient_once():
+    plan = K._plan_v3(ops.compressed_layout("default", 128), torch.device("cpu"))
+    assert sorted(plan.slot_coef.tolist()) == list(range(128))
+    assert plan.k_slots == plan.v_slots == 128
+
+
+@pytest.mark.parametrize(
+    "spec,head_dim,why",
+    [
+        ("lloyd", 128, "not affine"),
+        ("default", 64, "head_dim 128"),
+        ("default;bands=1/4:4:uniform:mse,3/4:2:uniform:mse", 128, "bands"),
+    ],
+)
+def test_v3_rejects_other_layouts_with_a_reason(spec, head_dim, why):
+    layout = ops.compressed_layout(spec, head_dim)
+    with pytest.raises(K.UnsupportedLayout, match=why):
+        K._plan_v3(layout, torch.device("cpu"))
+    codes = torch.zeros(1, 1, 4, layout.n_code_bytes, dtype=torch.uint8)
+    scales = torch.zeros(1, 1, 4, layout.n_bands, dtype=torch.float16)
+    assert why in K._v3_reason(layout, codes, scales, 4)
+
+
+def test_v3_falls_back_off_the_gpu():
+    # CPU tensors (or the interpreter): v3 cannot run, the call takes v1 and says why
+    layout = ops.compressed_layout("default", 128)
+    codes = torch.zeros(1, 1, 4, layout.n_code_bytes, dtype=torch.uint8)
+    scales = torch.zeros(1, 1, 4, 2, dtype=torch.float16)
+    assert "CUDA only" in K._v3_reason(layout, codes, scales, 4)
+    config = K.LaunchConfig(kernel="v3", num_stages=1)
+    assert K.split_kernel_choice(config, layout, codes, scales, 4) == "v1"
+
+
+@pytest.mark.parametrize("bad", [dict(num_warps=2), dict(num_stages=5)])
+def test_v3_config_is_validated(bad):
+    with pytest.raises(ValueError, match="v3"):
+        K.LaunchConfig(kernel="v3", **bad)
