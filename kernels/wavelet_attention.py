@@ -12,7 +12,7 @@ Why attention can run on coefficients (W R orthonormal):
     sum_i p_i v_i  = (R^T W^T sum_i p_i c_v,i) * s_v + m_v  -> accumulate coefficients, inverse once
 (the key offset shifts every score of a query equally: softmax drops it; the weights sum to 1).
 
-The Triton path (``wavelet_attention_triton``) is three launches:
+The Triton path (``wavelet_attention_triton``) is three launches (four with v3, below):
   1. prologue: per (sequence, kv head, row block) and chunk of 32 kernel slots, transform the q
      rows of the GQA group (``q_w = M_h (q * s_k) * sm_scale * log2(e)`` with ``M_h = W_slots R_h``
      folded once per channel tensor and cached, see ``query_transform``), stored in fp16 in the
@@ -29,7 +29,7 @@ The Triton path (``wavelet_attention_triton``) is three launches:
      output in q's dtype (one program per query row for decode launches, whose few rows per
      program would leave most SMs idle; one per row block for long prefill chunks).
 
-Two split kernels decode the codes:
+Three split kernels decode the codes:
 
 v1 (``_split_kernel``, every layout): code bytes as MMA operands per bit plane; affine grids via the
 fp16 magic number (``0x6400 | field`` is ``1024 + field``; one PRMT + LOP3 per pair), value planes
@@ -51,6 +51,14 @@ latency with ~3 warps per scheduler, not by issue slots or L2 (profiles in
 benchmarks/RESULTS.md). The tuned tables keep the measured winners: v1 with one-warp 64-token steps
 for large launches, v1 with two-warp 128-token steps for one sequence (0.0285 ms at (1, 32768)
 against v2's 0.0296 and one-warp v2's 0.0308-0.0323).
+
+v3 (kernels/wavelet_attention_gluon.py, Gluon, one layout family: head_dim 128 with a 4-bit band
+of 64 coefficients then a 2-bit band of 64, affine grids): keys load from global memory straight
+into MMA A fragments, value tiles go through cp.async (8-byte copies through L1) and
+ldmatrix.trans, the 2-bit band fills each operand with two fields of its 8 int16 elements; exact
+tokens in a separate small kernel (``_exact_kernel``). The tuned table runs it on large decode
+launches: 0.303 ms at (8, 131072) against v1's 0.370 (benchmarks/RESULTS.md, fifth session).
+Where it cannot run (CPU, the interpreter, no Gluon, other layouts) the call runs v1.
 
 Kernel slot order: each kernel visits coefficients in the order its operands are built (fields of
 bytes or int16 elements); that permutation (and each field's power of two) is folded into the
