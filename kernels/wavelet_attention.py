@@ -70,8 +70,9 @@ Long prefill chunks appended to a compressed history use the same kernels with s
 
 from __future__ import annotations
 
+import warnings
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -964,6 +965,11 @@ def _v2_reason(layout: CompressedLayout, k_codes: torch.Tensor, k_scales: torch.
     return None
 
 
+# set when the v3 kernel failed to build or launch on this Triton (its Gluon API moves between
+# releases): every later call runs v1, and the first failure is reported once as a warning
+_V3_FAILURE = ""
+
+
 def _v3_reason(
     layout: CompressedLayout, k_codes: torch.Tensor, k_scales: torch.Tensor, block_m: int
 ) -> str | None:
@@ -971,6 +977,8 @@ def _v3_reason(
     reason = _layout_reason(layout, "v3", _v3_layout_check)
     if reason is not None:
         return reason
+    if _V3_FAILURE:
+        return _V3_FAILURE
     if _interpreting() or not k_codes.is_cuda:
         return "v3 is a Gluon kernel: CUDA only, no interpreter"
     if torch.cuda.get_device_capability(k_codes.device) < (8, 0):
@@ -2897,6 +2905,100 @@ if HAS_TRITON:
             tl.store(out_row + d, o.to(out_ptr.dtype.element_ty))
 
 
+def _launch_v3(
+    q: torch.Tensor,
+    common_exact: tuple,
+    k_codes: torch.Tensor,
+    k_scales: torch.Tensor,
+    v_codes: torch.Tensor,
+    v_scales: torch.Tensor,
+    seq_lens: torch.Tensor,
+    plan2: _PlanV2,
+    parts: tuple[torch.Tensor, ...],
+    dims: tuple,
+    layout: CompressedLayout,
+    config: LaunchConfig,
+    split_options: dict,
+) -> None:
+    """The exact-token kernel and the Gluon split kernel v3 (wavelet_attention_triton's v3 branch;
+    parts: its qw, qc and partial buffers; dims: its launch sizes, in the order unpacked below)."""
+    from .wavelet_attention_gluon import split_kernel_v3
+
+    qw, qc, m_part, l_part, acc_part = parts
+    hkv, group, tq, n_row_blocks, num_splits, n_qc, block_m, d, programs, qk_scale = dims
+    launch(
+        _exact_kernel,
+        (programs,),
+        q,
+        q.stride(0),
+        q.stride(1),
+        q.stride(2),
+        *common_exact,
+        m_part,
+        l_part,
+        acc_part,
+        hkv,
+        group,
+        tq,
+        n_row_blocks,
+        num_splits,
+        qk_scale,
+        D=d,
+        BLOCK_M=block_m,
+        EXACT_BLOCK=config.exact_block,
+        SINKS=layout.sinks,
+        WINDOW=layout.window,
+        EXACT_SPLIT=common_exact[0].dtype in (torch.float16, torch.bfloat16),
+        num_warps=1,
+    )
+    launch(
+        split_kernel_v3,
+        (num_splits, programs),
+        qw,
+        qc,
+        k_codes,
+        k_codes.stride(0),
+        k_codes.stride(1),
+        k_scales,
+        k_scales.stride(0),
+        k_scales.stride(1),
+        v_codes,
+        v_codes.stride(0),
+        v_codes.stride(1),
+        v_scales,
+        v_scales.stride(0),
+        v_scales.stride(1),
+        seq_lens,
+        plan2.v_step,
+        plan2.v_shift,
+        plan2.slot_coef,
+        m_part,
+        l_part,
+        acc_part,
+        hkv,
+        group,
+        tq,
+        n_row_blocks,
+        num_splits,
+        CODE_ROW=k_codes.stride(2) // 2,
+        SCALE_ROW=k_scales.stride(2),
+        E4=layout.band_byte_offsets[0] // 2,
+        E2=layout.band_byte_offsets[1] // 2,
+        D=d,
+        BLOCK_M=block_m,
+        N_QC=n_qc,
+        BLOCK_N=config.block_n,
+        SINKS=layout.sinks,
+        WINDOW=layout.window,
+        STAGES=config.num_stages,
+        KEYS_VIA_SMEM=config.keys_via_smem,
+        CACHE_TILES=config.cache_tiles,
+        LAZY_RESCALE=config.lazy_rescale,
+        num_warps=1,
+        **split_options,
+    )
+
+
 def wavelet_attention_triton(
     q: torch.Tensor,
     k_codes: torch.Tensor,
@@ -3044,79 +3146,43 @@ def wavelet_attention_triton(
         seq_lens,
     )
     if use_v3:
-        from .wavelet_attention_gluon import split_kernel_v3
-
-        launch(
-            _exact_kernel,
-            (programs,),
-            q,
-            q.stride(0),
-            q.stride(1),
-            q.stride(2),
-            *common_exact,
-            m_part,
-            l_part,
-            acc_part,
-            hkv,
-            group,
-            tq,
-            n_row_blocks,
-            num_splits,
-            qk_scale,
-            D=d,
-            BLOCK_M=block_m,
-            EXACT_BLOCK=config.exact_block,
-            SINKS=layout.sinks,
-            WINDOW=layout.window,
-            EXACT_SPLIT=k_exact.dtype in (torch.float16, torch.bfloat16),
-            num_warps=1,
-        )
-        launch(
-            split_kernel_v3,
-            (num_splits, programs),
-            qw,
-            qc,
-            k_codes,
-            k_codes.stride(0),
-            k_codes.stride(1),
-            k_scales,
-            k_scales.stride(0),
-            k_scales.stride(1),
-            v_codes,
-            v_codes.stride(0),
-            v_codes.stride(1),
-            v_scales,
-            v_scales.stride(0),
-            v_scales.stride(1),
-            seq_lens,
-            plan2.v_step,
-            plan2.v_shift,
-            plan2.slot_coef,
-            m_part,
-            l_part,
-            acc_part,
-            hkv,
-            group,
-            tq,
-            n_row_blocks,
-            num_splits,
-            CODE_ROW=k_codes.stride(2) // 2,
-            SCALE_ROW=k_scales.stride(2),
-            E4=layout.band_byte_offsets[0] // 2,
-            E2=layout.band_byte_offsets[1] // 2,
-            D=d,
-            BLOCK_M=block_m,
-            N_QC=n_qc,
-            BLOCK_N=config.block_n,
-            SINKS=layout.sinks,
-            WINDOW=layout.window,
-            STAGES=config.num_stages,
-            KEYS_VIA_SMEM=config.keys_via_smem,
-            CACHE_TILES=config.cache_tiles,
-            LAZY_RESCALE=config.lazy_rescale,
-            num_warps=1,
-            **split_options,
-        )
+        try:
+            _launch_v3(
+                q,
+                common_exact,
+                k_codes,
+                k_scales,
+                v_codes,
+                v_scales,
+                seq_lens,
+                plan2,
+                (qw, qc, m_part, l_part, acc_part),
+                (hkv, group, tq, n_row_blocks, num_splits, n_qc, block_m, d, programs, qk_scale),
+                layout,
+                config,
+                split_options,
+            )
+        except Exception as exc:  # noqa: BLE001 - any build or launch failure: run v1 instead
+            global _V3_FAILURE
+            _V3_FAILURE = f"v3 failed on this Triton ({type(exc).__name__}: {str(exc)[:300]})"
+            warnings.warn(f"wavelet_attention: {_V3_FAILURE}; the v1 kernel runs instead", stacklevel=2)
+            return wavelet_attention_triton(
+                q,
+                k_codes,
+                k_scales,
+                v_codes,
+                v_scales,
+                k_exact,
+                v_exact,
+                seq_lens,
+                k_channel_scale,
+                v_channel_scale,
+                layout,
+                sm_scale,
+                replace(config, kernel="v1"),
+                num_splits,
+                validate=False,
+            )
     elif use_v2:
         launch(
             _split_kernel_v2,

@@ -35,6 +35,9 @@ try:  # Gluon ships with Triton >= 3.5; without it v3 is simply unavailable
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
+    # Triton 3.6 names the cp.async copy async_copy_global_to_shared; 3.9 renamed it async_load
+    # (the old name raises there)
+    _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
     HAS_GLUON = True
     GLUON_IMPORT_ERROR = ""
 except Exception as exc:  # noqa: BLE001 - any import failure means "no Gluon here"
@@ -97,6 +100,14 @@ if HAS_GLUON:
         return gl.where(upper, _field(raw, ASM_HI), _field(raw, ASM_LO))
 
     @gluon.jit
+    def _copy(smem, pointers, CACHE: gl.constexpr):
+        """cp.async of one tile; CACHE: through L1 (.ca; the default cache policy otherwise)."""
+        if CACHE:
+            _async_load(smem, pointers, cache_modifier=".ca")
+        else:
+            _async_load(smem, pointers)
+
+    @gluon.jit
     def _issue_tiles(
         k4,
         k2,
@@ -117,21 +128,17 @@ if HAS_GLUON:
         where the bands' copies of one 32-byte sector meet (48-byte rows straddle sectors, the
         2-bit band shares its sector with 4-bit codes), instead of each going to L2."""
         if CACHE:  # Triton issues 16-byte copies as cp.async.cg (L2 only): 8-byte ones take .ca
-            MODIFIER: gl.constexpr = ".ca"
             ve = gl.arange(0, 16, layout=gl.SliceLayout(0, _TOKEN_ROWS_8B))
             tok = gl.convert_layout(tok, gl.SliceLayout(1, _TOKEN_ROWS_8B))
         else:
-            MODIFIER: gl.constexpr = ""
             ve = gl.arange(0, 16, layout=gl.SliceLayout(0, _TOKEN_ROWS))
         if KEYS:
             k_rows = kcodes + tok[:, None] * ROW
-            async_copy.async_copy_global_to_shared(k4, k_rows + E4 + ve[None, :], cache_modifier=MODIFIER)
-            async_copy.async_copy_global_to_shared(
-                k2, k_rows + E2 + (ve % 8)[None, :], cache_modifier=MODIFIER
-            )
+            _copy(k4, k_rows + E4 + ve[None, :], CACHE)
+            _copy(k2, k_rows + E2 + (ve % 8)[None, :], CACHE)
         v_rows = vcodes + tok[:, None] * ROW
-        async_copy.async_copy_global_to_shared(v4, v_rows + E4 + ve[None, :], cache_modifier=MODIFIER)
-        async_copy.async_copy_global_to_shared(v2, v_rows + E2 + (ve % 8)[None, :], cache_modifier=MODIFIER)
+        _copy(v4, v_rows + E4 + ve[None, :], CACHE)
+        _copy(v2, v_rows + E2 + (ve % 8)[None, :], CACHE)
         async_copy.commit_group()
 
     @gluon.jit
