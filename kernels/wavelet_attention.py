@@ -1048,6 +1048,7 @@ class LaunchConfig:
     centre_in_mma: bool = False
     keys_via_smem: bool = False  # v3: key code tiles through the cp.async ring (else loaded per step)
     cache_tiles: bool = False  # v3: the ring's copies through L1 (cp.async.ca)
+    convert_p_once: bool = False  # v3: p to the value MMAs' layout once, scales applied after
 
     def __post_init__(self) -> None:
         for name in ("block_n", "reduce_split_chunk"):
@@ -2993,6 +2994,7 @@ def _launch_v3(
         STAGES=config.num_stages,
         KEYS_VIA_SMEM=config.keys_via_smem,
         CACHE_TILES=config.cache_tiles,
+        P_ONCE=config.convert_p_once,
         LAZY_RESCALE=config.lazy_rescale,
         num_warps=1,
         **split_options,

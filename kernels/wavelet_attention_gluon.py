@@ -100,6 +100,22 @@ if HAS_GLUON:
         return gl.where(upper, _field(raw, ASM_HI), _field(raw, ASM_LO))
 
     @gluon.jit
+    def _band_operands(raw4, raw2, upper):
+        """The 8 field operands of one step's codes (keys [tokens, 16] or values [16, tokens]): 4
+        of the 4-bit band (field f of every element), 4 of the 2-bit band (fields 2o, 2o + 1).
+        (A shared raw >> 8 for the upper-byte fields compiled to the same SASS: ptxas already
+        merges the shifts inside the field asm.)"""
+        o0 = _field(raw4, _F4_0)
+        o1 = _field(raw4, _F4_1)
+        o2 = _field(raw4, _F4_2)
+        o3 = _field(raw4, _F4_3)
+        o4 = _field_pair(raw2, upper, _F2_0, _F2_1)
+        o5 = _field_pair(raw2, upper, _F2_2, _F2_3)
+        o6 = _field_pair(raw2, upper, _F2_4, _F2_5)
+        o7 = _field_pair(raw2, upper, _F2_6, _F2_7)
+        return o0, o1, o2, o3, o4, o5, o6, o7
+
+    @gluon.jit
     def _copy(smem, pointers, CACHE: gl.constexpr):
         """cp.async of one tile; CACHE: through L1 (.ca; the default cache policy otherwise)."""
         if CACHE:
@@ -163,21 +179,38 @@ if HAS_GLUON:
         return gl.convert_layout(s0, gl.SliceLayout(1, _MMA)), gl.convert_layout(s1, gl.SliceLayout(1, _MMA))
 
     @gluon.jit
-    def _scores(raw4, raw2, k0, k1, q0, q1, q2, q3, q4, q5, q6, q7, qc0, qc1, BLOCK_N: gl.constexpr):
+    def _scores(
+        raw4,
+        raw2,
+        k0,
+        k1,
+        q0,
+        q1,
+        q2,
+        q3,
+        q4,
+        q5,
+        q6,
+        q7,
+        qc0,
+        qc1,
+        BLOCK_N: gl.constexpr,
+    ):
         """Scores^T [BLOCK_N tokens, 8 rows] (log2 domain): per band the field MMAs against the
         transformed query slices plus the band's score offset, times the band's scale. raw4/raw2:
         the step's key code words in A fragments."""
         kj = gl.arange(0, 16, layout=gl.SliceLayout(0, _A))
         upper = (kj >= 8)[None, :]
         zero = gl.zeros([BLOCK_N, 8], gl.float32, layout=_MMA)
-        sa = mma_v2(_field(raw4, _F4_0), q0, zero)
-        sa = mma_v2(_field(raw4, _F4_1), q1, sa)
-        sa = mma_v2(_field(raw4, _F4_2), q2, sa)
-        sa = mma_v2(_field(raw4, _F4_3), q3, sa)
-        sb = mma_v2(_field_pair(raw2, upper, _F2_0, _F2_1), q4, zero)
-        sb = mma_v2(_field_pair(raw2, upper, _F2_2, _F2_3), q5, sb)
-        sb = mma_v2(_field_pair(raw2, upper, _F2_4, _F2_5), q6, sb)
-        sb = mma_v2(_field_pair(raw2, upper, _F2_6, _F2_7), q7, sb)
+        o0, o1, o2, o3, o4, o5, o6, o7 = _band_operands(raw4, raw2, upper)
+        sa = mma_v2(o0, q0, zero)
+        sa = mma_v2(o1, q1, sa)
+        sa = mma_v2(o2, q2, sa)
+        sa = mma_v2(o3, q3, sa)
+        sb = mma_v2(o4, q4, zero)
+        sb = mma_v2(o5, q5, sb)
+        sb = mma_v2(o6, q6, sb)
+        sb = mma_v2(o7, q7, sb)
         return (sa + qc0[None, :]) * k0[:, None] + (sb + qc1[None, :]) * k1[:, None]
 
     @gluon.jit
@@ -206,6 +239,7 @@ if HAS_GLUON:
         tile2,
         ones,
         LAZY_RESCALE: gl.constexpr,
+        P_ONCE: gl.constexpr,
     ):
         """Online-softmax update of one step: rescale when a running max grows, p = exp2(s - m),
         then the value fields of both bands against p * scale, centred through the accumulator
@@ -226,9 +260,14 @@ if HAS_GLUON:
             wsb = wsb * alpha
             m_i = m_new
         p = gl.exp2(s - m_i[None, :])
-        pa = gl.convert_layout((p * w0[:, None]).to(gl.float16), _B)
-        pb = gl.convert_layout((p * w1[:, None]).to(gl.float16), _B)
-        p16 = gl.convert_layout(p.to(gl.float16), _B)
+        if P_ONCE:  # one layout conversion of p, the scales applied in fp16 in the B layout
+            p16 = gl.convert_layout(p.to(gl.float16), _B)
+            pa = p16 * gl.convert_layout(w0.to(gl.float16), gl.SliceLayout(1, _B))[:, None]
+            pb = p16 * gl.convert_layout(w1.to(gl.float16), gl.SliceLayout(1, _B))[:, None]
+        else:
+            pa = gl.convert_layout((p * w0[:, None]).to(gl.float16), _B)
+            pb = gl.convert_layout((p * w1[:, None]).to(gl.float16), _B)
+            p16 = gl.convert_layout(p.to(gl.float16), _B)
         zero = gl.zeros([16, 8], gl.float32, layout=_MMA)
         l_acc = mma_v2(ones, p16, l_acc)
         # this step's sums of p * scale, in every row of the accumulators' layout
@@ -241,14 +280,15 @@ if HAS_GLUON:
         upper_rows = (gl.arange(0, 16, layout=gl.SliceLayout(1, _MMA)) >= 8)[:, None]
         r4 = tile4.permute([1, 0]).load(_A)  # [16 elements, BLOCK_N tokens]
         r2 = tile2.permute([1, 0]).load(_A)
-        a0 = mma_v2(_field(r4, _F4_0), pa, a0 - _C4_0 * step_a)
-        a1 = mma_v2(_field(r4, _F4_1), pa, a1 - _C4_1 * step_a)
-        a2 = mma_v2(_field(r4, _F4_2), pa, a2 - _C4_2 * step_a)
-        a3 = mma_v2(_field(r4, _F4_3), pa, a3 - _C4_3 * step_a)
-        a4 = mma_v2(_field_pair(r2, upper, _F2_0, _F2_1), pb, a4 - _centre(upper_rows, _C2_0, _C2_1) * step_b)
-        a5 = mma_v2(_field_pair(r2, upper, _F2_2, _F2_3), pb, a5 - _centre(upper_rows, _C2_2, _C2_3) * step_b)
-        a6 = mma_v2(_field_pair(r2, upper, _F2_4, _F2_5), pb, a6 - _centre(upper_rows, _C2_4, _C2_5) * step_b)
-        a7 = mma_v2(_field_pair(r2, upper, _F2_6, _F2_7), pb, a7 - _centre(upper_rows, _C2_6, _C2_7) * step_b)
+        o0, o1, o2, o3, o4, o5, o6, o7 = _band_operands(r4, r2, upper)
+        a0 = mma_v2(o0, pa, a0 - _C4_0 * step_a)
+        a1 = mma_v2(o1, pa, a1 - _C4_1 * step_a)
+        a2 = mma_v2(o2, pa, a2 - _C4_2 * step_a)
+        a3 = mma_v2(o3, pa, a3 - _C4_3 * step_a)
+        a4 = mma_v2(o4, pb, a4 - _centre(upper_rows, _C2_0, _C2_1) * step_b)
+        a5 = mma_v2(o5, pb, a5 - _centre(upper_rows, _C2_2, _C2_3) * step_b)
+        a6 = mma_v2(o6, pb, a6 - _centre(upper_rows, _C2_4, _C2_5) * step_b)
+        a7 = mma_v2(o7, pb, a7 - _centre(upper_rows, _C2_6, _C2_7) * step_b)
         return m_i, a0, a1, a2, a3, a4, a5, a6, a7, l_acc, wsa, wsb
 
     @gluon.jit
@@ -314,6 +354,7 @@ if HAS_GLUON:
         STAGES: gl.constexpr,  # code-tile ring stages: the tiles of STAGES - 1 steps ahead in flight
         KEYS_VIA_SMEM: gl.constexpr,  # keys through the ring too (else loaded at their step, no smem)
         CACHE_TILES: gl.constexpr,  # the ring's copies through L1 (see _issue_tiles)
+        P_ONCE: gl.constexpr,  # one layout conversion of p (scales applied in fp16 after it)
         LAZY_RESCALE: gl.constexpr,
     ):
         """One (split, sequence, kv head, row block): online softmax over a range of compressed
@@ -466,6 +507,7 @@ if HAS_GLUON:
                     v2s.index(cur),
                     ones,
                     LAZY_RESCALE,
+                    P_ONCE,
                 )
             async_copy.wait_group(0)
         # ---- the rest: tokens clamped to the range (loads stay in bounds), scores masked per row
@@ -516,6 +558,7 @@ if HAS_GLUON:
                 v2s.index(0),
                 ones,
                 LAZY_RESCALE,
+                P_ONCE,
             )
         # ---- partials in the reduce's format
         part = pid * (num_splits + 1) + split

@@ -442,6 +442,7 @@ V3_GPU_CONFIGS = [
     K.LaunchConfig(kernel="v3", num_stages=2, maxnreg=168),
     K.LaunchConfig(kernel="v3", num_stages=3, lazy_rescale=False, keys_via_smem=True),
     K.LaunchConfig(kernel="v3", num_stages=2, keys_via_smem=True, cache_tiles=True),
+    K.LaunchConfig(kernel="v3", num_stages=1, cache_tiles=True, convert_p_once=True, maxnreg=168),
 ]
 
 
