@@ -1081,6 +1081,8 @@ class LaunchConfig:
 # 0.349 / 0.368 (ncu: L2 throughput 83% busy at 56% of DRAM bandwidth: the bands' separate
 # requests for shared 32-byte sectors); keys through the cp.async ring too: 0.49 (L2 90% busy);
 # two or three stages, 24/40/48 splits per SM, 32-token steps and a 160-register cap were slower.
+# 20:17 UTC, same grid: p converted to the value MMAs' layout once (convert_p_once) 0.3031 ->
+# 0.2924 ms at (8, 131072), 0.3246 -> 0.3155 at (32, 32768), 0.1049 -> 0.1034 at (8, 32768).
 # Where v3 cannot run (no Gluon, the interpreter) this entry runs v1 with these settings.
 TUNED_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
     (128, 4, "affine"): LaunchConfig(
@@ -1090,6 +1092,7 @@ TUNED_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
         min_split_tokens=512,
         kernel="v3",
         cache_tiles=True,
+        convert_p_once=True,
         maxnreg=168,
         row_reduce_max_programs=64.0,
         reduce_split_chunk=64,

@@ -1,0 +1,123 @@
+"""Compile the Gluon attention split kernel (v3) for sm_90 on any machine and count what one step
+costs: registers, spills, shared memory and the SASS instruction mix of the full-step loop.
+
+    python benchmarks/sass_attention_v3.py [--stages 1] [--block-n 64] [--maxnreg 168]
+        [--keys-via-smem] [--no-cache-tiles] [--no-convert-p-once] [--block-m 4] [--out build/sass_v3]
+
+No GPU needed (triton.compile builds for a named target, interpreter setting or not; the CUDA tools
+Triton ships disassemble). Why: the
+kernel's loop is bound by issue and memory latency, so instructions per 64-token step are the
+first thing to measure before a change goes to the device (the session log in
+benchmarks/RESULTS.md has the counts per variant). Triton 3.6 and 3.9 both compile it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import pathlib
+import re
+import subprocess
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon._runtime import GluonASTSource
+from wmoe_compile.kernels.wavelet_attention_gluon import split_kernel_v3
+
+
+def loop_mix(sass: str) -> collections.Counter:
+    """Instruction counts of the first backward-branch loop in nvdisasm output (v3: the full-step
+    loop, which precedes the masked tail loop)."""
+    lines = sass.splitlines()
+    labels = {m.group(1): i for i, line in enumerate(lines) if (m := re.match(r"^\.(L_x_\d+):", line))}
+    for i, line in enumerate(lines):
+        m = re.search(r"BRA\s+`\(\.(L_x_\d+)\)", line)
+        if m and m.group(1) in labels and labels[m.group(1)] < i:
+            mix = collections.Counter()
+            for body in lines[labels[m.group(1)] : i + 1]:
+                op = re.search(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+(?:\.[A-Z0-9_]+)*)", body)
+                if op:
+                    mix[op.group(1)] += 1
+            return mix
+    return collections.Counter()
+
+
+def compile_v3(args: argparse.Namespace) -> tuple[str, str, int]:
+    """(ptxas resource line, SASS, shared bytes) of the kernel for the codec default's layout
+    (48-byte code rows, two scales per row, 4 sinks + 128-token window)."""
+    fn = split_kernel_v3
+    constexprs = dict(
+        CODE_ROW=24,
+        SCALE_ROW=2,
+        E4=0,
+        E2=16,
+        D=128,
+        BLOCK_M=args.block_m,
+        N_QC=4,
+        BLOCK_N=args.block_n,
+        SINKS=4,
+        WINDOW=128,
+        STAGES=args.stages,
+        KEYS_VIA_SMEM=args.keys_via_smem,
+        CACHE_TILES=not args.no_cache_tiles,
+        P_ONCE=not args.no_convert_p_once,
+        LAZY_RESCALE=True,
+    )
+    pointer_types = dict(qw_ptr="*fp16", kc_ptr="*u8", vc_ptr="*u8", ks_ptr="*fp16", vs_ptr="*fp16")
+    pointer_types.update(seq_lens_ptr="*i32", slot_coef_ptr="*i32")
+    signature = {}
+    for name in fn.arg_names:
+        if name in constexprs:
+            signature[name] = "constexpr"
+        elif name.endswith("_ptr"):
+            signature[name] = pointer_types.get(name, "*fp32")
+        else:
+            signature[name] = "i32"
+    # what the JIT specialises for 16-byte aligned tensors and strides
+    aligned = {
+        (i,): [["tt.divisibility", 16]]
+        for i, name in enumerate(fn.arg_names)
+        if signature[name] != "constexpr" and (signature[name].startswith("*") or "stride" in name)
+    }
+    source = GluonASTSource(
+        fn=fn,
+        signature=signature,
+        constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()},
+        attrs=aligned,
+    )
+    options = dict(num_warps=1, **({"maxnreg": args.maxnreg} if args.maxnreg else {}))
+    kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "split_kernel_v3.cubin").write_bytes(kernel.asm["cubin"])
+    (out / "split_kernel_v3.ttgir").write_text(kernel.asm["ttgir"])
+    tools = pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    cubin = str(out / "split_kernel_v3.cubin")
+    run = dict(capture_output=True, text=True, check=True)
+    sass = subprocess.run([str(tools / "nvdisasm"), "-c", cubin], **run).stdout
+    (out / "split_kernel_v3.sass").write_text(sass)
+    usage = subprocess.run([str(tools / "cuobjdump"), "-res-usage", cubin], **run).stdout
+    return usage.strip().splitlines()[-1].strip(), sass, kernel.metadata.shared
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--stages", type=int, default=1)
+    p.add_argument("--block-n", type=int, default=64)
+    p.add_argument("--block-m", type=int, default=4)
+    p.add_argument("--maxnreg", type=int, default=168, help="0: no cap")
+    p.add_argument("--keys-via-smem", action="store_true")
+    p.add_argument("--no-cache-tiles", action="store_true")
+    p.add_argument("--no-convert-p-once", action="store_true")
+    p.add_argument("--out", default="build/sass_v3")
+    args = p.parse_args()
+    usage, sass, shared = compile_v3(args)
+    mix = loop_mix(sass)
+    print(f"triton {triton.__version__}, sm_90: {usage}; shared {shared} B per program")
+    print(f"full-step loop: {sum(mix.values())} instructions per {args.block_n}-token step")
+    for op, n in mix.most_common(16):
+        print(f"  {n:5d}  {op}")
+
+
+if __name__ == "__main__":
+    main()
