@@ -896,7 +896,9 @@ def _plan_v3(layout: CompressedLayout, device: torch.device) -> _PlanV2:
         for operand in range(4):
             fields = v3_operand_fields(band, operand)
             for j in range(16):
-                element, field_index = j % n_elems, fields[j // 8] if n_elems == 8 else fields[0]
+                # the 2-bit band's 8 elements appear twice per operand, the second time as field 2o + 1
+                element = j % n_elems
+                field_index = fields[j // n_elems] if n_elems == 8 else fields[0]
                 offset = field_index * bits
                 byte = 2 * element + offset // 8  # within the band (int16 elements are little-endian)
                 coef = start + byte * (8 // bits) + (offset % 8) // bits
@@ -1059,8 +1061,9 @@ class LaunchConfig:
             raise ValueError(f"LaunchConfig.kernel must be 'v1', 'v2' or 'v3', got {self.kernel!r}")
         if self.kernel == "v3" and (self.num_warps != 1 or self.num_stages not in (1, 2, 3, 4)):
             raise ValueError(
-                "LaunchConfig for v3 needs num_warps=1 and num_stages 1-4 (its cp.async ring of "
-                f"8 KB code tiles per stage), got num_warps={self.num_warps}, num_stages={self.num_stages}"
+                "LaunchConfig for v3 needs num_warps=1 and num_stages 1-4 (its cp.async ring: 4 KB of "
+                "value tiles per stage, 8 KB with keys_via_smem), "
+                f"got num_warps={self.num_warps}, num_stages={self.num_stages}"
             )
 
 

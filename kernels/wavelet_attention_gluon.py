@@ -9,7 +9,10 @@ explicit layouts so each operand is built where the tensor cores want it:
   straight into the fragment: one LOP3 per fp16 pair (mask the field, OR in the fp16 1024 exponent),
   no shared memory, shuffles or layout conversions;
 * values put slots on M and tokens on K, so a register must pair two tokens: the tiles go through
-  shared memory (cp.async, 16 bytes per copy) and come back transposed (ldmatrix.trans);
+  shared memory (cp.async) and come back transposed (ldmatrix.trans). The tuned launch copies 8
+  bytes at a time through L1 (cp.async.ca; Triton issues 16-byte copies as .cg, L2 only): the
+  bands' copies of one 32-byte sector then meet in L1 instead of each reaching L2, which was the
+  kernel's limiter (benchmarks/RESULTS.md);
 * the 2-bit band has 8 int16 elements per token, half an MMA's 16 rows: its tiles hold each element
   twice and rows 8-15 take the next bit field (rows g and g + 8 of a fragment sit in the same lane,
   so the per-row field choice folds away): two fields per operand, no padding;
@@ -20,10 +23,11 @@ explicit layouts so each operand is built where the tensor cores want it:
 
 It runs one layout family: head_dim 128 with a 4-bit band of 64 coefficients then a 2-bit band of 64
 (one code row = 16 + 8 int16 elements, one fp16 scale per band), affine grids: the codec's default.
-``_v3_reason`` in wavelet_attention.py says why another layout is not run (the call then runs v1). Gluon
-has no interpreter: this kernel runs on CUDA only and is checked on the GPU
-(tests/test_attention_gpu.py); the host plan that maps its slots to coefficients is checked on the
-CPU by an emulation (tests/test_attention_v3_plan.py).
+``_v3_reason`` in wavelet_attention.py says why another layout or call is not run (the call then
+runs v1). Gluon has no interpreter: the kernel runs on CUDA only and is checked on the GPU
+(tests/test_wavelet_attention.py, marked gpu); on the CPU, tests/test_attention_v3_plan.py checks
+the host plan that maps its slots to coefficients by emulating the operand construction, and
+compiles the kernel for sm_90 (so CI's Triton proves it still builds).
 """
 
 from __future__ import annotations
