@@ -775,6 +775,51 @@ class _PlanV2:
     transform: torch.Tensor  # [D, D] fp32 W (the reduce's inverse transform)
 
 
+@dataclass
+class _SlotTables:
+    """A slot plan's tables on the host (float64 while filled slot by slot; see _PlanV2)."""
+
+    rows: torch.Tensor  # [k_slots, D]: W's row of each key slot's coefficient
+    k_factor: torch.Tensor  # [k_slots]
+    k_shift: torch.Tensor  # [k_slots]
+    slot_chunk: torch.Tensor  # [k_slots] int32
+    v_step: torch.Tensor  # [v_slots]
+    v_shift: torch.Tensor  # [v_slots]
+    slot_coef: torch.Tensor  # [v_slots] int32, -1 for padding
+
+    @classmethod
+    def zeros(cls, k_slots: int, v_slots: int, d: int) -> _SlotTables:
+        f64 = dict(dtype=torch.float64)
+        return cls(
+            rows=torch.zeros(k_slots, d, **f64),
+            k_factor=torch.zeros(k_slots, **f64),
+            k_shift=torch.zeros(k_slots, **f64),
+            slot_chunk=torch.zeros(k_slots, dtype=torch.int32),
+            v_step=torch.zeros(v_slots, **f64),
+            v_shift=torch.zeros(v_slots, **f64),
+            slot_coef=torch.full((v_slots,), -1, dtype=torch.int32),
+        )
+
+    def plan(
+        self, layout: CompressedLayout, device: torch.device, chunks: list, chunk_constexpr: tuple
+    ) -> _PlanV2:
+        """The device plan: fp32 tables (int32 maps) on `device`."""
+        return _PlanV2(
+            chunks=chunks,
+            chunk_constexpr=chunk_constexpr,
+            k_slots=self.rows.shape[0],
+            v_slots=self.v_step.shape[0],
+            transform_slots=self.rows.float().contiguous().to(device),
+            k_factor=self.k_factor.float().to(device),
+            k_shift=self.k_shift.float().to(device),
+            slot_chunk=self.slot_chunk.to(device),
+            v_step=self.v_step.float().to(device),
+            v_shift=self.v_shift.float().to(device),
+            slot_coef=self.slot_coef.to(device),
+            transform=layout.transform.to(torch.float32).contiguous().to(device),
+        )
+
+
 _PLANS_V2: dict[tuple, _PlanV2] = {}
 
 
@@ -786,62 +831,43 @@ def _plan_v2(layout: CompressedLayout, device: torch.device, subnormal: bool) ->
     chunks = _field_chunks(layout)
     k_slots = sum(c.k_fields * c.k_padded for c in chunks)
     v_slots = sum(c.v_fields * c.v_padded for c in chunks)
-    d = layout.head_dim
     transform = layout.transform.to(torch.float64)
-    rows = torch.zeros(k_slots, d, dtype=torch.float64)
-    k_factor = torch.zeros(k_slots, dtype=torch.float64)
-    k_shift = torch.zeros(k_slots, dtype=torch.float64)
-    slot_chunk = torch.zeros(k_slots, dtype=torch.int32)
-    v_step = torch.zeros(v_slots, dtype=torch.float64)
-    v_shift = torch.zeros(v_slots, dtype=torch.float64)
-    slot_coef = torch.full((v_slots,), -1, dtype=torch.int32)
+    t = _SlotTables.zeros(k_slots, v_slots, layout.head_dim)
     # the MMA sees unit * code * 2**pos (subnormal), or 1024 + code * 2**pos (keys) and
     # code * 2**pos - mid (values) in magic mode; coefficient = scale * (offset + step * code)
     unit = SUBNORMAL_UNIT if subnormal else 1.0
     for ci, c in enumerate(chunks):
-        slot_chunk[c.k_slot0 : c.k_slot0 + c.k_fields * c.k_padded] = ci
+        t.slot_chunk[c.k_slot0 : c.k_slot0 + c.k_fields * c.k_padded] = ci
         for slot, coef, pos in c.k_slots():
-            rows[slot] = transform[coef]
-            k_factor[slot] = c.grid_step / 2**pos
+            t.rows[slot] = transform[coef]
+            t.k_factor[slot] = c.grid_step / 2**pos
             if subnormal:  # score = scale / unit * (dot + sum_s q_s * k_shift_s)
-                k_shift[slot] = c.grid_offset * unit * 2**pos / c.grid_step
+                t.k_shift[slot] = c.grid_offset * unit * 2**pos / c.grid_step
             else:  # score = scale * (dot + sum_s q_s * k_shift_s)
-                k_shift[slot] = c.grid_offset * 2**pos / c.grid_step - MAGIC_OFFSET
+                t.k_shift[slot] = c.grid_offset * 2**pos / c.grid_step - MAGIC_OFFSET
         for slot, coef, pos in c.v_slots():
             per_value = c.grid_step / (2**pos * unit)
-            slot_coef[slot] = coef
-            v_step[slot] = per_value
+            t.slot_coef[slot] = coef
+            t.v_step[slot] = per_value
             if subnormal:
-                v_shift[slot] = c.grid_offset / per_value
+                t.v_shift[slot] = c.grid_offset / per_value
             else:
-                v_shift[slot] = 2 ** (pos + c.bits - 1) + c.grid_offset / per_value
-    plan = _PlanV2(
-        chunks=chunks,
-        chunk_constexpr=tuple(
-            (
-                c.elem_offset,
-                c.n_elems,
-                c.bits,
-                c.scale_index,
-                c.k_slot0,
-                c.v_slot0,
-                c.v_padded,
-                int(c.k_bytes),
-                c.k_padded,
-            )
-            for c in chunks
-        ),
-        k_slots=k_slots,
-        v_slots=v_slots,
-        transform_slots=rows.float().contiguous().to(device),
-        k_factor=k_factor.float().to(device),
-        k_shift=k_shift.float().to(device),
-        slot_chunk=slot_chunk.to(device),
-        v_step=v_step.float().to(device),
-        v_shift=v_shift.float().to(device),
-        slot_coef=slot_coef.to(device),
-        transform=layout.transform.to(torch.float32).contiguous().to(device),
+                t.v_shift[slot] = 2 ** (pos + c.bits - 1) + c.grid_offset / per_value
+    chunk_constexpr = tuple(
+        (
+            c.elem_offset,
+            c.n_elems,
+            c.bits,
+            c.scale_index,
+            c.k_slot0,
+            c.v_slot0,
+            c.v_padded,
+            int(c.k_bytes),
+            c.k_padded,
+        )
+        for c in chunks
     )
+    plan = t.plan(layout, device, chunks, chunk_constexpr)
     _PLANS_V2[cache_key] = plan
     return plan
 
@@ -883,13 +909,7 @@ def _plan_v3(layout: CompressedLayout, device: torch.device) -> _PlanV2:
     _v3_layout_check(layout)
     d = layout.head_dim
     transform = layout.transform.to(torch.float64)
-    rows = torch.zeros(d, d, dtype=torch.float64)
-    k_factor = torch.zeros(d, dtype=torch.float64)
-    k_shift = torch.zeros(d, dtype=torch.float64)
-    slot_chunk = torch.zeros(d, dtype=torch.int32)
-    v_step = torch.zeros(d, dtype=torch.float64)
-    v_shift = torch.zeros(d, dtype=torch.float64)
-    slot_coef = torch.full((d,), -1, dtype=torch.int32)
+    t = _SlotTables.zeros(d, d, d)
     for band, (start, size, bits) in enumerate(layout.bands):
         _, step, grid_offset = _is_affine(layout.grids[band])
         n_elems = size * bits // 16
@@ -905,30 +925,17 @@ def _plan_v3(layout: CompressedLayout, device: torch.device) -> _PlanV2:
                 _, pos = field_layout(bits, field_index)
                 per_value = step / 2**pos
                 slot = 16 * (4 * band + operand) + j
-                rows[slot] = transform[coef]
+                t.rows[slot] = transform[coef]
                 # keys: the MMA sees 1024 + code * 2**pos; values: code * 2**pos - mid once centred
-                k_factor[slot] = per_value
-                k_shift[slot] = grid_offset / per_value - MAGIC_OFFSET
-                slot_chunk[slot] = band
-                v_step[slot] = per_value
-                v_shift[slot] = 2 ** (pos + bits - 1) + grid_offset / per_value
-                slot_coef[slot] = coef
-    if sorted(slot_coef.tolist()) != list(range(d)):
+                t.k_factor[slot] = per_value
+                t.k_shift[slot] = grid_offset / per_value - MAGIC_OFFSET
+                t.slot_chunk[slot] = band
+                t.v_step[slot] = per_value
+                t.v_shift[slot] = 2 ** (pos + bits - 1) + grid_offset / per_value
+                t.slot_coef[slot] = coef
+    if sorted(t.slot_coef.tolist()) != list(range(d)):
         raise AssertionError("v3 slots must hold every coefficient once")  # a bug in this plan
-    plan = _PlanV2(
-        chunks=[],
-        chunk_constexpr=(),
-        k_slots=d,
-        v_slots=d,
-        transform_slots=rows.float().contiguous().to(device),
-        k_factor=k_factor.float().to(device),
-        k_shift=k_shift.float().to(device),
-        slot_chunk=slot_chunk.to(device),
-        v_step=v_step.float().to(device),
-        v_shift=v_shift.float().to(device),
-        slot_coef=slot_coef.to(device),
-        transform=layout.transform.to(torch.float32).contiguous().to(device),
-    )
+    plan = t.plan(layout, device, [], ())
     _PLANS_V2[cache_key] = plan
     return plan
 

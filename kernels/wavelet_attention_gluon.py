@@ -162,6 +162,38 @@ if HAS_GLUON:
         async_copy.commit_group()
 
     @gluon.jit
+    def _issue_stage(
+        ring,
+        stage,
+        kcodes,
+        vcodes,
+        tok,
+        ROW: gl.constexpr,
+        E4: gl.constexpr,
+        E2: gl.constexpr,
+        KEYS: gl.constexpr,
+        CACHE: gl.constexpr,
+    ):
+        """_issue_tiles into stage `stage` of the ring (k4s, k2s, v4s, v2s); the key buffers have
+        one placeholder stage unless KEYS."""
+        k4s, k2s, v4s, v2s = ring
+        key_stage = stage if KEYS else 0
+        _issue_tiles(
+            k4s.index(key_stage),
+            k2s.index(key_stage),
+            v4s.index(stage),
+            v2s.index(stage),
+            kcodes,
+            vcodes,
+            tok,
+            ROW,
+            E4,
+            E2,
+            KEYS,
+            CACHE,
+        )
+
+    @gluon.jit
     def _load_keys(codes, tok, ROW: gl.constexpr, E4: gl.constexpr, E2: gl.constexpr):
         """Key code words of BLOCK_N tokens straight from global memory into A fragments (lane
         (g, t) reads words of its own tokens): [tokens, 16] int16 per band, the 2-bit band's 8
@@ -224,30 +256,13 @@ if HAS_GLUON:
 
     @gluon.jit
     def _accumulate_values(
-        s,
-        m_i,
-        a0,
-        a1,
-        a2,
-        a3,
-        a4,
-        a5,
-        a6,
-        a7,
-        l_acc,
-        wsa,
-        wsb,
-        w0,
-        w1,
-        tile4,
-        tile2,
-        ones,
-        LAZY_RESCALE: gl.constexpr,
-        P_ONCE: gl.constexpr,
+        s, state, w0, w1, tile4, tile2, ones, LAZY_RESCALE: gl.constexpr, P_ONCE: gl.constexpr
     ):
         """Online-softmax update of one step: rescale when a running max grows, p = exp2(s - m),
         then the value fields of both bands against p * scale, centred through the accumulator
-        input. tile4/tile2: this step's value tiles (their cp.async already waited for)."""
+        input. state: (running max, the 8 field accumulators, the token sums of p, p * scale of
+        each band); tile4/tile2: this step's value tiles (their cp.async already waited for)."""
+        m_i, a0, a1, a2, a3, a4, a5, a6, a7, l_acc, wsa, wsb = state
         m_new = gl.maximum(m_i, gl.max(s, axis=0))
         if (not LAZY_RESCALE) or gl.max(m_new - m_i, axis=0) > 0:
             alpha = gl.exp2(m_i - m_new)[None, :]
@@ -293,7 +308,7 @@ if HAS_GLUON:
         a5 = mma_v2(o5, pb, a5 - _centre(upper_rows, _C2_2, _C2_3) * step_b)
         a6 = mma_v2(o6, pb, a6 - _centre(upper_rows, _C2_4, _C2_5) * step_b)
         a7 = mma_v2(o7, pb, a7 - _centre(upper_rows, _C2_6, _C2_7) * step_b)
-        return m_i, a0, a1, a2, a3, a4, a5, a6, a7, l_acc, wsa, wsb
+        return (m_i, a0, a1, a2, a3, a4, a5, a6, a7, l_acc, wsa, wsb)
 
     @gluon.jit
     def _store_operand(
@@ -423,38 +438,18 @@ if HAS_GLUON:
         k2s = gl.allocate_shared_memory(gl.int16, [KEY_STAGES, BLOCK_N, 16], _TILE)
         v4s = gl.allocate_shared_memory(gl.int16, [STAGES, BLOCK_N, 16], _TILE)
         v2s = gl.allocate_shared_memory(gl.int16, [STAGES, BLOCK_N, 16], _TILE)
-        # ---- state
-        a0 = gl.zeros([16, 8], gl.float32, layout=_MMA)
-        a1 = gl.zeros([16, 8], gl.float32, layout=_MMA)
-        a2 = gl.zeros([16, 8], gl.float32, layout=_MMA)
-        a3 = gl.zeros([16, 8], gl.float32, layout=_MMA)
-        a4 = gl.zeros([16, 8], gl.float32, layout=_MMA)
-        a5 = gl.zeros([16, 8], gl.float32, layout=_MMA)
-        a6 = gl.zeros([16, 8], gl.float32, layout=_MMA)
-        a7 = gl.zeros([16, 8], gl.float32, layout=_MMA)
-        l_acc = gl.zeros([16, 8], gl.float32, layout=_MMA)
-        wsa = gl.zeros([16, 8], gl.float32, layout=_MMA)
-        wsb = gl.zeros([16, 8], gl.float32, layout=_MMA)
-        m_i = gl.full([8], _NEG_BIG, gl.float32, layout=gl.SliceLayout(0, _MMA))
+        ring = (k4s, k2s, v4s, v2s)
+        # ---- state: running max, 8 field accumulators, token sums of p and of p * scale per band
+        acc0 = gl.zeros([16, 8], gl.float32, layout=_MMA)
+        state = (gl.full([8], _NEG_BIG, gl.float32, layout=gl.SliceLayout(0, _MMA)),) + (acc0,) * 11
         # ---- full steps: every token below every row's limit, no masks or clamps. The tiles of
         # step i + STAGES - 1 are in flight while step i computes; scales one step ahead.
         if full_hi > lo:
             last_full = full_hi - BLOCK_N
             for i in gl.static_range(STAGES - 1):
                 ahead = gl.minimum(lo + i * BLOCK_N, last_full)  # past the end: a harmless repeat
-                _issue_tiles(
-                    k4s.index(i % KEY_STAGES),
-                    k2s.index(i % KEY_STAGES),
-                    v4s.index(i),
-                    v2s.index(i),
-                    kcodes,
-                    vcodes,
-                    ahead + vt,
-                    CODE_ROW,
-                    E4,
-                    E2,
-                    KEYS_VIA_SMEM,
-                    CACHE_TILES,
+                _issue_stage(
+                    ring, i, kcodes, vcodes, ahead + vt, CODE_ROW, E4, E2, KEYS_VIA_SMEM, CACHE_TILES
                 )
             k_pair = _load_scale_pairs(kscales, lo + st, SCALE_ROW)
             v_pair = _load_scale_pairs(vscales, lo + st, SCALE_ROW)
@@ -462,19 +457,8 @@ if HAS_GLUON:
                 step = (start - lo) // BLOCK_N
                 ahead = gl.minimum(start + (STAGES - 1) * BLOCK_N, last_full)
                 slot = (step + STAGES - 1) % STAGES  # the stage the previous step read
-                _issue_tiles(
-                    k4s.index(slot % KEY_STAGES),
-                    k2s.index(slot % KEY_STAGES),
-                    v4s.index(slot),
-                    v2s.index(slot),
-                    kcodes,
-                    vcodes,
-                    ahead + vt,
-                    CODE_ROW,
-                    E4,
-                    E2,
-                    KEYS_VIA_SMEM,
-                    CACHE_TILES,
+                _issue_stage(
+                    ring, slot, kcodes, vcodes, ahead + vt, CODE_ROW, E4, E2, KEYS_VIA_SMEM, CACHE_TILES
                 )
                 k0, k1 = _split_scales(k_pair)
                 w0, w1 = _split_scales(v_pair)
@@ -491,46 +475,15 @@ if HAS_GLUON:
                 s = _scores(raw4, raw2, k0, k1, q0, q1, q2, q3, q4, q5, q6, q7, qc0, qc1, BLOCK_N)
                 if not KEYS_VIA_SMEM:
                     async_copy.wait_group(STAGES - 1)
-                m_i, a0, a1, a2, a3, a4, a5, a6, a7, l_acc, wsa, wsb = _accumulate_values(
-                    s,
-                    m_i,
-                    a0,
-                    a1,
-                    a2,
-                    a3,
-                    a4,
-                    a5,
-                    a6,
-                    a7,
-                    l_acc,
-                    wsa,
-                    wsb,
-                    w0,
-                    w1,
-                    v4s.index(cur),
-                    v2s.index(cur),
-                    ones,
-                    LAZY_RESCALE,
-                    P_ONCE,
+                state = _accumulate_values(
+                    s, state, w0, w1, v4s.index(cur), v2s.index(cur), ones, LAZY_RESCALE, P_ONCE
                 )
             async_copy.wait_group(0)
         # ---- the rest: tokens clamped to the range (loads stay in bounds), scores masked per row
         last = hi - 1
         for start in range(full_hi, hi, BLOCK_N):
-            _issue_tiles(
-                k4s.index(0),
-                k2s.index(0),
-                v4s.index(0),
-                v2s.index(0),
-                kcodes,
-                vcodes,
-                gl.minimum(start + vt, last),
-                CODE_ROW,
-                E4,
-                E2,
-                KEYS_VIA_SMEM,
-                CACHE_TILES,
-            )
+            tok = gl.minimum(start + vt, last)
+            _issue_stage(ring, 0, kcodes, vcodes, tok, CODE_ROW, E4, E2, KEYS_VIA_SMEM, CACHE_TILES)
             k0, k1 = _split_scales(_load_scale_pairs(kscales, gl.minimum(start + st, last), SCALE_ROW))
             w0, w1 = _split_scales(_load_scale_pairs(vscales, gl.minimum(start + st, last), SCALE_ROW))
             if KEYS_VIA_SMEM:
@@ -542,29 +495,11 @@ if HAS_GLUON:
                 async_copy.wait_group(0)
             s = _scores(raw4, raw2, k0, k1, q0, q1, q2, q3, q4, q5, q6, q7, qc0, qc1, BLOCK_N)
             s = gl.where((start + mt)[:, None] < row_hi[None, :], s, float("-inf"))
-            m_i, a0, a1, a2, a3, a4, a5, a6, a7, l_acc, wsa, wsb = _accumulate_values(
-                s,
-                m_i,
-                a0,
-                a1,
-                a2,
-                a3,
-                a4,
-                a5,
-                a6,
-                a7,
-                l_acc,
-                wsa,
-                wsb,
-                w0,
-                w1,
-                v4s.index(0),
-                v2s.index(0),
-                ones,
-                LAZY_RESCALE,
-                P_ONCE,
+            state = _accumulate_values(
+                s, state, w0, w1, v4s.index(0), v2s.index(0), ones, LAZY_RESCALE, P_ONCE
             )
         # ---- partials in the reduce's format
+        m_i, a0, a1, a2, a3, a4, a5, a6, a7, l_acc, wsa, wsb = state
         part = pid * (num_splits + 1) + split
         gl.store(m_ptr + part * BLOCK_M + local, m_i, mask=row_ok)
         gl.store(l_ptr + part * BLOCK_M + local, gl.max(l_acc, axis=0), mask=row_ok)
