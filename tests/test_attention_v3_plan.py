@@ -173,3 +173,51 @@ def test_v3_compiles_for_sm90_on_this_triton(tmp_path):
     hmma = int(re.search(r"(\d+)\s+HMMA", run.stdout).group(1))
     assert hmma >= 64, run.stdout  # 32 key + 32 value field MMAs at least
     assert 600 < step < 1100, run.stdout
+
+
+@pytest.mark.parametrize("tq,group", [(1, 4), (2, 4)])
+def test_exact_kernel_writes_the_exact_tokens_partial(tq, group):
+    # v3's exact sink/window tokens run in their own Triton kernel (Gluon cannot call Triton
+    # functions): under the interpreter, its partial (running max in log2 units, denominator,
+    # p-weighted sum of the exact values) must match attention over exactly those positions,
+    # written at split index num_splits of each program's partials
+    from test_wavelet_attention import make_case
+
+    sinks, window, capacity = 2, 8, 40
+    seq_lens = [40, 13, tq]
+    codec, args = make_case(
+        f"default;window={window};sinks={sinks}", 3, 2, group, tq, 128, seq_lens, capacity, torch.float16
+    )
+    q, _, _, _, _, k_exact, v_exact, lens, _, _ = args
+    batch, hq, _, d = q.shape
+    hkv, rows = k_exact.shape[1], group * tq
+    block_m = K._block_m(rows)
+    programs, num_splits, qk_scale = batch * hkv, 3, 0.125 * K.LOG2E
+    m_part = torch.full((programs, num_splits + 1, block_m), float("nan"))
+    l_part = torch.full_like(m_part, float("nan"))
+    acc_part = torch.full((programs, num_splits + 1, block_m, d), float("nan"))
+    K._exact_kernel[(programs,)](
+        q, *q.stride()[:3], k_exact, *k_exact.stride()[:3], v_exact, *v_exact.stride()[:3], lens,
+        m_part, l_part, acc_part, hkv, group, tq, 1, num_splits, qk_scale,
+        D=d, BLOCK_M=block_m, EXACT_BLOCK=32, SINKS=sinks, WINDOW=window, EXACT_SPLIT=False,
+    )  # fmt: skip
+    for b, n in enumerate(seq_lens):
+        positions = [p for p in range(n) if p < sinks or p >= n - window]
+        slots = [p if p < sinks else sinks + p % window for p in positions]
+        for h in range(hkv):
+            k = k_exact[b, h, slots].double()
+            v = v_exact[b, h, slots].double()
+            pid = b * hkv + h
+            for r in range(rows):
+                head, t = h * group + r // tq, r % tq
+                visible = torch.tensor([p < n - tq + t + 1 for p in positions])
+                s = (k @ q[b, head, t].double()) * qk_scale
+                s = s.masked_fill(~visible, float("-inf"))
+                m = s.max()
+                p = torch.exp2(s - m)
+                got_m, got_l = m_part[pid, num_splits, r].item(), l_part[pid, num_splits, r].item()
+                assert got_m == pytest.approx(m.item(), rel=1e-4, abs=1e-4)
+                assert got_l == pytest.approx(p.sum().item(), rel=1e-4)
+                torch.testing.assert_close(acc_part[pid, num_splits, r].double(), p @ v, rtol=1e-3, atol=1e-3)
+    # only the exact partial is written: the compressed splits' slots keep their NaN fill
+    assert torch.isnan(m_part[:, :num_splits]).all()
