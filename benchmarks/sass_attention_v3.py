@@ -22,7 +22,7 @@ import subprocess
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
-from wmoe_compile.kernels.wavelet_attention_gluon import split_kernel_v3
+from wmoe_compile.kernels import wavelet_attention_gluon as gluon_kernels
 
 
 def loop_mix(sass: str) -> collections.Counter:
@@ -45,7 +45,7 @@ def loop_mix(sass: str) -> collections.Counter:
 def compile_v3(args: argparse.Namespace) -> tuple[str, str, int]:
     """(ptxas resource line, SASS, shared bytes) of the kernel for the codec default's layout
     (48-byte code rows, two scales per row, 4 sinks + 128-token window)."""
-    fn = split_kernel_v3
+    fn = gluon_kernels.split_kernel_v3
     constexprs = dict(
         CODE_ROW=24,
         SCALE_ROW=2,
@@ -111,6 +111,9 @@ def main() -> None:
     p.add_argument("--no-convert-p-once", action="store_true")
     p.add_argument("--out", default="build/sass_v3")
     args = p.parse_args()
+    reason = gluon_kernels.gluon_reason()
+    if reason is not None:  # e.g. Triton 3.5: its Gluon has no mma_v2
+        raise SystemExit(f"v3 cannot be built with triton {triton.__version__}: {reason}")
     usage, sass, shared = compile_v3(args)
     mix = loop_mix(sass)
     print(f"triton {triton.__version__}, sm_90: {usage}; shared {shared} B per program")
