@@ -128,40 +128,6 @@ if HAS_GLUON:
             _async_load(smem, pointers)
 
     @gluon.jit
-    def _issue_tiles(
-        k4,
-        k2,
-        v4,
-        v2,
-        kcodes,
-        vcodes,
-        tok,
-        ROW: gl.constexpr,
-        E4: gl.constexpr,
-        E2: gl.constexpr,
-        KEYS: gl.constexpr,
-        CACHE: gl.constexpr,
-    ):
-        """cp.async the code tiles of BLOCK_N tokens into one ring stage (one commit group): the
-        values' and (KEYS) the keys' [tokens, 16] int16 per band, the 2-bit band's 8 elements
-        twice. tok: token indices in SliceLayout(1, _TOKEN_ROWS). CACHE: through L1 (cp.async.ca),
-        where the bands' copies of one 32-byte sector meet (48-byte rows straddle sectors, the
-        2-bit band shares its sector with 4-bit codes), instead of each going to L2."""
-        if CACHE:  # Triton issues 16-byte copies as cp.async.cg (L2 only): 8-byte ones take .ca
-            ve = gl.arange(0, 16, layout=gl.SliceLayout(0, _TOKEN_ROWS_8B))
-            tok = gl.convert_layout(tok, gl.SliceLayout(1, _TOKEN_ROWS_8B))
-        else:
-            ve = gl.arange(0, 16, layout=gl.SliceLayout(0, _TOKEN_ROWS))
-        if KEYS:
-            k_rows = kcodes + tok[:, None] * ROW
-            _copy(k4, k_rows + E4 + ve[None, :], CACHE)
-            _copy(k2, k_rows + E2 + (ve % 8)[None, :], CACHE)
-        v_rows = vcodes + tok[:, None] * ROW
-        _copy(v4, v_rows + E4 + ve[None, :], CACHE)
-        _copy(v2, v_rows + E2 + (ve % 8)[None, :], CACHE)
-        async_copy.commit_group()
-
-    @gluon.jit
     def _issue_stage(
         ring,
         stage,
@@ -174,24 +140,26 @@ if HAS_GLUON:
         KEYS: gl.constexpr,
         CACHE: gl.constexpr,
     ):
-        """_issue_tiles into stage `stage` of the ring (k4s, k2s, v4s, v2s); the key buffers have
-        one placeholder stage unless KEYS."""
+        """cp.async the code tiles of BLOCK_N tokens into stage `stage` of the ring (k4s, k2s, v4s,
+        v2s), one commit group: the values' and (KEYS; else the key buffers are an unused
+        placeholder) the keys' [tokens, 16] int16 per band, the 2-bit band's 8 elements twice.
+        tok: token indices in SliceLayout(1, _TOKEN_ROWS). CACHE: through L1 (cp.async.ca), where
+        the bands' copies of one 32-byte sector meet (48-byte rows straddle sectors, the 2-bit
+        band shares its sector with 4-bit codes), instead of each going to L2."""
         k4s, k2s, v4s, v2s = ring
-        key_stage = stage if KEYS else 0
-        _issue_tiles(
-            k4s.index(key_stage),
-            k2s.index(key_stage),
-            v4s.index(stage),
-            v2s.index(stage),
-            kcodes,
-            vcodes,
-            tok,
-            ROW,
-            E4,
-            E2,
-            KEYS,
-            CACHE,
-        )
+        if CACHE:  # Triton issues 16-byte copies as cp.async.cg (L2 only): 8-byte ones take .ca
+            ve = gl.arange(0, 16, layout=gl.SliceLayout(0, _TOKEN_ROWS_8B))
+            tok = gl.convert_layout(tok, gl.SliceLayout(1, _TOKEN_ROWS_8B))
+        else:
+            ve = gl.arange(0, 16, layout=gl.SliceLayout(0, _TOKEN_ROWS))
+        if KEYS:
+            k_rows = kcodes + tok[:, None] * ROW
+            _copy(k4s.index(stage), k_rows + E4 + ve[None, :], CACHE)
+            _copy(k2s.index(stage), k_rows + E2 + (ve % 8)[None, :], CACHE)
+        v_rows = vcodes + tok[:, None] * ROW
+        _copy(v4s.index(stage), v_rows + E4 + ve[None, :], CACHE)
+        _copy(v2s.index(stage), v_rows + E2 + (ve % 8)[None, :], CACHE)
+        async_copy.commit_group()
 
     @gluon.jit
     def _load_keys(codes, tok, ROW: gl.constexpr, E4: gl.constexpr, E2: gl.constexpr):
@@ -372,7 +340,7 @@ if HAS_GLUON:
         WINDOW: gl.constexpr,
         STAGES: gl.constexpr,  # code-tile ring stages: the tiles of STAGES - 1 steps ahead in flight
         KEYS_VIA_SMEM: gl.constexpr,  # keys through the ring too (else loaded at their step, no smem)
-        CACHE_TILES: gl.constexpr,  # the ring's copies through L1 (see _issue_tiles)
+        CACHE_TILES: gl.constexpr,  # the ring's copies through L1 (see _issue_stage)
         P_ONCE: gl.constexpr,  # one layout conversion of p (scales applied in fp16 after it)
         LAZY_RESCALE: gl.constexpr,
     ):
