@@ -361,18 +361,24 @@ def _table(info: dict, codec: str, chosen: wa.LaunchConfig | str, results: list[
         f"{info['date']}, {info['gpu']}, torch {info['torch']}, triton {info['triton']}; codec `{codec}` "
         f"= `{CODECS[codec]}` ({info['bytes_per_vector']} B/vector); config {chosen}",
         "",
-        "| B | N | ms | bytes read | TB/s | x floor | SDPA bf16 ms | speedup | rel err |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| B | N | ms | bytes read | TB/s | x floor | read floor ms | x read floor | SDPA bf16 ms | speedup "
+        "| rel err |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
+        read = "-" if r["read_floor_ms"] is None else f"{r['read_floor_ms']:.4f}"
+        x_read = "-" if r["x_read_floor"] is None else f"{r['x_read_floor']:.2f}"
         lines.append(
             f"| {r['B']} | {r['N']} | {r['ms']:.4f} | {r['bytes'] / 1e6:.1f} MB | {r['TBps']:.2f} | "
-            f"{r['x_floor']:.2f} | {r['sdpa_ms']:.4f} | {r['speedup']:.2f}x | {r['rel_err']:.1e} |"
+            f"{r['x_floor']:.2f} | {read} | {x_read} | {r['sdpa_ms']:.4f} | {r['speedup']:.2f}x | "
+            f"{r['rel_err']:.1e} |"
         )
     return "\n".join(lines)
 
 
 def main() -> int:
+    import read_floor  # here: it imports this module by name (this one runs as __main__)
+
     args = ARGS
     smoke = args.smoke
     device = "cpu" if smoke else "cuda"
@@ -425,6 +431,8 @@ def main() -> int:
             err = rel_error(setup, config)
             ms = time_ours(setup, config, smoke)
             floor_ms = setup.bytes / (COPY_TBPS * 1e12) * 1e3
+            num_splits = wa.choose_num_splits(b * hkv, n, setup.layout, config, torch.device(device))
+            read_ms = None if smoke else time_calls(read_floor.read_calls(setup, num_splits, 1, 512), smoke)
             row = dict(
                 B=b,
                 N=n,
@@ -433,11 +441,13 @@ def main() -> int:
                 TBps=setup.bytes / (ms * 1e-3) / 1e12,
                 floor_ms=floor_ms,
                 x_floor=ms / floor_ms,
+                read_floor_ms=read_ms,  # the same bytes read alone on the same grid (read_floor.py)
+                x_read_floor=None if read_ms is None else ms / read_ms,
                 sdpa_ms=sdpa_ms,
                 sdpa_do_bench_ms=sdpa_plain,
                 speedup=sdpa_ms / ms,
                 rel_err=err,
-                num_splits=wa.choose_num_splits(b * hkv, n, setup.layout, config, torch.device(device)),
+                num_splits=num_splits,
                 kernel=config.kernel,
             )
             if not smoke and (b, n) in ((1, 32768), (8, 131072)):
