@@ -267,7 +267,11 @@ def run_shape(args, B: int, N: int, row: dict) -> None:
             compiled = torch.compile(
                 model,
                 backend="wmoe",
-                options={"codec": args.codec, "channel_params": random_channel_params(model, gen)},
+                options={
+                    "codec": args.codec,
+                    "channel_params": random_channel_params(model, gen),
+                    "fuse_linears": not args.no_fuse_linears,
+                },
             )
             t0 = time.perf_counter()
             compiled(tokens, positions)
@@ -368,6 +372,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--codec", default="default", help="codec spec or preset")
     parser.add_argument("--budget-gb", type=float, default=80.0, help="KV budget for the capacity line")
     parser.add_argument("--skip", default="", help="comma list of variants to skip: inductor, wmoe")
+    parser.add_argument(
+        "--no-fuse-linears", action="store_true", help="wmoe without fuse_sibling_linears (to time that pass)"
+    )
     parser.add_argument("--out", default=os.environ.get("OUT", "benchmarks/out"))
     args = parser.parse_args(argv)
     args.skip = set(filter(None, args.skip.split(",")))

@@ -146,7 +146,7 @@ def test_pt2_save_and_load_round_trip(tmp_path, default_export):
 def test_switches_skip_each_rewrite_with_the_reason():
     model = fresh_model(layers=1)
     args, _ = example_inputs_for(model, BATCH, PROMPT)
-    config = wc.CompileConfig(compress_kv=False, swap_attention=False, replace_moe=False)
+    config = wc.CompileConfig(compress_kv=False, swap_attention=False, replace_moe=False, fuse_linears=False)
     program = wc.export(model, args, config=config)
     reasons = {(s.kind, s.reason) for s in program.wmoe_report.sites}
     assert reasons == {

@@ -75,6 +75,8 @@ class CompileConfig:
     swap_attention   swap_wavelet_attention: attention -> wmoe::wavelet_attention on the
                      compressed cache (needs compress_kv)
     replace_moe      replace_moe_dispatch: expert dispatch -> wmoe::tiled_moe on packed weights
+    fuse_linears     fuse_sibling_linears: linears of one input (q/k/v projections) -> one linear
+                     over their stacked weights
     bypass_codec     make the codec an exact passthrough (see the module docstring)
     check_numerics   after every pass, run the graph on the sample inputs and compare with the
                      previous graph (needs sample inputs: export() has them)
@@ -96,6 +98,7 @@ class CompileConfig:
     compress_kv: bool = True
     swap_attention: bool = True
     replace_moe: bool = True
+    fuse_linears: bool = True
     bypass_codec: bool = False
     check_numerics: bool = False
     codec_error_gain: float = 2.0
@@ -117,7 +120,14 @@ class CompileConfig:
             raise TypeError(
                 f"moe must be a MoEOpConfig or a dict of its fields, got {type(self.moe).__name__}"
             )
-        for name in ("compress_kv", "swap_attention", "replace_moe", "bypass_codec", "check_numerics"):
+        for name in (
+            "compress_kv",
+            "swap_attention",
+            "replace_moe",
+            "fuse_linears",
+            "bypass_codec",
+            "check_numerics",
+        ):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if not self.codec_error_gain > 0:

@@ -6,7 +6,7 @@
     print(report)                             # every site: rewritten, or skipped with the reason
 
 Pipeline (ordered): find_sites (analysis) -> insert_dwt_quantize -> swap_wavelet_attention ->
-replace_moe_dispatch -> cleanup_graph. After every pass: graph lint, fake-tensor shape
+replace_moe_dispatch -> fuse_sibling_linears -> cleanup_graph. After every pass: graph lint, fake-tensor shape
 propagation (every input and module tensor converted into one FakeTensorMode, so nothing runs on
 real state), and (config.check_numerics) a numeric comparison with the previous graph on the
 sample inputs. A failure raises PassVerificationError naming the pass and the site.
@@ -36,6 +36,7 @@ from .config import CompileConfig
 from .passes import (
     cleanup_graph,
     find_sites,
+    fuse_sibling_linears,
     insert_dwt_quantize,
     replace_moe_dispatch,
     swap_wavelet_attention,
@@ -48,6 +49,7 @@ DEFAULT_PASSES: tuple[ModuleType, ...] = (
     insert_dwt_quantize,
     swap_wavelet_attention,
     replace_moe_dispatch,
+    fuse_sibling_linears,
     cleanup_graph,
 )
 
