@@ -8,11 +8,17 @@ same holds for a router and a shared expert's gate/up projections reading one in
 
 A group is fused when every member is a live `aten.linear` of the same input, its weight a 2-D
 module tensor (get_attr) of one dtype and device with the same input width, and either none or all
-of them have a module-tensor bias. The fused weight is a new buffer; the members' outputs become
-slices of the fused output (`split_with_sizes` on the last dimension); cleanup_graph then deletes
-the original weights once nothing reads them (in torch.compile the caller's module keeps its own
-copies; the fused buffer is one more copy of these weights). Dead linears (e.g. an expert region that
+of them have a module-tensor bias. The members' outputs become slices of the fused output
+(`split_with_sizes` on the last dimension). Dead linears (e.g. an expert region that
 replace_moe_dispatch has replaced) are never fused: they would keep their weights alive.
+
+Memory: the fused weight is one concatenated tensor, and each member's tensor (in torch.compile,
+the caller's own parameter) is re-pointed at its rows of it (`tensor.data = rows`), so the weights
+are held once, not twice (for Mixtral-8x7B's q/k/v that second copy would be 1.6 GB). A graph
+compiled later from the same module (prefill after decode) finds the rows already consecutive in
+one storage and uses them as they are. An in-place update of a member (`load_state_dict`, an
+optimizer step) therefore reaches the fused weight too. Where a tensor cannot be re-pointed (an
+inference-mode tensor, a tensor subclass), the fused weight stays a copy and the pass says so.
 """
 
 from __future__ import annotations
@@ -50,8 +56,9 @@ def run(ctx: PassContext) -> PassResult:
         if reason is not None:
             result.notes.append(f"left {names} (input {source.name}) unfused: {reason}")
             continue
-        _fuse(ctx.gm, members, fused)
-        result.notes.append(f"fused {names} (input {source.name}) into one linear")
+        shared = _fuse(ctx.gm, members, fused)
+        held = "weights held once" if shared else "weights copied: the originals could not be re-pointed"
+        result.notes.append(f"fused {names} (input {source.name}) into one linear ({held})")
         fused += 1
     if fused:
         ctx.gm.recompile()
@@ -106,14 +113,17 @@ def _reason_not_fused(gm: fx.GraphModule, members: list[fx.Node]) -> str | None:
     return None
 
 
-def _fuse(gm: fx.GraphModule, members: list[fx.Node], index: int) -> None:
+def _fuse(gm: fx.GraphModule, members: list[fx.Node], index: int) -> bool:
+    """Rewrite one group; True when the fused weight shares the members' storage."""
     graph = gm.graph
     parts = [_parts(gm, n) for n in members]
     sizes = [int(weight.shape[0]) for weight, _, _ in parts]
-    weight_name = register_buffer(gm, f"wmoe_fused_linear_{index}_weight", torch.cat([p[0] for p in parts]))
-    bias_name = None
+    weight, weight_shared = _stacked([p[0] for p in parts])
+    weight_name = register_buffer(gm, f"wmoe_fused_linear_{index}_weight", weight)
+    bias_name, bias_shared = None, True
     if parts[0][2]:
-        bias_name = register_buffer(gm, f"wmoe_fused_linear_{index}_bias", torch.cat([p[1] for p in parts]))
+        bias, bias_shared = _stacked([p[1] for p in parts])
+        bias_name = register_buffer(gm, f"wmoe_fused_linear_{index}_bias", bias)
     first = members[0]  # graph order: the input is defined before it, every user after it
     with graph.inserting_before(first):
         weight = graph.get_attr(weight_name)
@@ -129,3 +139,34 @@ def _fuse(gm: fx.GraphModule, members: list[fx.Node], index: int) -> None:
             node.replace_all_uses_with(piece)
     for node in members:
         graph.erase_node(node)
+    return weight_shared and bias_shared
+
+
+def _stacked(tensors: list[torch.Tensor]) -> tuple[torch.Tensor, bool]:
+    """The tensors concatenated along dim 0 and whether they now share its storage.
+
+    When they already are consecutive rows of one contiguous storage (an earlier graph of the same
+    module fused them), that storage is used as it is; otherwise the concatenation is a new tensor
+    and each input is re-pointed at its rows, so the memory is not held twice."""
+    first = tensors[0]
+    rows = sum(int(t.shape[0]) for t in tensors)
+    shape, stride = (rows, *first.shape[1:]), first.stride()
+    offset = first.storage_offset()
+    consecutive = True
+    for t in tensors:
+        same_storage = t.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
+        if not (t.is_contiguous() and same_storage and t.storage_offset() == offset):
+            consecutive = False
+            break
+        offset += t.numel()
+    if consecutive:
+        return first.detach().as_strided(shape, stride, first.storage_offset()), True
+    stacked = torch.cat([t.detach() for t in tensors])
+    start = 0
+    try:
+        for t in tensors:
+            t.data = stacked[start : start + t.shape[0]]
+            start += int(t.shape[0])
+    except RuntimeError:  # e.g. an inference-mode tensor: it keeps its own storage (values equal)
+        return stacked, False
+    return stacked, True

@@ -110,6 +110,11 @@ def test_reference_generate_bypass_identical_and_no_recompiles():
     written = prompt.shape[1] + new_tokens - 1
     assert state["exact"][:, :, :written].abs().sum() > 0
     assert dense_k.untyped_storage().nbytes() == 0
+    # q/k/v were fused in both graphs, and the model's own weights are the fused rows: held once
+    attn = model.layers[0].attn
+    qkv = (attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight)
+    storages = {w.untyped_storage().data_ptr() for w in qkv}
+    assert len(storages) == 1
     # A second generation with the same shapes reuses both graphs.
     again = model.generate(prompt, new_tokens, step_fn=lambda tokens, positions: compiled(tokens, positions))
     assert _graphs_compiled() - before == 2

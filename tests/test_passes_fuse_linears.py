@@ -63,6 +63,60 @@ def test_three_projections_of_one_input_become_one_linear_with_the_same_outputs(
     assert notes[0] == "1 group(s) of sibling linears fused", notes
 
 
+def _fused_weight(gm) -> torch.Tensor:
+    fused = next(n for n in _linears(gm) if n.args[1].target.startswith("wmoe_fused_linear"))
+    return getattr(gm, fused.args[1].target)
+
+
+def test_the_fused_weight_holds_the_members_rows_once_and_follows_their_updates():
+    torch.manual_seed(6)
+    module = Siblings()
+    gm, report, want, got = _run(module)
+    fused = _fused_weight(gm)
+    # the caller's parameters are now rows of the fused weight: one storage, not two copies
+    for start, linear in zip((0, 32, 40), (module.q, module.k, module.v), strict=True):
+        assert linear.weight.untyped_storage().data_ptr() == fused.untyped_storage().data_ptr()
+        assert linear.weight.data_ptr() == fused[start].data_ptr()
+    assert "weights held once" in report.passes[-1].notes[1]
+    # an in-place update of a member (load_state_dict, an optimizer step) reaches the fused graph
+    x, y = torch.randn(3, 5, 32), torch.randn(3, 5, 16)
+    with torch.no_grad():
+        module.k.weight.mul_(-2.0)
+    torch.testing.assert_close(gm(x, y), module(x, y), rtol=1e-5, atol=1e-5)
+
+
+def test_a_second_graph_of_the_same_module_reuses_the_stacked_rows():
+    # e.g. the prefill graph compiled after the decode graph: no second fused copy
+    torch.manual_seed(7)
+    module = Siblings()
+    first, _, _, _ = _run(module)
+    second, report, want, got = _run(module)
+    assert _fused_weight(second).data_ptr() == _fused_weight(first).data_ptr()
+    assert "weights held once" in report.passes[-1].notes[1]
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+class _PinnedParameter(nn.Parameter):
+    """A parameter whose storage cannot be re-pointed (as with some tensor subclasses)."""
+
+    @property
+    def data(self) -> torch.Tensor:
+        return super().data
+
+    @data.setter
+    def data(self, value: torch.Tensor) -> None:
+        raise RuntimeError("this parameter's storage cannot be replaced")
+
+
+def test_members_that_cannot_be_re_pointed_are_copied_and_the_pass_says_so():
+    torch.manual_seed(8)
+    module = Siblings()
+    module.k.weight = _PinnedParameter(module.k.weight.detach().clone())
+    gm, report, want, got = _run(module)
+    assert "weights copied" in report.passes[-1].notes[1], report.passes[-1].notes
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
 def test_biases_are_stacked_too():
     torch.manual_seed(1)
     gm, _, want, got = _run(Siblings(bias=True))
