@@ -377,7 +377,10 @@ def _table(info: dict, codec: str, chosen: wa.LaunchConfig | str, results: list[
 
 
 def main() -> int:
-    import read_floor  # here: it imports this module by name (this one runs as __main__)
+    # here: read_floor imports this module by name (this one runs as __main__); the scripts'
+    # folder is put on the path because `python -P` (how the device runs them) leaves it off
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+    import read_floor
 
     args = ARGS
     smoke = args.smoke

@@ -48,3 +48,23 @@ def test_read_kernel_reads_each_split_exactly():
             want ^= _xor(words[2][head, lo:hi]) ^ _xor(words[3][head, lo:hi])
             got = out[split * sequences * heads + head].item() & 0xFFFFFFFF
             assert got == want & 0xFFFFFFFF, (split, head)
+
+
+def test_bench_attention_runs_as_the_device_runs_it(tmp_path):
+    # `python -P` (the device's way) leaves the script's folder off sys.path; bench_attention
+    # imports read_floor from there. The smoke run (CPU, interpreter, tiny shapes) writes its table.
+    import os
+    import subprocess
+
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    run = subprocess.run(
+        [sys.executable, "-P", str(BENCH / "bench_attention.py"), "--smoke", "--codec", "default"]
+        + ["--out", str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    table = (tmp_path / "attention.md").read_text()
+    assert "| read floor ms | x read floor |" in table
