@@ -219,7 +219,7 @@ def run_shape(args, B: int, N: int, row: dict) -> None:
         return lambda: fn(tokens, positions)
 
     with torch.no_grad():
-        for dispatch in ("routed", "dense"):
+        for dispatch in ("routed", "dense") if "eager" not in args.skip else ():
             set_dispatch(model, dispatch)
             # eager is host-bound and its medians moved up to 2x between runs: the median of
             # EAGER_REPEATS medians, all kept in the JSON
@@ -230,10 +230,12 @@ def run_shape(args, B: int, N: int, row: dict) -> None:
             median = row[f"eager-{dispatch}_ms"]
             print(f"B={B} N={N} eager-{dispatch}: {median:.3f} ms ({listing})", flush=True)
         set_dispatch(model, "dense")
-        # the eager kernels' own GPU time (the dense loop has static shapes, so it can be captured):
-        # eager as users run it above is also host-bound, and its timing varied up to 2x between runs
-        row["eager-dense-graph_ms"] = graph_ms(step(model))
-        print(f"B={B} N={N} eager-dense in a CUDA graph: {row['eager-dense-graph_ms']} ms", flush=True)
+        if "eager" not in args.skip:
+            # the eager kernels' own GPU time (the dense loop has static shapes, so it can be
+            # captured): eager as users run it above is also host-bound, and its timing varied up
+            # to 2x between runs
+            row["eager-dense-graph_ms"] = graph_ms(step(model))
+            print(f"B={B} N={N} eager-dense in a CUDA graph: {row['eager-dense-graph_ms']} ms", flush=True)
         reference_logits = model(tokens, positions).float()
 
         if "inductor" not in args.skip:
@@ -271,6 +273,7 @@ def run_shape(args, B: int, N: int, row: dict) -> None:
                     "codec": args.codec,
                     "channel_params": random_channel_params(model, gen),
                     "fuse_linears": not args.no_fuse_linears,
+                    "inductor_config": args.wmoe_inductor_config,
                 },
             )
             t0 = time.perf_counter()
@@ -323,7 +326,10 @@ def render(env: dict, rows: list[dict], capacity: dict) -> str:
 
     lines = [
         f"Decode step, reference model with Mixtral-8x7B shapes, {env['layers']} layers, bf16, "
-        f"{env['gpu']}, torch {env['torch']}, triton {env['triton']}, {env['date']}; codec `{env['codec']}`.",
+        f"{env['gpu']}, torch {env['torch']}, triton {env['triton']}, {env['date']}; codec `{env['codec']}`"
+        + ("" if env.get("fuse_linears", True) else "; wmoe without fuse_sibling_linears")
+        + (f"; wmoe inductor_config {env['wmoe_inductor_config']}" if env.get("wmoe_inductor_config") else "")
+        + ".",
         "",
         "| B | N | eager routed ms | eager dense ms | eager dense graph ms | inductor ms | wmoe ms "
         "| wmoe call ms (no graph) | vs best eager | vs eager graph | vs inductor "
@@ -334,7 +340,8 @@ def render(env: dict, rows: list[dict], capacity: dict) -> str:
         if "error" in r:
             lines.append(f"| {r['B']} | {r['N']} | {r['error']} |")
             continue
-        eager = min(r["eager-routed_ms"], r["eager-dense_ms"])
+        eager_runs = [r[k] for k in ("eager-routed_ms", "eager-dense_ms") if k in r]
+        eager = min(eager_runs) if eager_runs else None
         w, ind = r.get("wmoe_ms"), r.get("inductor_ms")
         rest = None
         if w is not None and "wmoe_attention_ms" in r:
@@ -345,9 +352,10 @@ def render(env: dict, rows: list[dict], capacity: dict) -> str:
         eager_graph = r.get("eager-dense-graph_ms")
         call = r.get("wmoe", {}).get("call_ms")
         lines.append(
-            f"| {r['B']} | {r['N']} | {f(r['eager-routed_ms'])} | {f(r['eager-dense_ms'])} | "
+            f"| {r['B']} | {r['N']} | {f(r.get('eager-routed_ms'))} | {f(r.get('eager-dense_ms'))} | "
             f"{f(eager_graph)} | {f(ind)} | {f(w)} | {f(call)} | "
-            f"{f(eager / w if w else None, 2)}x | {f(eager_graph / w if w and eager_graph else None, 2)}x | "
+            f"{f(eager / w if w and eager else None, 2)}x | "
+            f"{f(eager_graph / w if w and eager_graph else None, 2)}x | "
             f"{f(ind / w if w and ind else None, 2)}x | "
             f"{f(r.get('wmoe_attention_ms'))} | {f(r.get('wmoe_moe_ms'))} | {f(rest)} | "
             f"{f(r.get('wmoe_logits_rel_err'), 4)} | {kv} |"
@@ -371,13 +379,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shapes", default=DEFAULT_SHAPES, help="comma list of BxN")
     parser.add_argument("--codec", default="default", help="codec spec or preset")
     parser.add_argument("--budget-gb", type=float, default=80.0, help="KV budget for the capacity line")
-    parser.add_argument("--skip", default="", help="comma list of variants to skip: inductor, wmoe")
+    parser.add_argument("--skip", default="", help="comma list of variants to skip: eager, inductor, wmoe")
+    parser.add_argument(
+        "--wmoe-inductor-config",
+        type=json.loads,
+        default={},
+        help='Inductor config patches (JSON) for the wmoe backend, e.g. {"max_autotune_gemm": true}',
+    )
     parser.add_argument(
         "--no-fuse-linears", action="store_true", help="wmoe without fuse_sibling_linears (to time that pass)"
     )
     parser.add_argument("--out", default=os.environ.get("OUT", "benchmarks/out"))
     args = parser.parse_args(argv)
     args.skip = set(filter(None, args.skip.split(",")))
+    if args.skip - {"eager", "inductor", "wmoe"}:
+        parser.error(f"--skip takes eager, inductor, wmoe; got {sorted(args.skip)}")
+    if not isinstance(args.wmoe_inductor_config, dict):
+        parser.error("--wmoe-inductor-config must be a JSON object")
     shapes = parse_shapes(args.shapes)
     capacity = kv_capacity(args.codec, args.budget_gb)
     if not torch.cuda.is_available():
@@ -399,6 +417,8 @@ def main(argv: list[str] | None = None) -> int:
         "triton": triton.__version__,
         "layers": args.layers,
         "codec": args.codec,
+        "fuse_linears": not args.no_fuse_linears,
+        "wmoe_inductor_config": args.wmoe_inductor_config,
     }
     print(json.dumps(env), flush=True)
     rows: list[dict] = []
