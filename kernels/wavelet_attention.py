@@ -70,6 +70,7 @@ Long prefill chunks appended to a compressed history use the same kernels with s
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 import weakref
 from dataclasses import dataclass, field, replace
@@ -1058,6 +1059,9 @@ class LaunchConfig:
     keys_via_smem: bool = False  # v3: key code tiles through the cp.async ring (else loaded per step)
     cache_tiles: bool = False  # v3: the ring's copies through L1 (cp.async.ca)
     convert_p_once: bool = False  # v3: p to the value MMAs' layout once, scales applied after
+    # v3: the exact-token kernel runs on a second stream, beside the prologue and the split kernel
+    # (it reads the raw query and writes its own partial slot; the reduce waits for both)
+    overlap_exact: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_n", "reduce_split_chunk"):
@@ -2919,27 +2923,32 @@ if HAS_TRITON:
             tl.store(out_row + d, o.to(out_ptr.dtype.element_ty))
 
 
-def _launch_v3(
+_SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
+
+
+def _side_stream(device: torch.device) -> torch.cuda.Stream | None:
+    """The device's second stream for work that overlaps the split kernel (made on first use), or
+    None while a CUDA graph is being captured and none exists yet (a stream cannot be created then;
+    the work then runs in order on the current stream)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    stream = _SIDE_STREAMS.get(index)
+    if stream is None and not torch.cuda.is_current_stream_capturing():
+        stream = _SIDE_STREAMS[index] = torch.cuda.Stream(device=index)
+    return stream
+
+
+def _launch_exact(
     q: torch.Tensor,
     common_exact: tuple,
-    k_codes: torch.Tensor,
-    k_scales: torch.Tensor,
-    v_codes: torch.Tensor,
-    v_scales: torch.Tensor,
-    seq_lens: torch.Tensor,
-    plan2: _PlanV2,
     parts: tuple[torch.Tensor, ...],
     dims: tuple,
     layout: CompressedLayout,
     config: LaunchConfig,
-    split_options: dict,
 ) -> None:
-    """The exact-token kernel and the Gluon split kernel v3 (wavelet_attention_triton's v3 branch;
-    parts: its qw, qc and partial buffers; dims: its launch sizes, in the order unpacked below)."""
-    from .wavelet_attention_gluon import split_kernel_v3
-
-    qw, qc, m_part, l_part, acc_part = parts
-    hkv, group, tq, n_row_blocks, num_splits, n_qc, block_m, d, programs, qk_scale = dims
+    """The exact sink/window tokens' partial (slot num_splits) for the v3 split kernel, on the
+    current stream (arguments as for _launch_v3)."""
+    _, _, m_part, l_part, acc_part = parts
+    hkv, group, tq, n_row_blocks, num_splits, _, block_m, d, programs, qk_scale = dims
     launch(
         _exact_kernel,
         (programs,),
@@ -2965,6 +2974,34 @@ def _launch_v3(
         EXACT_SPLIT=common_exact[0].dtype in (torch.float16, torch.bfloat16),
         num_warps=1,
     )
+
+
+def _launch_v3(
+    q: torch.Tensor,
+    common_exact: tuple,
+    k_codes: torch.Tensor,
+    k_scales: torch.Tensor,
+    v_codes: torch.Tensor,
+    v_scales: torch.Tensor,
+    seq_lens: torch.Tensor,
+    plan2: _PlanV2,
+    parts: tuple[torch.Tensor, ...],
+    dims: tuple,
+    layout: CompressedLayout,
+    config: LaunchConfig,
+    split_options: dict,
+    side: torch.cuda.Stream | None = None,
+) -> None:
+    """The exact-token kernel and the Gluon split kernel v3 (wavelet_attention_triton's v3 branch;
+    parts: its qw, qc and partial buffers; dims: its launch sizes, in the order unpacked below).
+    side: a stream already ordered after the inputs, to run the exact-token kernel on (the caller
+    joins it back before the reduce), else None."""
+    from .wavelet_attention_gluon import split_kernel_v3
+
+    qw, qc, m_part, l_part, acc_part = parts
+    hkv, group, tq, n_row_blocks, num_splits, n_qc, block_m, d, programs, qk_scale = dims
+    with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+        _launch_exact(q, common_exact, parts, dims, layout, config)
     launch(
         split_kernel_v3,
         (num_splits, programs),
@@ -3124,6 +3161,11 @@ def wavelet_attention_triton(
     v_rotation = None if v_params.rotation is None else _on(v_params.rotation, device)
     v_offset = None if v_params.offset is None else _on(v_params.offset, device)
     q_transform, q_transform_stride_h = query_transform(slot_rows, k_rotation, k_channel_scale)
+    # overlap_exact: the exact-token kernel's stream forks here, before the prologue (it reads the
+    # raw query only), and joins back before the reduce
+    side = _side_stream(device) if use_v3 and config.overlap_exact and q.is_cuda else None
+    if side is not None:
+        side.wait_stream(torch.cuda.current_stream(device))
     launch(
         _prologue_kernel,
         (programs, n_qc),
@@ -3162,21 +3204,26 @@ def wavelet_attention_triton(
     )
     if use_v3:
         try:
-            _launch_v3(
-                q,
-                common_exact,
-                k_codes,
-                k_scales,
-                v_codes,
-                v_scales,
-                seq_lens,
-                plan2,
-                (qw, qc, m_part, l_part, acc_part),
-                (hkv, group, tq, n_row_blocks, num_splits, n_qc, block_m, d, programs, qk_scale),
-                layout,
-                config,
-                split_options,
-            )
+            try:
+                _launch_v3(
+                    q,
+                    common_exact,
+                    k_codes,
+                    k_scales,
+                    v_codes,
+                    v_scales,
+                    seq_lens,
+                    plan2,
+                    (qw, qc, m_part, l_part, acc_part),
+                    (hkv, group, tq, n_row_blocks, num_splits, n_qc, block_m, d, programs, qk_scale),
+                    layout,
+                    config,
+                    split_options,
+                    side,
+                )
+            finally:  # the reduce (or the fallback below) runs after the exact tokens' partial
+                if side is not None:
+                    torch.cuda.current_stream(device).wait_stream(side)
         except Exception as exc:  # noqa: BLE001 - any build or launch failure: run v1 instead
             global _V3_FAILURE
             _V3_FAILURE = f"v3 failed on this Triton ({type(exc).__name__}: {str(exc)[:300]})"

@@ -451,6 +451,9 @@ V3_GPU_CONFIGS = [
     K.LaunchConfig(kernel="v3", num_stages=3, lazy_rescale=False, keys_via_smem=True),
     K.LaunchConfig(kernel="v3", num_stages=2, keys_via_smem=True, cache_tiles=True),
     K.LaunchConfig(kernel="v3", num_stages=1, cache_tiles=True, convert_p_once=True, maxnreg=168),
+    K.LaunchConfig(
+        kernel="v3", num_stages=1, cache_tiles=True, convert_p_once=True, maxnreg=168, overlap_exact=True
+    ),
 ]
 
 
@@ -481,6 +484,35 @@ def test_gpu_v3_matches_reference(spec, group, tq, channel, config):
         got = _run_triton(args, codec, 128**-0.5, config=config, num_splits=splits)
         assert rel_err(got, want) <= 1e-2, (config, splits)
     # v3 ran: a build or launch failure would have fallen back to v1 (correct, but not this test)
+    assert not K._V3_FAILURE, K._V3_FAILURE
+
+
+@pytest.mark.gpu
+def test_gpu_exact_tokens_on_a_side_stream_equal_the_in_order_launch_also_in_a_cuda_graph():
+    # overlap_exact forks the exact-token kernel onto a second stream and joins it before the
+    # reduce: the result must be bit-identical to the in-order launch, eagerly and replayed from a
+    # CUDA graph whose exact inputs changed after capture (a missing join would race the reduce)
+    codec, args = make_case(
+        UNIFORM_REAL, 5, 2, 4, 1, 128, [4096, 1, 1000, 2049, 133], 4096, torch.bfloat16, "cuda", "full"
+    )
+    in_order = K.LaunchConfig(kernel="v3", num_stages=1, cache_tiles=True, convert_p_once=True, maxnreg=168)
+    overlap = dataclasses.replace(in_order, overlap_exact=True)
+    K._SIDE_STREAMS.clear()
+    assert torch.equal(
+        _run_triton(args, codec, 128**-0.5, config=overlap),
+        _run_triton(args, codec, 128**-0.5, config=in_order),
+    )
+    assert K._SIDE_STREAMS, "overlap_exact made no side stream"
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = _run_triton(args, codec, 128**-0.5, config=overlap)
+    for exact in (args[5], args[6]):  # k_exact, v_exact: fresh values in the captured tensors
+        exact.copy_(torch.randn_like(exact))
+    graph.replay()
+    torch.cuda.synchronize()
+    want = _run_triton(args, codec, 128**-0.5, config=in_order)
+    assert torch.equal(captured, want)
+    assert rel_err(want, dense_reference(codec, args, 128**-0.5)) <= 1e-2
     assert not K._V3_FAILURE, K._V3_FAILURE
 
 
