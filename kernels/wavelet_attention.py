@@ -70,7 +70,6 @@ Long prefill chunks appended to a compressed history use the same kernels with s
 
 from __future__ import annotations
 
-import contextlib
 import warnings
 import weakref
 from dataclasses import dataclass, field, replace
@@ -1059,7 +1058,7 @@ class LaunchConfig:
     keys_via_smem: bool = False  # v3: key code tiles through the cp.async ring (else loaded per step)
     cache_tiles: bool = False  # v3: the ring's copies through L1 (cp.async.ca)
     convert_p_once: bool = False  # v3: p to the value MMAs' layout once, scales applied after
-    # v3: the exact-token kernel runs on a second stream, beside the prologue and the split kernel
+    # v3: the exact-token kernel runs on a second stream, beside the split kernel
     # (it reads the raw query and writes its own partial slot; the reduce waits for both)
     overlap_exact: bool = False
 
@@ -2994,13 +2993,13 @@ def _launch_v3(
 ) -> None:
     """The exact-token kernel and the Gluon split kernel v3 (wavelet_attention_triton's v3 branch;
     parts: its qw, qc and partial buffers; dims: its launch sizes, in the order unpacked below).
-    side: a stream already ordered after the inputs, to run the exact-token kernel on (the caller
-    joins it back before the reduce), else None."""
+    side: a stream ordered after the prologue, to run the exact-token kernel on once the split
+    kernel is enqueued (the caller joins it back before the reduce), else None."""
     from .wavelet_attention_gluon import split_kernel_v3
 
     qw, qc, m_part, l_part, acc_part = parts
     hkv, group, tq, n_row_blocks, num_splits, n_qc, block_m, d, programs, qk_scale = dims
-    with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+    if side is None:
         _launch_exact(q, common_exact, parts, dims, layout, config)
     launch(
         split_kernel_v3,
@@ -3049,6 +3048,9 @@ def _launch_v3(
         num_warps=1,
         **split_options,
     )
+    if side is not None:
+        with torch.cuda.stream(side):
+            _launch_exact(q, common_exact, parts, dims, layout, config)
 
 
 def wavelet_attention_triton(
@@ -3161,11 +3163,6 @@ def wavelet_attention_triton(
     v_rotation = None if v_params.rotation is None else _on(v_params.rotation, device)
     v_offset = None if v_params.offset is None else _on(v_params.offset, device)
     q_transform, q_transform_stride_h = query_transform(slot_rows, k_rotation, k_channel_scale)
-    # overlap_exact: the exact-token kernel's stream forks here, before the prologue (it reads the
-    # raw query only), and joins back before the reduce
-    side = _side_stream(device) if use_v3 and config.overlap_exact and q.is_cuda else None
-    if side is not None:
-        side.wait_stream(torch.cuda.current_stream(device))
     launch(
         _prologue_kernel,
         (programs, n_qc),
@@ -3193,6 +3190,12 @@ def wavelet_attention_triton(
         D_CHUNK=d_chunk,
         num_warps=4,
     )
+    # overlap_exact: the exact-token kernel's stream forks after the prologue and joins back
+    # before the reduce; the kernel is enqueued after the split kernel, so the split's programs
+    # take the SMs first and the exact ones fill the slots its last, partial wave leaves free
+    side = _side_stream(device) if use_v3 and config.overlap_exact and q.is_cuda else None
+    if side is not None:
+        side.wait_stream(torch.cuda.current_stream(device))
     # ptxas register cap for the split kernel (more resident programs per SM; GPU compile only)
     split_options = {} if config.maxnreg is None or interpreting else {"maxnreg": config.maxnreg}
     common_exact = (
