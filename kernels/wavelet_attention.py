@@ -1096,6 +1096,10 @@ class LaunchConfig:
 # two or three stages, 24/40/48 splits per SM, 32-token steps and a 160-register cap were slower.
 # 20:17 UTC, same grid: p converted to the value MMAs' layout once (convert_p_once) 0.3031 ->
 # 0.2924 ms at (8, 131072), 0.3246 -> 0.3155 at (32, 32768), 0.1049 -> 0.1034 at (8, 32768).
+# Seventh session (2026-12-01 00:13 UTC, same grid, tuned config twice each): the exact-token
+# kernel on a second stream, enqueued after the split kernel (overlap_exact) 0.2894-0.2942 ->
+# 0.2865-0.2872 ms at (8, 131072), 0.3120-0.3125 -> 0.3070-0.3081 at (32, 32768), 0.1020-0.1022 ->
+# 0.0951-0.0957 at (8, 32768); forked before the prologue instead it was 4% slower at the first two.
 # Where v3 cannot run (no Gluon, the interpreter) this entry runs v1 with these settings.
 TUNED_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
     (128, 4, "affine"): LaunchConfig(
@@ -1106,6 +1110,7 @@ TUNED_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
         kernel="v3",
         cache_tiles=True,
         convert_p_once=True,
+        overlap_exact=True,
         maxnreg=168,
         row_reduce_max_programs=64.0,
         reduce_split_chunk=64,
