@@ -12,13 +12,14 @@ of them have a module-tensor bias. The members' outputs become slices of the fus
 (`split_with_sizes` on the last dimension). Dead linears (e.g. an expert region that
 replace_moe_dispatch has replaced) are never fused: they would keep their weights alive.
 
-Memory: the fused weight is one concatenated tensor, and each member's tensor (in torch.compile,
-the caller's own parameter) is re-pointed at its rows of it (`tensor.data = rows`), so the weights
-are held once, not twice (for Mixtral-8x7B's q/k/v that second copy would be 1.6 GB). A graph
+Memory: the fused weight is one concatenated tensor, and each member's tensor (under torch.compile
+and export, the caller's own parameter) is re-pointed at its rows of it (`tensor.data = rows`;
+values unchanged, so the eager model still computes the same). The weights are then held once,
+not twice (for Mixtral-8x7B's q/k/v that second copy would be 1.6 GB). A graph
 compiled later from the same module (prefill after decode) finds the rows already consecutive in
 one storage and uses them as they are. An in-place update of a member (`load_state_dict`, an
-optimizer step) therefore reaches the fused weight too. Where a tensor cannot be re-pointed (an
-inference-mode tensor, a tensor subclass), the fused weight stays a copy and the pass says so.
+optimizer step) therefore reaches the fused weight too. Where a tensor refuses to be re-pointed
+(a tensor subclass may), the fused weight stays a copy and the pass says so.
 """
 
 from __future__ import annotations
@@ -167,6 +168,6 @@ def _stacked(tensors: list[torch.Tensor]) -> tuple[torch.Tensor, bool]:
         for t in tensors:
             t.data = stacked[start : start + t.shape[0]]
             start += int(t.shape[0])
-    except RuntimeError:  # e.g. an inference-mode tensor: it keeps its own storage (values equal)
+    except RuntimeError:  # a tensor that refuses: it keeps its own storage (values are equal)
         return stacked, False
     return stacked, True
