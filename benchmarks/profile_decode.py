@@ -2,6 +2,10 @@
 where the host time of an uncaptured call goes (self CPU time per op).
 
 python benchmarks/profile_decode.py [--batch 1] [--context 32768] [--layers 2] [--codec SPEC]
+
+First it prints the step's GPU time by part (attention, MoE, dense GEMMs, KV compress, router
+top-k, other), summed from the CUDA kernels by name (PARTS), with the largest kernels of "other"
+named so nothing hides there; then the profiler's own tables.
 """
 
 from __future__ import annotations
@@ -10,11 +14,85 @@ import argparse
 import pathlib
 import sys
 import time
+from collections.abc import Mapping
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 from wmoe_compile.models import build_model
+
+PROFILED_STEPS = 10
+
+# (part, lower-case substrings of CUDA kernel names); the first part with a match takes the kernel
+PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    (
+        "attention",
+        ("split_kernel", "_exact_kernel", "_prologue_kernel", "_reduce_kernel", "_reduce_rows_kernel"),
+    ),
+    (
+        "MoE",
+        ("_gate_up_kernel", "_gate_up_direct_kernel", "_down_kernel", "_down_direct_kernel", "_align_kernel")
+        + ("_block_histogram_kernel", "_block_scatter_kernel"),
+    ),
+    ("KV compress", ("_kv_compress_kernel",)),
+    ("dense GEMMs", ("gemm", "gemv", "splitkreduce", "cutlass", "xmma", "triton_tem")),
+    ("router top-k", ("topk", "bitonicsort", "radix", "kth")),
+)
+
+
+def kernel_times(averages, device_type=None) -> dict[str, tuple[float, int]]:
+    """{kernel name: (total us, calls)} of the profiler's averaged rows run on `device_type`
+    (default: CUDA, i.e. the kernels themselves, not the ops that launched them)."""
+    from torch.autograd import DeviceType
+
+    wanted = DeviceType.CUDA if device_type is None else device_type
+    return {
+        row.key: (
+            float(row.self_device_time_total if wanted != DeviceType.CPU else row.self_cpu_time_total),
+            row.count,
+        )
+        for row in averages
+        if row.device_type == wanted
+    }
+
+
+def part_of(kernel: str) -> str:
+    name = kernel.lower()
+    for part, patterns in PARTS:
+        if any(p in name for p in patterns):
+            return part
+    return "other"
+
+
+def breakdown(kernels: Mapping[str, tuple[float, int]], steps: int, top_other: int = 5) -> str:
+    """A table of the step's GPU time by part: ms and launches per step, share of the total; then
+    the largest kernels of "other"."""
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    parts = {part: [0.0, 0] for part, _ in PARTS} | {"other": [0.0, 0]}
+    for name, (us, calls) in kernels.items():
+        parts[part_of(name)][0] += us
+        parts[part_of(name)][1] += calls
+    total_us = sum(us for us, _ in parts.values())
+    if total_us <= 0:
+        raise ValueError("the profile holds no kernel time to break down (no CUDA kernel rows)")
+    lines = ["| part | ms per step | share | launches per step |", "|---|---|---|---|"]
+    for part, (us, calls) in parts.items():
+        share = us / total_us if total_us else 0.0
+        lines.append(f"| {part} | {us / steps / 1e3:.3f} | {share:.1%} | {calls / steps:g} |")
+    lines.append(
+        f"| total | {total_us / steps / 1e3:.3f} | 100.0% | {sum(c for _, c in parts.values()) / steps:g} |"
+    )
+    other = sorted(
+        ((us, name) for name, (us, _) in kernels.items() if part_of(name) == "other"), reverse=True
+    )
+    if other:
+        lines.append("")
+        lines.append(
+            "largest in other: "
+            + "; ".join(f"{name[:60]} {us / steps:.1f} us" for us, name in other[:top_other])
+        )
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -47,7 +125,7 @@ def main() -> None:
             compiled(tokens, positions)
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
-            for _ in range(10):
+            for _ in range(PROFILED_STEPS):
                 compiled(tokens, positions)
             torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -56,7 +134,12 @@ def main() -> None:
         host_ms = (time.perf_counter() - t0) / 20 * 1e3  # enqueue time per call (no sync inside)
         torch.cuda.synchronize()
     averages = prof.key_averages()
-    print(averages.table(sort_by="cuda_time_total", row_limit=args.rows, max_name_column_width=70))
+    try:
+        print(breakdown(kernel_times(averages), steps=PROFILED_STEPS))
+    except ValueError as exc:  # said, not a table of zeros
+        print(f"no breakdown: {exc}")
+    print()
+    print(averages.table(sort_by="device_time_total", row_limit=args.rows, max_name_column_width=70))
     print(f"host time to enqueue one uncaptured step: {host_ms:.3f} ms")
     print(averages.table(sort_by="self_cpu_time_total", row_limit=args.rows, max_name_column_width=70))
 
