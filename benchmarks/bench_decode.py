@@ -42,6 +42,9 @@ import triton.testing
 
 DEFAULT_SHAPES = "8x131072,32x32768,1x32768,8x32768"
 EAGER_REPEATS = 3
+# CompileConfig switches of passes that only change speed (the step computes the same function),
+# so a run with one off times that pass.
+PASS_SWITCHES = ("fuse_linears", "decompose_topk")
 
 
 def bench_ms(fn, rep_ms: int = 200) -> float:
@@ -272,8 +275,8 @@ def run_shape(args, B: int, N: int, row: dict) -> None:
                 options={
                     "codec": args.codec,
                     "channel_params": random_channel_params(model, gen),
-                    "fuse_linears": not args.no_fuse_linears,
                     "inductor_config": args.wmoe_inductor_config,
+                    **{switch: False for switch in args.wmoe_off},
                 },
             )
             t0 = time.perf_counter()
@@ -320,6 +323,13 @@ def run_shape(args, B: int, N: int, row: dict) -> None:
     torch.cuda.empty_cache()
 
 
+def _switches_off(env: dict) -> list[str]:
+    off = list(env.get("wmoe_off", []))
+    if env.get("fuse_linears") is False and "fuse_linears" not in off:  # JSON from before --wmoe-off
+        off.append("fuse_linears")
+    return off
+
+
 def render(env: dict, rows: list[dict], capacity: dict) -> str:
     def f(x, digits=3):
         return "-" if x is None else f"{x:.{digits}f}"
@@ -327,7 +337,7 @@ def render(env: dict, rows: list[dict], capacity: dict) -> str:
     lines = [
         f"Decode step, reference model with Mixtral-8x7B shapes, {env['layers']} layers, bf16, "
         f"{env['gpu']}, torch {env['torch']}, triton {env['triton']}, {env['date']}; codec `{env['codec']}`"
-        + ("" if env.get("fuse_linears", True) else "; wmoe without fuse_sibling_linears")
+        + (f"; wmoe with {', '.join(_switches_off(env))} off" if _switches_off(env) else "")
         + (f"; wmoe inductor_config {env['wmoe_inductor_config']}" if env.get("wmoe_inductor_config") else "")
         + ".",
         "",
@@ -387,13 +397,21 @@ def main(argv: list[str] | None = None) -> int:
         help='Inductor config patches (JSON) for the wmoe backend, e.g. {"max_autotune_gemm": true}',
     )
     parser.add_argument(
-        "--no-fuse-linears", action="store_true", help="wmoe without fuse_sibling_linears (to time that pass)"
+        "--wmoe-off",
+        default="",
+        help=f"comma list of wmoe pass switches to turn off (to time a pass): {', '.join(PASS_SWITCHES)}",
     )
+    parser.add_argument("--no-fuse-linears", action="store_true", help="same as --wmoe-off fuse_linears")
     parser.add_argument("--out", default=os.environ.get("OUT", "benchmarks/out"))
     args = parser.parse_args(argv)
     args.skip = set(filter(None, args.skip.split(",")))
     if args.skip - {"eager", "inductor", "wmoe"}:
         parser.error(f"--skip takes eager, inductor, wmoe; got {sorted(args.skip)}")
+    args.wmoe_off = set(filter(None, args.wmoe_off.split(","))) | (
+        {"fuse_linears"} if args.no_fuse_linears else set()
+    )
+    if args.wmoe_off - set(PASS_SWITCHES):
+        parser.error(f"--wmoe-off takes {', '.join(PASS_SWITCHES)}; got {sorted(args.wmoe_off)}")
     if not isinstance(args.wmoe_inductor_config, dict):
         parser.error("--wmoe-inductor-config must be a JSON object")
     shapes = parse_shapes(args.shapes)
@@ -417,7 +435,7 @@ def main(argv: list[str] | None = None) -> int:
         "triton": triton.__version__,
         "layers": args.layers,
         "codec": args.codec,
-        "fuse_linears": not args.no_fuse_linears,
+        "wmoe_off": sorted(args.wmoe_off),
         "wmoe_inductor_config": args.wmoe_inductor_config,
     }
     print(json.dumps(env), flush=True)

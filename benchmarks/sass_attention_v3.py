@@ -2,7 +2,7 @@
 costs: registers, spills, shared memory and the SASS instruction mix of the full-step loop.
 
     python benchmarks/sass_attention_v3.py [--stages 1] [--block-n 64] [--maxnreg 168]
-        [--keys-via-smem] [--no-cache-tiles] [--no-convert-p-once] [--block-m 4] [--out build/sass_v3]
+        [--keys-via-smem] [--keys-ahead] [--no-cache-tiles] [--no-convert-p-once] [--block-m 4] [--out build/sass_v3]
 
 No GPU needed (triton.compile builds for a named target, interpreter setting or not; the CUDA tools
 Triton ships disassemble). Why: the
@@ -59,6 +59,7 @@ def compile_v3(args: argparse.Namespace) -> tuple[str, str, int]:
         WINDOW=128,
         STAGES=args.stages,
         KEYS_VIA_SMEM=args.keys_via_smem,
+        KEYS_AHEAD=args.keys_ahead,
         CACHE_TILES=not args.no_cache_tiles,
         P_ONCE=not args.no_convert_p_once,
         LAZY_RESCALE=True,
@@ -107,6 +108,7 @@ def main() -> None:
     p.add_argument("--block-m", type=int, default=4)
     p.add_argument("--maxnreg", type=int, default=168, help="0: no cap")
     p.add_argument("--keys-via-smem", action="store_true")
+    p.add_argument("--keys-ahead", action="store_true")
     p.add_argument("--no-cache-tiles", action="store_true")
     p.add_argument("--no-convert-p-once", action="store_true")
     p.add_argument("--out", default="build/sass_v3")

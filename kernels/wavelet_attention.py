@@ -1056,6 +1056,9 @@ class LaunchConfig:
     # one packed subtract per operand pair
     centre_in_mma: bool = False
     keys_via_smem: bool = False  # v3: key code tiles through the cp.async ring (else loaded per step)
+    # v3: the next step's key words are loaded into registers as soon as this step's scores have
+    # used theirs, so their latency overlaps this step's value work (24 more live registers)
+    keys_ahead: bool = False
     cache_tiles: bool = False  # v3: the ring's copies through L1 (cp.async.ca)
     convert_p_once: bool = False  # v3: p to the value MMAs' layout once, scales applied after
     # v3: the exact-token kernel runs on a second stream, beside the split kernel
@@ -3047,6 +3050,7 @@ def _launch_v3(
         WINDOW=layout.window,
         STAGES=config.num_stages,
         KEYS_VIA_SMEM=config.keys_via_smem,
+        KEYS_AHEAD=config.keys_ahead,
         CACHE_TILES=config.cache_tiles,
         P_ONCE=config.convert_p_once,
         LAZY_RESCALE=config.lazy_rescale,

@@ -340,6 +340,7 @@ if HAS_GLUON:
         WINDOW: gl.constexpr,
         STAGES: gl.constexpr,  # code-tile ring stages: the tiles of STAGES - 1 steps ahead in flight
         KEYS_VIA_SMEM: gl.constexpr,  # keys through the ring too (else loaded at their step, no smem)
+        KEYS_AHEAD: gl.constexpr,  # the next step's key words loaded into registers before this step's values
         CACHE_TILES: gl.constexpr,  # the ring's copies through L1 (see _issue_stage)
         P_ONCE: gl.constexpr,  # one layout conversion of p (scales applied in fp16 after it)
         LAZY_RESCALE: gl.constexpr,
@@ -421,6 +422,8 @@ if HAS_GLUON:
                 )
             k_pair = _load_scale_pairs(kscales, lo + st, SCALE_ROW)
             v_pair = _load_scale_pairs(vscales, lo + st, SCALE_ROW)
+            if KEYS_AHEAD:
+                next4, next2 = _load_keys(kcodes, lo + kt, CODE_ROW, E4, E2)
             for start in range(lo, full_hi, BLOCK_N):
                 step = (start - lo) // BLOCK_N
                 ahead = gl.minimum(start + (STAGES - 1) * BLOCK_N, last_full)
@@ -438,9 +441,16 @@ if HAS_GLUON:
                     async_copy.wait_group(STAGES - 1)  # this step's group has landed
                     raw4 = k4s.index(cur).load(_A)
                     raw2 = k2s.index(cur).load(_A)
+                elif KEYS_AHEAD:
+                    raw4 = next4
+                    raw2 = next2
                 else:
                     raw4, raw2 = _load_keys(kcodes, start + kt, CODE_ROW, E4, E2)
                 s = _scores(raw4, raw2, k0, k1, q0, q1, q2, q3, q4, q5, q6, q7, qc0, qc1, BLOCK_N)
+                if KEYS_AHEAD and not KEYS_VIA_SMEM:
+                    # this step's key words are spent: their registers take the next step's, whose
+                    # global latency then hides behind this step's value work
+                    next4, next2 = _load_keys(kcodes, nxt + kt, CODE_ROW, E4, E2)
                 if not KEYS_VIA_SMEM:
                     async_copy.wait_group(STAGES - 1)
                 state = _accumulate_values(

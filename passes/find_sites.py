@@ -388,6 +388,14 @@ def _classify_kv(
         kv.cache_kind = "unsupported"
         report.detail = f"{role} cache written by {m.describe(write)}"
         kv.blocker = f"cache written with {m.describe(write)}; only index_copy_ along dim 2 is understood"
+    elif (cached := _cache_write_upstream(source)) is not None:
+        kv.cache_kind = "unsupported"
+        report.detail = f"{role} computed from a cache"
+        kv.blocker = (
+            f"attention's {role} is computed from cache {getattr(cached.args[0], 'target', cached.args[0])} "
+            "(e.g. multi-head latent attention, which caches a latent and expands it to K/V by a "
+            "projection every step); only a cache of the K/V the attention reads is compressed"
+        )
     else:
         report.detail = f"{role} without cache"
         kv.blocker = "no KV cache: attention reads K/V straight from the projection"
@@ -460,6 +468,20 @@ def _cache_readers(kv: KVWriteSite, operand: fx.Node, consumer: fx.Node) -> list
     return readers
 
 
+def _cache_write_upstream(node: fx.Node, limit: int = 64) -> fx.Node | None:
+    """A cache write (index_copy_) among the nearest `limit` ancestors of `node`, else None."""
+    seen, frontier = {node}, [node]
+    while frontier and len(seen) < limit:
+        current = frontier.pop(0)
+        if m.is_op(current, aten.index_copy_, aten.index_copy):
+            return current
+        for parent in current.all_input_nodes:
+            if parent not in seen:
+                seen.add(parent)
+                frontier.append(parent)
+    return None
+
+
 def _check_causal_mask(mask: fx.Node, k: KVWriteSite) -> str | None:
     """The mask must be `slot <= position` over the cache slots, with the positions the cache
     write uses (so seq_lens = last position + 1 describes it exactly)."""
@@ -491,37 +513,52 @@ def _check_causal_mask(mask: fx.Node, k: KVWriteSite) -> str | None:
 
 
 def _match_moe(gm: fx.GraphModule, topk: fx.Node) -> MoESite | None:
-    probs = topk.args[0]
-    while m.is_op(probs, *m.CAST_OPS):
-        probs = probs.args[0]
-    if not m.is_op(probs, aten.softmax, aten._softmax, aten.sigmoid):
+    """A router's top-k and the experts its ids and weights feed, or None when `topk` is no router.
+
+    Two scorings: softmax (Mixtral, Qwen: the weights are the top-k values, maybe renormalised)
+    and sigmoid (DeepSeek-V3 style: the experts are chosen on the scores plus a per-expert bias,
+    maybe only within the best expert groups, and the weights are the scores gathered at the
+    chosen ids, maybe renormalised and scaled). Either way the graph keeps computing the ids and
+    weights; only the experts they feed are replaced, so how the choice is made does not matter
+    as long as the ids and weights are found."""
+    getitems = {u.args[1]: u for u in topk.users if m.is_getitem(u)}
+    values, ids = getitems.get(0), getitems.get(1)
+    if ids is None:
         return None
-    logits = probs.args[0]
-    while m.is_op(logits, *m.CAST_OPS):
-        logits = logits.args[0]
+    scores = _router_scores(topk.args[0])
+    if scores is None:
+        return None
+    gathered = _gathered_at(scores, ids)
+    logits = _strip_casts(scores.args[0])
     router_weight = m.linear_weight(logits) if isinstance(logits, fx.Node) else None
     if router_weight is None or not m.is_param_like(router_weight):
         return None
-    getitems = {u.args[1]: u for u in topk.users if m.is_getitem(u)}
-    values, ids = getitems.get(0), getitems.get(1)
-    report = SiteReport(KIND_MOE, -1, m.module_path(topk), "top-k router", nodes={"router": logits.name})
+    scoring = "sigmoid" if m.is_op(scores, aten.sigmoid) else "softmax"
+    report = SiteReport(
+        KIND_MOE, -1, m.module_path(topk), f"top-k router ({scoring})", nodes={"router": logits.name}
+    )
     site = MoESite(report=report, top_k=m.int_scalar(topk.args[1]) or 0)
-    if values is None or ids is None:
-        return None
     site.topk_ids = ids
     weight_shape = m.shape(router_weight)
     site.num_experts = weight_shape[0] if weight_shape else 0
-    hidden = m.linear_input(logits)
+    # the experts read the hidden states the router's linear reads, before any cast to fp32
+    # (DeepSeek-V3 routes in fp32); the expert verification below checks this choice
+    hidden = _strip_casts(m.linear_input(logits))
     site.hidden = hidden
     report.nodes.update(topk=topk.name, hidden=hidden.name)
-    if m.is_op(probs, aten.sigmoid):
-        return _blocked(site, "sigmoid router (DeepSeek-style scoring) is not supported; expected softmax")
-    dim = m.arg(probs, 1, "dim", -1)
-    if dim not in (-1, 1) or m.arg(topk, 2, "dim", -1) not in (-1, 1):
-        return _blocked(site, "router softmax/topk not over the expert dim")
+    if scoring == "softmax" and m.arg(scores, 1, "dim", -1) not in (-1, 1):
+        return _blocked(site, "router softmax not over the expert dim")
+    if m.arg(topk, 2, "dim", -1) not in (-1, 1):
+        return _blocked(site, "router topk not over the expert dim")
     if not m.arg(topk, 3, "largest", True):
         return _blocked(site, "topk(largest=False) is not a router")
-    site.topk_weights = _routing_weights(values)
+    if gathered is None and (values is None or _strip_casts(topk.args[0]) is not scores):
+        return _blocked(
+            site,
+            "routing weights not found: the top-k ran over biased or masked scores, and no "
+            "scores.gather(-1, ids) of the router's scores gives the weights",
+        )
+    site.topk_weights = _routing_weights(gathered if gathered is not None else values)
     report.nodes["topk_weights"] = site.topk_weights.name
     hidden_shape = m.shape(hidden)
     if hidden_shape is None or len(hidden_shape) != 2:
@@ -533,7 +570,58 @@ def _match_moe(gm: fx.GraphModule, topk: fx.Node) -> MoESite | None:
         site.blocker = f"expert computation could not be verified: {type(exc).__name__}: {exc}"
     if site.blocker:
         report.skip(site.blocker, PASS_NAME)
+    else:
+        report.detail += f"; {scoring} router"
     return site
+
+
+def _strip_casts(node: object) -> object:
+    while m.is_op(node, *m.CAST_OPS):
+        node = node.args[0]
+    return node
+
+
+def _router_scores(choice: fx.Node) -> fx.Node | None:
+    """The softmax or sigmoid of the router logits that a top-k's input is made from: the scores
+    themselves, or (sigmoid routers) the scores plus a per-expert bias, with experts outside the
+    chosen groups masked off. None when the input is anything else."""
+    node = _strip_casts(choice)
+    for _ in range(4):
+        if m.is_op(node, aten.softmax, aten._softmax, aten.sigmoid):
+            return node
+        if m.is_op(node, aten.masked_fill):  # experts of groups not chosen
+            node = _strip_casts(node.args[0])
+        elif m.is_op(node, aten.add) and len(node.args) == 2 and _is_expert_bias(node.args[1], node):
+            node = _strip_casts(node.args[0])
+        else:
+            return None
+    return None
+
+
+def _is_expert_bias(bias: object, add: fx.Node) -> bool:
+    """A module tensor of one value per expert, broadcast over the tokens (DeepSeek-V3's
+    e_score_correction_bias: it steers the choice, not the weights)."""
+    bias = _strip_casts(bias)
+    bias_shape, out_shape = m.shape(bias), m.shape(add)
+    return (
+        m.is_param_like(bias)
+        and bias_shape is not None
+        and out_shape is not None
+        and (len(bias_shape) == 1 and bias_shape[0] == out_shape[-1])
+    )
+
+
+def _gathered_at(scores: fx.Node, ids: fx.Node) -> fx.Node | None:
+    """`scores.gather(-1, ids)`: the weights of a router that chose its experts on other values."""
+    for user in ids.users:
+        if (
+            m.is_op(user, aten.gather)
+            and user.args[2] is ids
+            and _strip_casts(user.args[0]) is scores
+            and user.args[1] in (-1, len(m.shape(scores) or ()) - 1)
+        ):
+            return user
+    return None
 
 
 def _blocked(site: MoESite, reason: str) -> MoESite:
@@ -543,23 +631,32 @@ def _blocked(site: MoESite, reason: str) -> MoESite:
 
 
 def _routing_weights(values: fx.Node) -> fx.Node:
-    """Follow top-k values through renormalisation (w / w.sum(-1)) and casts."""
+    """Follow the routing weights (top-k values, or scores gathered at the ids) through
+    renormalisation (w / w.sum(-1), maybe plus an epsilon), a constant scale (DeepSeek's
+    routed_scaling_factor) and casts, to the node the experts read."""
     node = values
-    for _ in range(6):
+    for _ in range(8):
         users = list(node.users)
-        div = next(
+        step = next(
             (
                 u
                 for u in users
-                if m.is_op(u, aten.div, aten.div_)
+                if m.is_op(u, aten.div, aten.div_) and u.args[0] is node and _is_sum_of(u.args[1], node)
+            ),
+            None,
+        ) or next(
+            (
+                u
+                for u in users
+                if m.is_op(u, aten.mul, aten.mul_)
                 and u.args[0] is node
-                and m.is_op(u.args[1], aten.sum)
-                and u.args[1].args[0] is node
+                and isinstance(u.args[1], (int, float))
+                and not isinstance(u.args[1], bool)
             ),
             None,
         )
-        if div is not None:
-            node = div
+        if step is not None:
+            node = step
             continue
         if len(users) == 1 and m.is_op(users[0], *m.CAST_OPS):
             node = users[0]
@@ -568,27 +665,29 @@ def _routing_weights(values: fx.Node) -> fx.Node:
     return node
 
 
+def _is_sum_of(denominator: object, node: fx.Node) -> bool:
+    """`node.sum(-1, keepdim=True)`, or that plus a constant epsilon."""
+    if m.is_op(denominator, aten.add) and isinstance(denominator.args[1], (int, float)):
+        denominator = denominator.args[0]
+    return m.is_op(denominator, aten.sum) and denominator.args[0] is node
+
+
 def _hidden_aliases(hidden: fx.Node) -> set[fx.Node]:
-    """`hidden` and the views of the same [N, H] tensor around it (HF reshapes twice)."""
+    """`hidden` and the other views of the same tensor with its [N, H] shape (HF reshapes the
+    block's [B, T, H] input once for the router and again for the experts)."""
+    view_ops = (aten.view, aten.reshape, aten._unsafe_view, aten.contiguous, aten.alias)
     target = m.shape(hidden)
-    aliases = {hidden}
-    node = hidden
-    while m.is_op(node, aten.view, aten.reshape, aten._unsafe_view, aten.contiguous, aten.alias):
-        src = node.args[0]
-        if not isinstance(src, fx.Node) or m.shape(src) != target:
-            break
-        aliases.add(src)
-        node = src
-    frontier = list(aliases)
+    root = hidden
+    while m.is_op(root, *view_ops) and isinstance(root.args[0], fx.Node):
+        root = root.args[0]
+    aliases, seen, frontier = {hidden}, {root}, [root]
     while frontier:
         node = frontier.pop()
+        if m.shape(node) == target:
+            aliases.add(node)
         for user in node.users:
-            if (
-                user not in aliases
-                and m.is_op(user, aten.view, aten.reshape, aten._unsafe_view, aten.contiguous, aten.alias)
-                and m.shape(user) == target
-            ):
-                aliases.add(user)
+            if user not in seen and m.is_op(user, *view_ops) and user.args[0] is node:
+                seen.add(user)
                 frontier.append(user)
     return aliases
 

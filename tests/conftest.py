@@ -36,6 +36,16 @@ import torch  # noqa: E402
 # lazy import failed with ModuleNotFoundError late in the session, so import it up front.
 import torch.testing._internal.optests  # noqa: E402, F401
 
+# triton.jit picks the interpreter or the compiler when a kernel is defined, i.e. when its module is
+# first imported. Tests that run the ops' PyTorch references set TRITON_INTERPRET=0 for themselves;
+# had one of them imported a kernel module first, its kernels would stay compiled-mode for the rest
+# of the session and every later interpreted launch would look for a GPU. Import them all now.
+import wmoe_compile.kernels.kv_codec  # noqa: E402, F401
+import wmoe_compile.kernels.moe_align  # noqa: E402, F401
+import wmoe_compile.kernels.tiled_moe  # noqa: E402, F401
+import wmoe_compile.kernels.wavelet_attention  # noqa: E402, F401
+import wmoe_compile.kernels.wavelet_transform  # noqa: E402, F401
+
 
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():

@@ -147,7 +147,8 @@ def test_a_v3_build_failure_falls_back_to_v1_once(monkeypatch):
     assert K.split_kernel_choice(config, ops.compressed_layout(codec.spec, 128), args[1], args[2], 4) == "v1"
 
 
-def test_v3_compiles_for_sm90_on_this_triton(tmp_path):
+@pytest.mark.parametrize("options", [[], ["--keys-ahead"]], ids=["tuned", "keys_ahead"])
+def test_v3_compiles_for_sm90_on_this_triton(tmp_path, options):
     # Gluon's API moves between Triton releases (3.9 renamed the cp.async copy, which broke v3's
     # first version there): compile the kernel for an H100/H200 target here, no GPU needed, so
     # CI's Triton proves it builds, without spills at the tuned register cap, at about the
@@ -165,10 +166,11 @@ def test_v3_compiles_for_sm90_on_this_triton(tmp_path):
         pytest.skip(gluon_reason())
     tool = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "sass_attention_v3.py"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    command = [sys.executable, str(tool), "--out", str(tmp_path)]
+    command = [sys.executable, str(tool), "--out", str(tmp_path), *options]
     run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
-    assert "STACK:0" in run.stdout, run.stdout
+    if not options:  # keys_ahead holds 24 more registers: at the cap a few bytes may spill
+        assert "STACK:0" in run.stdout, run.stdout
     step = int(re.search(r"full-step loop: (\d+) instructions", run.stdout).group(1))
     hmma = int(re.search(r"(\d+)\s+HMMA", run.stdout).group(1))
     assert hmma >= 64, run.stdout  # 32 key + 32 value field MMAs at least

@@ -22,7 +22,8 @@ PASS_FOLDERS = [
     "03_swap_wavelet_attention",
     "04_replace_moe_dispatch",
     "05_fuse_sibling_linears",
-    "06_cleanup_graph",
+    "06_decompose_router_topk",
+    "07_cleanup_graph",
 ]
 
 
@@ -54,7 +55,7 @@ def test_every_pass_gets_a_folder_with_readable_files(tmp_path, captured):
     assert (tmp_path / "01_find_sites" / "diff.txt").read_text() == ""  # analysis changes nothing
     table = (tmp_path / "04_replace_moe_dispatch" / "nodes.txt").read_text()
     assert "wmoe::tiled_moe" in table and "layer 0 moe" in table  # inserted nodes carry their site
-    sites = json.loads((tmp_path / "06_cleanup_graph" / "sites.json").read_text())
+    sites = json.loads((tmp_path / "07_cleanup_graph" / "sites.json").read_text())
     assert {s["status"] for s in sites} == {"rewritten"}
 
 
@@ -98,7 +99,7 @@ def test_cli_dump_reference_model(tmp_path, capsys):
     assert main(["dump", "--model", "tiny-mixtral", "--layers", "1", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "index.html" in out and "rewritten" in out
-    assert (tmp_path / "index.html").exists() and (tmp_path / "06_cleanup_graph" / "graph.py").exists()
+    assert (tmp_path / "index.html").exists() and (tmp_path / "07_cleanup_graph" / "graph.py").exists()
 
 
 def test_cli_dump_hf_config_path(tmp_path, capsys):

@@ -9,8 +9,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from wmoe_compile.passes import _matching as m
 from wmoe_compile.passes import find_sites as fs
 
+aten = torch.ops.aten
 B, T, S, H, HQ, HKV, D = 2, 3, 16, 32, 4, 2, 16
 
 
@@ -168,8 +170,12 @@ E, K, FF = 4, 2, 24
 class StackedMoE(nn.Module):
     """HF-style experts: gate_up_proj [E, 2F, H], down_proj [E, H, F], gathered per token pair.
 
-    router: "softmax" | "sigmoid"; act: "silu" | "gelu"; transposed: store [E, H, 2F] / [E, F, H];
-    capacity: per-expert token limit (tokens past it are dropped), 0 = none.
+    router: "softmax" | "sigmoid" (weights: the top-k values) | "deepseek" (DeepSeek-V3: experts
+    chosen on sigmoid scores plus a per-expert bias within the best of two groups, weights the
+    scores gathered at the ids, renormalised and scaled) | "deepseek-logits" (the same choice, but
+    weights gathered from the logits: not found, so skipped); act: "silu" | "gelu"; transposed:
+    store [E, H, 2F] / [E, F, H]; capacity: per-expert token limit (tokens past it are dropped),
+    0 = none.
     """
 
     def __init__(
@@ -178,6 +184,7 @@ class StackedMoE(nn.Module):
         super().__init__()
         self.router, self.act, self.transposed, self.capacity = router, act, transposed, capacity
         self.gate = nn.Linear(H, E, bias=False)
+        self.register_buffer("score_bias", torch.randn(E) * 0.1)
         gate_up = torch.randn(E, 2 * FF, H) / H**0.5
         down = torch.randn(E, H, FF) / FF**0.5
         if transposed:
@@ -188,9 +195,19 @@ class StackedMoE(nn.Module):
     def forward(self, x):
         flat = x.reshape(-1, H)
         logits = self.gate(flat)
-        probs = torch.softmax(logits, -1) if self.router == "softmax" else torch.sigmoid(logits)
-        weights, ids = torch.topk(probs, K, dim=-1)
-        weights = weights / weights.sum(-1, keepdim=True)
+        if self.router.startswith("deepseek"):
+            scores = torch.sigmoid(logits)
+            choice = scores + self.score_bias
+            group_scores = choice.view(-1, 2, E // 2).topk(2, dim=-1)[0].sum(-1)  # [N, 2 groups]
+            group_mask = torch.zeros_like(group_scores).scatter_(1, group_scores.topk(1, dim=-1)[1], 1)
+            allowed = group_mask.unsqueeze(-1).expand(-1, 2, E // 2).reshape(-1, E).bool()
+            ids = torch.topk(choice.masked_fill(~allowed, float("-inf")), K, dim=-1)[1]
+            weights = (scores if self.router == "deepseek" else logits).gather(1, ids)
+            weights = weights / (weights.sum(-1, keepdim=True) + 1e-20) * 2.5
+        else:
+            probs = torch.softmax(logits, -1) if self.router == "softmax" else torch.sigmoid(logits)
+            weights, ids = torch.topk(probs, K, dim=-1)
+            weights = weights / weights.sum(-1, keepdim=True)
         if self.capacity:  # Switch-style capacity: an expert takes its first `capacity` tokens only
             onehot = F.one_hot(ids, E).sum(1)  # [N, E]
             earlier = torch.cumsum(onehot, 0) - onehot
@@ -212,12 +229,17 @@ def moe_sites(module: nn.Module) -> list[fs.MoESite]:
     return fs.find_sites(capture(module, torch.randn(B, T, H))).moe
 
 
-@pytest.mark.parametrize("transposed", [False, True])
-def test_stacked_experts_are_verified_and_their_layout_resolved(transposed):
-    module = StackedMoE(transposed=transposed)
-    (site,) = moe_sites(module)
+@pytest.mark.parametrize(
+    ("transposed", "router"), [(False, "softmax"), (True, "softmax"), (False, "sigmoid"), (False, "deepseek")]
+)
+def test_stacked_experts_are_verified_and_their_layout_resolved(transposed, router):
+    module = StackedMoE(transposed=transposed, router=router)
+    (site,) = moe_sites(module)  # DeepSeek's per-group top-2 and group top-1 are not routers
     assert site.blocker is None, site.blocker
     assert site.num_experts == E and site.top_k == K
+    assert site.report.detail.endswith(f"; {'softmax' if router == 'softmax' else 'sigmoid'} router")
+    # the weights the experts read: after renormalisation (and DeepSeek's scale)
+    assert m.is_op(site.topk_weights, aten.mul if router == "deepseek" else aten.div), site.topk_weights
     w_gate, w_up, w_down = site.expert_weights()
     gate_up = module.gate_up_proj.transpose(1, 2) if transposed else module.gate_up_proj
     down = module.down_proj.transpose(1, 2) if transposed else module.down_proj
@@ -243,7 +265,7 @@ def test_reference_model_dense_loop_is_found():
     ("kwargs", "reason"),
     [
         (dict(act="gelu"), "does not match a top-k SwiGLU mixture"),
-        (dict(router="sigmoid"), "sigmoid router"),
+        (dict(router="deepseek-logits"), "routing weights not found"),
         (dict(capacity=2), "does not match a top-k SwiGLU mixture"),
     ],
 )

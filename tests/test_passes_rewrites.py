@@ -124,7 +124,8 @@ def test_stacked_moe_is_replaced_and_its_weights_dropped(transposed):
 def test_moe_that_does_not_verify_is_left_unchanged():
     module = StackedMoE(act="gelu")
     inputs = (torch.randn(2, 3, 32),)
-    gm, rewritten, report = transform_module(module, wc.CompileConfig(), inputs)
+    # decompose_topk off: it would rewrite the router's top-k (exactly) even so
+    gm, rewritten, report = transform_module(module, wc.CompileConfig(decompose_topk=False), inputs)
     (moe,) = report.sites
     assert moe.status == "skipped"
     assert targets(rewritten) == targets(gm)

@@ -1,6 +1,6 @@
 """The pipeline on HF transformers 5.x models built from tiny random configs (nothing downloaded).
 
-Mixtral and Qwen3-MoE (MoE) and a dense Llama (SmolLM2-like: only the KV and attention rewrites
+Mixtral, Qwen3-MoE and Qwen2-MoE (MoE) and a dense Llama (SmolLM2-like: only the KV and attention rewrites
 apply); sdpa and eager attention; grouped_mm and batched_mm experts; StaticCache (rewritten) and
 DynamicCache (found, reported, left dense). Ops run their PyTorch references (TRITON_INTERPRET=0):
 the rewriting is under test here, not the kernels.
@@ -42,6 +42,7 @@ def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
     [
         ("mixtral", "sdpa", "grouped_mm"),
         ("qwen3-moe", "sdpa", "grouped_mm"),
+        ("qwen2-moe", "sdpa", "grouped_mm"),  # + a sigmoid-gated shared expert, no renormalisation
         ("llama", "sdpa", None),
         ("mixtral", "eager", "batched_mm"),
     ],
@@ -71,6 +72,28 @@ def test_static_cache_models_are_rewritten_and_exact_with_bypass(kind, attention
     reset_cache(wrapped)
     with torch.no_grad():
         got, want = module(tokens, torch.arange(PROMPT)), wrapped(tokens, torch.arange(PROMPT))
+    assert relative_error(got, want) < 1e-5
+
+
+def test_deepseek_v3_routed_experts_are_rewritten_and_its_latent_attention_skipped_with_the_reason():
+    # DeepSeek-V3: experts chosen on sigmoid scores plus a bias, within the best expert group,
+    # weights gathered from the scores, renormalised and scaled; attention from a cached latent
+    model = tiny_hf_model("deepseek-v3", experts_implementation="grouped_mm", num_layers=2)
+    wrapped = wc.prepare(model, batch_size=BATCH, max_cache_len=CAPACITY)
+    args, _ = example_inputs_for(wrapped, tokens=PROMPT)
+    program = wc.export(wrapped, args, config=wc.CompileConfig(check_numerics=True))
+    report = program.wmoe_report
+    counts = report.counts()
+    assert counts["moe"] == {"rewritten": 1}, report  # layer 0 is dense (first_k_dense_replace)
+    (moe,) = report.rewritten("moe")
+    assert moe.module_path.endswith("layers.1.mlp") and moe.detail.endswith("sigmoid router"), moe
+    assert counts["kv_write"] == {"skipped": 4} and counts["attention"] == {"skipped": 2}, report
+    assert all("multi-head latent attention" in r.reason for r in report.sites if r.kind != "moe"), report
+    assert report.numerics["relative_error"] <= report.numerics["bound"] <= 1e-3
+    tokens = torch.randint(1, 256, (BATCH, PROMPT))
+    reset_cache(wrapped)
+    with torch.no_grad():
+        got, want = program.module()(tokens, torch.arange(PROMPT)), wrapped(tokens, torch.arange(PROMPT))
     assert relative_error(got, want) < 1e-5
 
 

@@ -454,6 +454,8 @@ V3_GPU_CONFIGS = [
     K.LaunchConfig(
         kernel="v3", num_stages=1, cache_tiles=True, convert_p_once=True, maxnreg=168, overlap_exact=True
     ),
+    K.LaunchConfig(kernel="v3", num_stages=1, cache_tiles=True, convert_p_once=True, keys_ahead=True),
+    K.LaunchConfig(kernel="v3", num_stages=2, lazy_rescale=False, keys_ahead=True),
 ]
 
 

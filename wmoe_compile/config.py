@@ -77,6 +77,8 @@ class CompileConfig:
     replace_moe      replace_moe_dispatch: expert dispatch -> wmoe::tiled_moe on packed weights
     fuse_linears     fuse_sibling_linears: linears of one input (q/k/v projections) -> one linear
                      over their stacked weights
+    decompose_topk   decompose_router_topk: a router's top-k over softmax probabilities -> k rounds
+                     of max and mask, which Inductor fuses with the softmax and renormalisation
     bypass_codec     make the codec an exact passthrough (see the module docstring)
     check_numerics   after every pass, run the graph on the sample inputs and compare with the
                      previous graph (needs sample inputs: export() has them)
@@ -99,6 +101,7 @@ class CompileConfig:
     swap_attention: bool = True
     replace_moe: bool = True
     fuse_linears: bool = True
+    decompose_topk: bool = True
     bypass_codec: bool = False
     check_numerics: bool = False
     codec_error_gain: float = 2.0
@@ -125,6 +128,7 @@ class CompileConfig:
             "swap_attention",
             "replace_moe",
             "fuse_linears",
+            "decompose_topk",
             "bypass_codec",
             "check_numerics",
         ):

@@ -6,11 +6,11 @@
     print(report)                             # every site: rewritten, or skipped with the reason
 
 Pipeline (ordered): find_sites (analysis) -> insert_dwt_quantize -> swap_wavelet_attention ->
-replace_moe_dispatch -> fuse_sibling_linears -> cleanup_graph. After every pass: graph lint, fake-tensor shape
-propagation (every input and module tensor converted into one FakeTensorMode, so nothing runs on
-real state), and (config.check_numerics) a numeric comparison with the previous graph on the
-sample inputs. A failure raises PassVerificationError naming the pass and the site.
-insert_dwt_quantize runs the graph on the calibration (or example) inputs to calibrate the
+replace_moe_dispatch -> fuse_sibling_linears -> decompose_router_topk -> cleanup_graph. After every
+pass: graph lint, fake-tensor shape propagation (every input and module tensor converted into one
+FakeTensorMode, so nothing runs on real state), and (config.check_numerics) a numeric comparison
+with the previous graph on the sample inputs. A failure raises PassVerificationError naming the
+pass and the site. insert_dwt_quantize runs the graph on the calibration (or example) inputs to calibrate the
 codec's per-(layer, kv head) channel parameters (passes/_channel_params.py).
 """
 
@@ -35,6 +35,7 @@ from torch.utils import _pytree as pytree
 from .config import CompileConfig
 from .passes import (
     cleanup_graph,
+    decompose_router_topk,
     find_sites,
     fuse_sibling_linears,
     insert_dwt_quantize,
@@ -50,6 +51,7 @@ DEFAULT_PASSES: tuple[ModuleType, ...] = (
     swap_wavelet_attention,
     replace_moe_dispatch,
     fuse_sibling_linears,
+    decompose_router_topk,
     cleanup_graph,
 )
 
@@ -749,13 +751,20 @@ class HFStaticCacheLM(nn.Module):
         self.model = model.eval()
         text_config = model.config.get_text_config()
         cache = StaticCache(config=text_config, max_cache_len=max_cache_len)
-        heads = getattr(text_config, "num_key_value_heads", None) or text_config.num_attention_heads
-        head_dim = (
-            getattr(text_config, "head_dim", None)
-            or text_config.hidden_size // text_config.num_attention_heads
-        )
-        parameter = next(model.parameters())
-        cache.early_initialization(batch_size, heads, head_dim, parameter.dtype, parameter.device)
+        # One decode step on a dummy token lets every layer size its own cache: what a layer
+        # caches is the model's choice (K and V of num_key_value_heads x head_dim for most; for
+        # DeepSeek's multi-head latent attention, one "head" of latent and one of rotary key, of
+        # different widths), which the config alone does not say across transformers versions.
+        device = next(model.parameters()).device
+        with torch.no_grad():
+            self.model(
+                input_ids=torch.ones(batch_size, 1, dtype=torch.long, device=device),
+                cache=cache,
+                use_cache=True,
+            )
+        for layer in cache.layers:
+            layer.keys.zero_()
+            layer.values.zero_()
         self._cache = cache
         self.batch_size, self.max_cache_len = batch_size, max_cache_len
         for i, layer in enumerate(cache.layers):
@@ -793,7 +802,7 @@ def example_inputs_for(model: nn.Module, batch: int = 2, tokens: int = 8) -> tup
 # ----------------------------------------------------------------------------------------------
 # tiny random HF models (tests and `wmoe-compile dump`; built from configs, nothing downloaded)
 
-HF_TINY = ("mixtral", "qwen3-moe", "llama")
+HF_TINY = ("mixtral", "qwen3-moe", "qwen2-moe", "deepseek-v3", "llama")
 
 
 def tiny_hf_model(
@@ -806,8 +815,12 @@ def tiny_hf_model(
 ) -> nn.Module:
     """A randomly initialised transformers 5.x causal LM from a tiny config.
 
-    kind: "mixtral" | "qwen3-moe" | "llama" (dense, SmolLM2-like: only the KV/attention rewrites
-    apply). Hidden 64, 4 query / 2 KV heads of 16, 4 experts top-2 for the MoE kinds.
+    kind: "mixtral" | "qwen3-moe" | "qwen2-moe" (a shared expert beside the routed ones, gated by a
+    sigmoid; routing weights not renormalised) | "deepseek-v3" (multi-head latent attention, which
+    the KV rewrites skip with the reason; 8 routed experts top-2 chosen on biased sigmoid scores
+    within the best of 2 groups, a shared expert, layer 0 dense) | "llama" (dense, SmolLM2-like:
+    only the KV/attention rewrites apply). Hidden 64, 4 query / 2 KV heads of 16, 4 experts top-2
+    for the other MoE kinds.
     """
     import transformers
 
@@ -835,6 +848,38 @@ def tiny_hf_model(
             **common,
         )
         model_class = transformers.Qwen3MoeForCausalLM
+    elif kind == "qwen2-moe":
+        config = transformers.Qwen2MoeConfig(
+            intermediate_size=96,
+            moe_intermediate_size=48,
+            shared_expert_intermediate_size=64,
+            num_experts=4,
+            num_experts_per_tok=2,
+            norm_topk_prob=False,
+            **common,
+        )
+        model_class = transformers.Qwen2MoeForCausalLM
+    elif kind == "deepseek-v3":
+        config = transformers.DeepseekV3Config(
+            intermediate_size=96,
+            moe_intermediate_size=32,
+            n_shared_experts=1,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            n_group=2,
+            topk_group=1,
+            first_k_dense_replace=1,
+            kv_lora_rank=16,
+            q_lora_rank=None,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=8,
+            v_head_dim=16,
+            norm_topk_prob=True,
+            routed_scaling_factor=2.5,
+            # MLA: every head has its own K/V; head_dim is the rotary part (qk_rope_head_dim)
+            **{**common, "num_key_value_heads": common["num_attention_heads"], "head_dim": 8},
+        )
+        model_class = transformers.DeepseekV3ForCausalLM
     elif kind == "llama":
         config = transformers.LlamaConfig(intermediate_size=96, tie_word_embeddings=True, **common)
         model_class = transformers.LlamaForCausalLM
@@ -844,6 +889,10 @@ def tiny_hf_model(
     with torch.random.fork_rng():  # seeded weights without resetting the caller's generator
         torch.manual_seed(seed)
         model = model_class(config).eval()
+        for module in model.modules():  # DeepSeek's choice bias is zero at init: make it steer
+            bias = getattr(module, "e_score_correction_bias", None)
+            if isinstance(bias, torch.Tensor):
+                bias.normal_(0.0, 0.1)
     if experts_implementation is not None:
         model.set_experts_implementation(experts_implementation)
     return model

@@ -1,0 +1,115 @@
+"""Rewrite pass: a router's top-k over softmax probabilities becomes k rounds of max and mask.
+
+Why: `aten.topk` is an extern kernel for Inductor (on CUDA a sort-based select, two launches per
+call), so a MoE router at decode runs softmax, topk and the renormalisation as separate kernels,
+each a few microseconds of latency for a [tokens, experts] tensor of a few hundred elements. Written
+as k rounds of `max` over the experts and a mask of the winner, the same selection is pointwise
+and reduction ops that Inductor fuses with the softmax before it and the renormalisation after it.
+
+A `topk` is rewritten when its input is a softmax over the last dimension (so every value lies in
+[0, 1] and -1 can mark the experts already taken), it selects the largest k along the last
+dimension, the experts and k are static and small (at most MAX_EXPERTS and MAX_K), and only its
+values and indices are read. The values come out in descending order and the indices distinct;
+between equal probabilities the lower expert index wins (what `max` returns), where `topk` leaves
+the order of ties unspecified. Anything else is left alone with the reason.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+from torch import fx
+
+from . import _matching as m
+from ._context import PassContext, PassResult, copy_meta
+
+NAME = "decompose_router_topk"
+aten = torch.ops.aten
+
+MAX_EXPERTS = 512  # a [tokens, experts] row must stay one fused reduction
+MAX_K = 16  # one max-and-mask round per selected expert
+_TAKEN = -1.0  # below every probability: a taken expert never wins again
+
+
+def run(ctx: PassContext) -> PassResult:
+    result = PassResult(changed=False)
+    if not ctx.config.decompose_topk:
+        result.notes.append("decompose_topk=False: nothing rewritten")
+        return result
+    graph = ctx.gm.graph
+    rewritten = 0
+    for node in list(graph.nodes):
+        if not m.is_op(node, aten.topk):
+            continue
+        reason = _reason_not_rewritten(node)
+        if reason is not None:
+            result.notes.append(f"left {node.name}: {reason}")
+            continue
+        _rewrite(graph, node)
+        result.notes.append(
+            f"{node.name}: top-{node.args[1]} of {m.shape(node.args[0])[-1]} as max-and-mask rounds"
+        )
+        rewritten += 1
+    if rewritten:
+        graph.eliminate_dead_code()
+        ctx.gm.recompile()
+        result.changed = True
+    result.notes.insert(0, f"{rewritten} router top-k(s) rewritten")
+    return result
+
+
+def _last_dim(dim: object, rank: int) -> bool:
+    return isinstance(dim, int) and dim in (-1, rank - 1)
+
+
+def _reason_not_rewritten(node: fx.Node) -> str | None:
+    source = node.args[0]
+    shape = m.shape(source)
+    if shape is None or not all(isinstance(s, int) for s in shape) or len(shape) < 1:
+        return "input shape is not static"
+    k = node.args[1] if len(node.args) > 1 else node.kwargs.get("k")
+    dim = m.arg(node, 2, "dim", -1)
+    largest = m.arg(node, 3, "largest", True)
+    if not isinstance(k, int):
+        return "k is not a static int"
+    if not _last_dim(dim, len(shape)):
+        return f"selects along dim {dim}, not the last"
+    if largest is not True:
+        return "selects the smallest values"
+    if not (1 <= k <= MAX_K and k <= shape[-1] <= MAX_EXPERTS):
+        return f"top-{k} of {shape[-1]} is outside k <= {MAX_K}, experts <= {MAX_EXPERTS}"
+    if not (m.is_op(source, aten.softmax, aten._softmax) and _last_dim(source.args[1], len(shape))):
+        return "input is not a softmax over the last dimension (no value is known to lie below it)"
+    if not m.dtype(source) or not m.dtype(source).is_floating_point:
+        return "input is not floating point"
+    if any(not m.is_getitem(user) for user in node.users):
+        return "something other than its values and indices reads it"
+    return None
+
+
+def _rewrite(graph: fx.Graph, node: fx.Node) -> None:
+    source = node.args[0]
+    k = node.args[1] if len(node.args) > 1 else node.kwargs["k"]
+    experts = m.shape(source)[-1]
+    device = m.val(source).device
+    with graph.inserting_before(node):
+        expert_index = graph.call_function(
+            aten.arange.start, (0, experts), {"dtype": torch.int64, "device": device}
+        )
+        remaining, values, indices = source, [], []
+        for round_ in range(k):
+            best = graph.call_function(aten.max.dim, (remaining, -1, True))
+            value = graph.call_function(operator.getitem, (best, 0))
+            index = graph.call_function(operator.getitem, (best, 1))
+            values.append(value)
+            indices.append(index)
+            if round_ < k - 1:
+                taken = graph.call_function(aten.eq.Tensor, (expert_index, index))
+                remaining = graph.call_function(aten.masked_fill.Scalar, (remaining, taken, _TAKEN))
+        all_values = graph.call_function(aten.cat.default, (values, -1))
+        all_indices = graph.call_function(aten.cat.default, (indices, -1))
+    for new in (expert_index, all_values, all_indices):
+        copy_meta(new, node)
+    for user in list(node.users):
+        user.replace_all_uses_with(all_values if user.args[1] == 0 else all_indices)
