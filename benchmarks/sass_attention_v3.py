@@ -2,7 +2,8 @@
 costs: registers, spills, shared memory and the SASS instruction mix of the full-step loop.
 
     python benchmarks/sass_attention_v3.py [--stages 1] [--block-n 64] [--maxnreg 168]
-        [--keys-via-smem] [--keys-ahead] [--no-cache-tiles] [--no-convert-p-once] [--block-m 4] [--out build/sass_v3]
+        [--keys-via-smem] [--keys-ahead] [--no-cache-tiles] [--no-convert-p-once] [--block-m 4]
+        [--out build/sass_v3]
 
 No GPU needed (triton.compile builds for a named target, interpreter setting or not; the CUDA tools
 Triton ships disassemble). Why: the

@@ -46,13 +46,11 @@ def run(ctx: PassContext) -> PassResult:
         if reason is not None:
             result.notes.append(f"left {node.name}: {reason}")
             continue
+        note = f"{node.name}: top-{node.args[1]} of {m.shape(node.args[0])[-1]} as max-and-mask rounds"
         _rewrite(graph, node)
-        result.notes.append(
-            f"{node.name}: top-{node.args[1]} of {m.shape(node.args[0])[-1]} as max-and-mask rounds"
-        )
+        result.notes.append(note)
         rewritten += 1
     if rewritten:
-        graph.eliminate_dead_code()
         ctx.gm.recompile()
         result.changed = True
     result.notes.insert(0, f"{rewritten} router top-k(s) rewritten")
@@ -113,3 +111,5 @@ def _rewrite(graph: fx.Graph, node: fx.Node) -> None:
         copy_meta(new, node)
     for user in list(node.users):
         user.replace_all_uses_with(all_values if user.args[1] == 0 else all_indices)
+        graph.erase_node(user)
+    graph.erase_node(node)  # only what this rewrite replaced: other dead code is cleanup's

@@ -469,12 +469,16 @@ def _cache_readers(kv: KVWriteSite, operand: fx.Node, consumer: fx.Node) -> list
 
 
 def _cache_write_upstream(node: fx.Node, limit: int = 64) -> fx.Node | None:
-    """A cache write (index_copy_) among the nearest `limit` ancestors of `node`, else None."""
+    """A cache write (index_copy_) among the nearest `limit` ancestors of `node`, else None. The
+    walk does not cross another attention, so an earlier layer's cache on the residual stream does
+    not count."""
     seen, frontier = {node}, [node]
     while frontier and len(seen) < limit:
         current = frontier.pop(0)
         if m.is_op(current, aten.index_copy_, aten.index_copy):
             return current
+        if current is not node and "attention" in str(current.target):
+            continue
         for parent in current.all_input_nodes:
             if parent not in seen:
                 seen.add(parent)

@@ -317,3 +317,38 @@ def test_unknown_attention_op_is_reported_with_its_name():
     assert attention.report.status == "skipped"
     assert "_scaled_dot_product_flash_attention_for_cpu" in attention.report.reason
     assert "not supported" in attention.report.reason
+
+
+class LatentAttention(nn.Module):
+    """Multi-head latent attention in the shape HF DeepSeek-V3 runs it: the cache holds a latent
+    [B, 1, S, R] written with index_copy_, and K/V are projected from the whole cached latent every
+    step (latent=False: the same attention with no cache at all, K/V straight from x)."""
+
+    def __init__(self, latent: bool = True) -> None:
+        super().__init__()
+        self.latent = latent
+        self.q_proj = nn.Linear(H, HQ * D, bias=False)
+        self.down = nn.Linear(H, 8, bias=False)  # x -> latent
+        self.up = nn.Linear(8, 2 * HQ * D, bias=False)  # latent -> K and V of every head
+        self.register_buffer("latent_cache", torch.zeros(B, 1, S, 8), persistent=False)
+
+    def forward(self, x, positions):
+        q = self.q_proj(x).view(B, -1, HQ, D).transpose(1, 2)
+        latent = self.down(x).unsqueeze(1)  # [B, 1, T, 8]
+        if self.latent:
+            self.latent_cache.index_copy_(2, positions, latent)
+            latent = self.latent_cache
+        kv = self.up(latent.squeeze(1)).view(B, -1, HQ, 2 * D).transpose(1, 2)
+        k, v = kv.split(D, dim=-1)
+        return F.scaled_dot_product_attention(q, k, v)
+
+
+@pytest.mark.parametrize(
+    ("latent", "reason"),
+    [(True, "computed from cache latent_cache"), (False, "no KV cache: attention reads K/V straight")],
+)
+def test_attention_over_a_cached_latent_is_skipped_with_its_own_reason(latent, reason):
+    sites = fs.find_sites(capture(LatentAttention(latent), torch.randn(B, T, H), torch.arange(T)))
+    (attention,) = sites.attention
+    assert attention.report.status == "skipped" and reason in attention.report.reason, attention.report
+    assert len(sites.kv) == 2 and all(reason in kv.report.reason for kv in sites.kv)

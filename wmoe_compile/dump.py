@@ -285,8 +285,8 @@ def add_arguments(parser) -> None:
         "--model",
         default="tiny-mixtral",
         help="tiny-mixtral (the reference model, default), a reference config name (tiny, mixtral-8x7b), "
-        "hf-tiny-mixtral / hf-tiny-qwen3-moe / hf-tiny-qwen2-moe / hf-tiny-llama (random tiny HF models), or a path to an "
-        "HF config.json (random weights) or model directory (its weights)",
+        "hf-tiny-mixtral / -qwen3-moe / -qwen2-moe / -deepseek-v3 / -llama (random tiny HF models), "
+        "or a path to an HF config.json (random weights) or model directory (its weights)",
     )
     parser.add_argument("--out", required=True, help="folder for the dumps (NN_<pass>/ and index.html)")
     parser.add_argument("--batch", type=int, default=1)
