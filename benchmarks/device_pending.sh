@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The measurements prepared on a CPU-only machine that have not yet run on a GPU (see the
+# "prepared" sections of benchmarks/RESULTS.md), grouped so each part fits one 10-minute device
+# call. Every command has its own time limit; results go under $OUT.
+#
+#   bash benchmarks/device_pending.sh attention   # keys_ahead: GPU correctness, then the timing grid
+#   bash benchmarks/device_pending.sh decode      # decompose_router_topk on / off, same call
+#   bash benchmarks/device_pending.sh profile     # the step's GPU time by part (profile_decode.py)
+set -u
+OUT=${OUT:-benchmarks/out}
+mkdir -p "$OUT"
+export PYTHONPATH=$PWD TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$PWD/build/triton_cache}
+
+run() {
+    local limit=$1
+    shift
+    echo "== $(date -u +%H:%M:%S) $*"
+    timeout "$limit" "$@" 2>&1 | grep -v -i "warning" | tail -40
+}
+
+case "${1:-}" in
+attention)
+    run 240 python3 -P -m pytest -q -m gpu tests/test_wavelet_attention.py \
+        -k "v3_matches and keys_ahead" -W error::UserWarning
+    run 330 python3 -P benchmarks/probe_attention.py grid --configs benchmarks/probe_keys_ahead.json \
+        --shapes "8,131072;32,32768;8,32768" --out "$OUT"
+    ;;
+decode)
+    run 280 python3 -P benchmarks/bench_decode.py --shapes 8x131072,32x32768 --skip eager,inductor \
+        --out "$OUT/decompose_on"
+    run 280 python3 -P benchmarks/bench_decode.py --shapes 8x131072,32x32768 --skip eager,inductor \
+        --wmoe-off decompose_topk --out "$OUT/decompose_off"
+    ;;
+profile)
+    run 400 python3 -P benchmarks/profile_decode.py --batch 8 --context 131072
+    ;;
+*)
+    echo "usage: bash benchmarks/device_pending.sh attention|decode|profile" >&2
+    exit 2
+    ;;
+esac
