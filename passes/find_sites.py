@@ -170,6 +170,42 @@ def find_sites(gm: fx.GraphModule) -> Sites:
             if moe is not None:
                 moe.report.layer = _layer(moe.report.module_path, ordinal, "moe")
                 sites.moe.append(moe)
+    sites.moe.extend(_experts_without_router(gm, sites.moe))
+    return sites
+
+
+def _experts_without_router(gm: fx.GraphModule, found: list[MoESite]) -> list[MoESite]:
+    """Expert weights (module tensors under an `experts` module) in a layer where no router was
+    matched: reported as skipped, so a routing the passes do not understand (e.g. PhiMoE's
+    sparsemixer, which selects with max instead of top-k) is never left dense silently."""
+    covered = {site.report.layer for site in found}
+    blocks: dict[str, int | None] = {}
+    for node in gm.graph.nodes:
+        if node.op != "get_attr" or ".experts." not in f".{node.target}.":
+            continue
+        dotted = f".{node.target}."
+        block = dotted[1 : dotted.index(".experts.")]  # "" for experts at the root
+        blocks.setdefault(block, m.layer_of(block))
+    sites = []
+    for block, layer in blocks.items():
+        if (
+            layer in covered
+            if layer is not None
+            else any(s.report.module_path.startswith(block) for s in found)
+        ):
+            continue
+        report = SiteReport(
+            KIND_MOE, -1 if layer is None else layer, block, "experts without a recognised router"
+        )
+        sites.append(
+            _blocked(
+                MoESite(report=report),
+                f"expert weights under {block + '.' if block else ''}experts, but no router feeding "
+                "them was recognised (understood: softmax then top-k; top-k of the logits then "
+                "softmax; sigmoid scores with a choice bias or group limit and the scores gathered "
+                "as weights): left as the model computes it",
+            )
+        )
     return sites
 
 
@@ -519,25 +555,30 @@ def _check_causal_mask(mask: fx.Node, k: KVWriteSite) -> str | None:
 def _match_moe(gm: fx.GraphModule, topk: fx.Node) -> MoESite | None:
     """A router's top-k and the experts its ids and weights feed, or None when `topk` is no router.
 
-    Two scorings: softmax (Mixtral, Qwen: the weights are the top-k values, maybe renormalised)
-    and sigmoid (DeepSeek-V3 style: the experts are chosen on the scores plus a per-expert bias,
-    maybe only within the best expert groups, and the weights are the scores gathered at the
-    chosen ids, maybe renormalised and scaled). Either way the graph keeps computing the ids and
-    weights; only the experts they feed are replaced, so how the choice is made does not matter
-    as long as the ids and weights are found."""
+    Three scorings: softmax (Mixtral, Qwen: the weights are the top-k values, maybe
+    renormalised); top-k of the logits, then softmax over the k values (Granite, JetMoE: the
+    same weights as renormalised softmax top-k); and sigmoid (DeepSeek-V3 style: the experts are
+    chosen on the scores plus a per-expert bias, maybe only within the best expert groups, and
+    the weights are the scores gathered at the chosen ids, maybe renormalised and scaled).
+    Either way the graph keeps computing the ids and weights; only the experts they feed are
+    replaced, so how the choice is made does not matter as long as the ids and weights are found."""
     getitems = {u.args[1]: u for u in topk.users if m.is_getitem(u)}
     values, ids = getitems.get(0), getitems.get(1)
     if ids is None:
         return None
     scores = _router_scores(topk.args[0])
-    if scores is None:
-        return None
-    gathered = _gathered_at(scores, ids)
-    logits = _strip_casts(scores.args[0])
+    softmax_after = None
+    if scores is not None:
+        gathered = _gathered_at(scores, ids)
+        logits = _strip_casts(scores.args[0])
+        scoring = "sigmoid" if m.is_op(scores, aten.sigmoid) else "softmax"
+    else:  # top-k of the raw logits
+        gathered, logits = None, _strip_casts(topk.args[0])
+        softmax_after = _softmax_of(values)
+        scoring = "top-k logits, then softmax"
     router_weight = m.linear_weight(logits) if isinstance(logits, fx.Node) else None
     if router_weight is None or not m.is_param_like(router_weight):
         return None
-    scoring = "sigmoid" if m.is_op(scores, aten.sigmoid) else "softmax"
     report = SiteReport(
         KIND_MOE, -1, m.module_path(topk), f"top-k router ({scoring})", nodes={"router": logits.name}
     )
@@ -550,19 +591,29 @@ def _match_moe(gm: fx.GraphModule, topk: fx.Node) -> MoESite | None:
     hidden = _strip_casts(m.linear_input(logits))
     site.hidden = hidden
     report.nodes.update(topk=topk.name, hidden=hidden.name)
-    if scoring == "softmax" and m.arg(scores, 1, "dim", -1) not in (-1, 1):
+    if scores is not None and scoring == "softmax" and m.arg(scores, 1, "dim", -1) not in (-1, 1):
         return _blocked(site, "router softmax not over the expert dim")
     if m.arg(topk, 2, "dim", -1) not in (-1, 1):
         return _blocked(site, "router topk not over the expert dim")
     if not m.arg(topk, 3, "largest", True):
         return _blocked(site, "topk(largest=False) is not a router")
-    if gathered is None and (values is None or _strip_casts(topk.args[0]) is not scores):
+    if scores is None and softmax_after is None:
+        return _blocked(
+            site, "routing weights not found: top-k of the raw router logits, not softmaxed after"
+        )
+    if (
+        scores is not None
+        and gathered is None
+        and (values is None or _strip_casts(topk.args[0]) is not scores)
+    ):
         return _blocked(
             site,
             "routing weights not found: the top-k ran over biased or masked scores, and no "
             "scores.gather(-1, ids) of the router's scores gives the weights",
         )
-    site.topk_weights = _routing_weights(gathered if gathered is not None else values)
+    site.topk_weights = _routing_weights(
+        softmax_after if softmax_after is not None else gathered if gathered is not None else values
+    )
     report.nodes["topk_weights"] = site.topk_weights.name
     hidden_shape = m.shape(hidden)
     if hidden_shape is None or len(hidden_shape) != 2:
@@ -613,6 +664,22 @@ def _is_expert_bias(bias: object, add: fx.Node) -> bool:
         and out_shape is not None
         and (len(bias_shape) == 1 and bias_shape[0] == out_shape[-1])
     )
+
+
+def _softmax_of(values: fx.Node | None) -> fx.Node | None:
+    """A softmax over the last dim of the top-k values (through casts), else None."""
+    frontier = [values] if values is not None else []
+    while frontier:
+        node = frontier.pop()
+        for user in node.users:
+            if m.is_op(user, aten.softmax, aten._softmax) and m.arg(user, 1, "dim", -1) in (
+                -1,
+                len(m.shape(node) or ()) - 1,
+            ):
+                return user
+            if m.is_op(user, *m.CAST_OPS):
+                frontier.append(user)
+    return None
 
 
 def _gathered_at(scores: fx.Node, ids: fx.Node) -> fx.Node | None:

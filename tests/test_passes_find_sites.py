@@ -170,7 +170,8 @@ E, K, FF = 4, 2, 24
 class StackedMoE(nn.Module):
     """HF-style experts: gate_up_proj [E, 2F, H], down_proj [E, H, F], gathered per token pair.
 
-    router: "softmax" | "sigmoid" (weights: the top-k values) | "deepseek" (DeepSeek-V3: experts
+    router: "softmax" | "sigmoid" (weights: the top-k values) | "logits-softmax" (top-k of the
+    logits, softmax over the k values) | "deepseek" (DeepSeek-V3: experts
     chosen on sigmoid scores plus a per-expert bias within the best of two groups, weights the
     scores gathered at the ids, renormalised and scaled) | "deepseek-logits" (the same choice, but
     weights gathered from the logits: not found, so skipped); act: "silu" | "gelu"; transposed:
@@ -195,7 +196,10 @@ class StackedMoE(nn.Module):
     def forward(self, x):
         flat = x.reshape(-1, H)
         logits = self.gate(flat)
-        if self.router.startswith("deepseek"):
+        if self.router == "logits-softmax":  # Granite / JetMoE: top-k of the logits, then softmax
+            top_logits, ids = torch.topk(logits, K, dim=-1)
+            weights = torch.softmax(top_logits, dim=-1)
+        elif self.router.startswith("deepseek"):
             scores = torch.sigmoid(logits)
             choice = scores + self.score_bias
             group_scores = choice.view(-1, 2, E // 2).topk(2, dim=-1)[0].sum(-1)  # [N, 2 groups]
@@ -230,16 +234,25 @@ def moe_sites(module: nn.Module) -> list[fs.MoESite]:
 
 
 @pytest.mark.parametrize(
-    ("transposed", "router"), [(False, "softmax"), (True, "softmax"), (False, "sigmoid"), (False, "deepseek")]
+    ("transposed", "router"),
+    [
+        (False, "softmax"),
+        (True, "softmax"),
+        (False, "sigmoid"),
+        (False, "logits-softmax"),
+        (False, "deepseek"),
+    ],
 )
 def test_stacked_experts_are_verified_and_their_layout_resolved(transposed, router):
     module = StackedMoE(transposed=transposed, router=router)
     (site,) = moe_sites(module)  # DeepSeek's per-group top-2 and group top-1 are not routers
     assert site.blocker is None, site.blocker
     assert site.num_experts == E and site.top_k == K
-    assert site.report.detail.endswith(f"; {'softmax' if router == 'softmax' else 'sigmoid'} router")
+    scoring = {"logits-softmax": "top-k logits, then softmax", "deepseek": "sigmoid"}.get(router, router)
+    assert site.report.detail.endswith(f"; {scoring} router"), site.report.detail
     # the weights the experts read: after renormalisation (and DeepSeek's scale)
-    assert m.is_op(site.topk_weights, aten.mul if router == "deepseek" else aten.div), site.topk_weights
+    want = {"deepseek": (aten.mul,), "logits-softmax": (aten.softmax, aten._softmax)}.get(router, (aten.div,))
+    assert m.is_op(site.topk_weights, *want), site.topk_weights
     w_gate, w_up, w_down = site.expert_weights()
     gate_up = module.gate_up_proj.transpose(1, 2) if transposed else module.gate_up_proj
     down = module.down_proj.transpose(1, 2) if transposed else module.down_proj
@@ -352,3 +365,28 @@ def test_attention_over_a_cached_latent_is_skipped_with_its_own_reason(latent, r
     (attention,) = sites.attention
     assert attention.report.status == "skipped" and reason in attention.report.reason, attention.report
     assert len(sites.kv) == 2 and all(reason in kv.report.reason for kv in sites.kv)
+
+
+class MaxRoutedMoE(nn.Module):
+    """Top-1 routing through max() instead of topk (as PhiMoE's sparsemixer selects), with
+    experts under an `experts` module: no router is recognised, so the block must be reported."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = nn.Linear(H, E, bias=False)
+        self.experts = nn.ModuleList(nn.Linear(H, H, bias=False) for _ in range(E))
+
+    def forward(self, x):
+        flat = x.reshape(-1, H)
+        weight, chosen = torch.softmax(self.gate(flat), -1).max(-1)
+        out = torch.zeros_like(flat)
+        for e, expert in enumerate(self.experts):
+            out = out + (chosen == e).unsqueeze(-1) * weight.unsqueeze(-1) * expert(flat)
+        return out.view_as(x)
+
+
+def test_experts_without_a_recognised_router_are_reported_not_left_silently():
+    (site,) = moe_sites(MaxRoutedMoE())
+    assert site.report.status == "skipped" and site.blocker == site.report.reason
+    assert "expert weights under experts, but no router feeding them was recognised" in site.report.reason
+    assert not moe_sites(StackedMoE())[0].blocker  # a recognised router covers its experts

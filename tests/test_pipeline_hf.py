@@ -1,6 +1,7 @@
 """The pipeline on HF transformers 5.x models built from tiny random configs (nothing downloaded).
 
-Mixtral, Qwen3-MoE and Qwen2-MoE (MoE) and a dense Llama (SmolLM2-like: only the KV and attention rewrites
+Mixtral, Qwen3-MoE, Qwen2-MoE, GraniteMoE, PhiMoE (its routing reported, not rewritten) and
+DeepSeek-V3 (MoE) and a dense Llama (SmolLM2-like: only the KV and attention rewrites
 apply); sdpa and eager attention; grouped_mm and batched_mm experts; StaticCache (rewritten) and
 DynamicCache (found, reported, left dense). Ops run their PyTorch references (TRITON_INTERPRET=0):
 the rewriting is under test here, not the kernels.
@@ -43,6 +44,8 @@ def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
         ("mixtral", "sdpa", "grouped_mm"),
         ("qwen3-moe", "sdpa", "grouped_mm"),
         ("qwen2-moe", "sdpa", "grouped_mm"),  # + a sigmoid-gated shared expert, no renormalisation
+        ("granitemoe", "sdpa", "grouped_mm"),  # top-k of the logits, then softmax over the k
+        ("phimoe", "sdpa", "grouped_mm"),  # sparsemixer routing: experts reported and left
         ("llama", "sdpa", None),
         ("mixtral", "eager", "batched_mm"),
     ],
@@ -60,10 +63,15 @@ def test_static_cache_models_are_rewritten_and_exact_with_bypass(kind, attention
     assert counts["attention"] == {"rewritten": 1}, report
     if kind == "llama":
         assert "moe" not in counts  # dense model: no MoE site
+    elif kind == "phimoe":
+        assert counts["moe"] == {"skipped": 1}, report
+        (moe,) = (r for r in report.sites if r.kind == "moe")
+        assert "no router feeding them was recognised" in moe.reason and moe.layer == 0, moe
     else:
         assert counts["moe"] == {"rewritten": 1}, report
         (moe,) = report.rewritten("moe")
-        assert moe.module_path.endswith("layers.0.mlp")  # labelled by the block, found by dataflow
+        # labelled by the block, found by dataflow
+        assert moe.module_path.endswith(("layers.0.mlp", "layers.0.block_sparse_moe")), moe
     if check:
         assert report.numerics["relative_error"] <= report.numerics["bound"] <= 1e-3
     # Prefill then one decode step on fresh tokens, against the original with a fresh cache.

@@ -802,7 +802,7 @@ def example_inputs_for(model: nn.Module, batch: int = 2, tokens: int = 8) -> tup
 # ----------------------------------------------------------------------------------------------
 # tiny random HF models (tests and `wmoe-compile dump`; built from configs, nothing downloaded)
 
-HF_TINY = ("mixtral", "qwen3-moe", "qwen2-moe", "deepseek-v3", "llama")
+HF_TINY = ("mixtral", "qwen3-moe", "qwen2-moe", "granitemoe", "phimoe", "deepseek-v3", "llama")
 
 
 def tiny_hf_model(
@@ -816,7 +816,9 @@ def tiny_hf_model(
     """A randomly initialised transformers 5.x causal LM from a tiny config.
 
     kind: "mixtral" | "qwen3-moe" | "qwen2-moe" (a shared expert beside the routed ones, gated by a
-    sigmoid; routing weights not renormalised) | "deepseek-v3" (multi-head latent attention, which
+    sigmoid; routing weights not renormalised) | "granitemoe" (top-k of the router logits, then
+    softmax over the k) | "phimoe" (sparsemixer routing through max, not top-k: the passes report
+    its experts and leave them) | "deepseek-v3" (multi-head latent attention, which
     the KV rewrites skip with the reason; 8 routed experts top-2 chosen on biased sigmoid scores
     within the best of 2 groups, a shared expert, layer 0 dense) | "llama" (dense, SmolLM2-like:
     only the KV/attention rewrites apply). Hidden 64, 4 query / 2 KV heads of 16, 4 experts top-2
@@ -859,6 +861,16 @@ def tiny_hf_model(
             **common,
         )
         model_class = transformers.Qwen2MoeForCausalLM
+    elif kind == "granitemoe":
+        config = transformers.GraniteMoeConfig(
+            intermediate_size=48, num_local_experts=4, num_experts_per_tok=2, **common
+        )
+        model_class = transformers.GraniteMoeForCausalLM
+    elif kind == "phimoe":
+        config = transformers.PhimoeConfig(
+            intermediate_size=48, num_local_experts=4, num_experts_per_tok=2, **common
+        )
+        model_class = transformers.PhimoeForCausalLM
     elif kind == "deepseek-v3":
         config = transformers.DeepseekV3Config(
             intermediate_size=96,
