@@ -1,6 +1,6 @@
 """The pipeline on HF transformers 5.x models built from tiny random configs (nothing downloaded).
 
-Mixtral, Qwen3-MoE, Qwen2-MoE, GraniteMoE, PhiMoE (its routing reported, not rewritten) and
+Mixtral, Qwen3-MoE, Qwen2-MoE, OLMoE, GraniteMoE, PhiMoE (its routing reported, not rewritten) and
 DeepSeek-V3 (MoE) and a dense Llama (SmolLM2-like: only the KV and attention rewrites
 apply); sdpa and eager attention; grouped_mm and batched_mm experts; StaticCache (rewritten) and
 DynamicCache (found, reported, left dense). Ops run their PyTorch references (TRITON_INTERPRET=0):
@@ -44,6 +44,7 @@ def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
         ("mixtral", "sdpa", "grouped_mm"),
         ("qwen3-moe", "sdpa", "grouped_mm"),
         ("qwen2-moe", "sdpa", "grouped_mm"),  # + a sigmoid-gated shared expert, no renormalisation
+        ("olmoe", "sdpa", "grouped_mm"),  # q/k norms over the whole projections
         ("granitemoe", "sdpa", "grouped_mm"),  # top-k of the logits, then softmax over the k
         ("phimoe", "sdpa", "grouped_mm"),  # sparsemixer routing: experts reported and left
         ("llama", "sdpa", None),

@@ -285,7 +285,8 @@ def add_arguments(parser) -> None:
         "--model",
         default="tiny-mixtral",
         help="tiny-mixtral (the reference model, default), a reference config name (tiny, mixtral-8x7b), "
-        "hf-tiny-mixtral / -qwen3-moe / -qwen2-moe / -deepseek-v3 / -llama (random tiny HF models), "
+        "hf-tiny-KIND (random tiny HF models; KIND: mixtral, qwen3-moe, qwen2-moe, olmoe, granitemoe, "
+        "phimoe, deepseek-v3, llama), "
         "or a path to an HF config.json (random weights) or model directory (its weights)",
     )
     parser.add_argument("--out", required=True, help="folder for the dumps (NN_<pass>/ and index.html)")

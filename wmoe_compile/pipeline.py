@@ -802,7 +802,7 @@ def example_inputs_for(model: nn.Module, batch: int = 2, tokens: int = 8) -> tup
 # ----------------------------------------------------------------------------------------------
 # tiny random HF models (tests and `wmoe-compile dump`; built from configs, nothing downloaded)
 
-HF_TINY = ("mixtral", "qwen3-moe", "qwen2-moe", "granitemoe", "phimoe", "deepseek-v3", "llama")
+HF_TINY = ("mixtral", "qwen3-moe", "qwen2-moe", "olmoe", "granitemoe", "phimoe", "deepseek-v3", "llama")
 
 
 def tiny_hf_model(
@@ -816,7 +816,8 @@ def tiny_hf_model(
     """A randomly initialised transformers 5.x causal LM from a tiny config.
 
     kind: "mixtral" | "qwen3-moe" | "qwen2-moe" (a shared expert beside the routed ones, gated by a
-    sigmoid; routing weights not renormalised) | "granitemoe" (top-k of the router logits, then
+    sigmoid; routing weights not renormalised) | "olmoe" (q/k norms over whole projections) |
+    "granitemoe" (top-k of the router logits, then
     softmax over the k) | "phimoe" (sparsemixer routing through max, not top-k: the passes report
     its experts and leave them) | "deepseek-v3" (multi-head latent attention, which
     the KV rewrites skip with the reason; 8 routed experts top-2 chosen on biased sigmoid scores
@@ -861,6 +862,11 @@ def tiny_hf_model(
             **common,
         )
         model_class = transformers.Qwen2MoeForCausalLM
+    elif kind == "olmoe":
+        config = transformers.OlmoeConfig(
+            intermediate_size=48, num_experts=4, num_experts_per_tok=2, **common
+        )
+        model_class = transformers.OlmoeForCausalLM
     elif kind == "granitemoe":
         config = transformers.GraniteMoeConfig(
             intermediate_size=48, num_local_experts=4, num_experts_per_tok=2, **common
