@@ -171,12 +171,11 @@ class StackedMoE(nn.Module):
     """HF-style experts: gate_up_proj [E, 2F, H], down_proj [E, H, F], gathered per token pair.
 
     router: "softmax" | "sigmoid" (weights: the top-k values) | "logits-softmax" (top-k of the
-    logits, softmax over the k values) | "deepseek" (DeepSeek-V3: experts
-    chosen on sigmoid scores plus a per-expert bias within the best of two groups, weights the
-    scores gathered at the ids, renormalised and scaled) | "deepseek-logits" (the same choice, but
-    weights gathered from the logits: not found, so skipped); act: "silu" | "gelu"; transposed:
-    store [E, H, 2F] / [E, F, H]; capacity: per-expert token limit (tokens past it are dropped),
-    0 = none.
+    logits, softmax over the k values) | "deepseek" (DeepSeek-V3: experts chosen on sigmoid scores
+    plus a per-expert bias within the best of two groups, weights the scores gathered at the ids,
+    renormalised and scaled) | "deepseek-logits" (the same choice, but weights gathered from the
+    logits: not found, so skipped). act: "silu" | "gelu". transposed: store [E, H, 2F] / [E, F, H].
+    capacity: per-expert token limit (tokens past it are dropped), 0 = none.
     """
 
     def __init__(

@@ -10,8 +10,8 @@ replace_moe_dispatch -> fuse_sibling_linears -> decompose_router_topk -> cleanup
 pass: graph lint, fake-tensor shape propagation (every input and module tensor converted into one
 FakeTensorMode, so nothing runs on real state), and (config.check_numerics) a numeric comparison
 with the previous graph on the sample inputs. A failure raises PassVerificationError naming the
-pass and the site. insert_dwt_quantize runs the graph on the calibration (or example) inputs to calibrate the
-codec's per-(layer, kv head) channel parameters (passes/_channel_params.py).
+pass and the site. insert_dwt_quantize runs the graph on the calibration (or example) inputs to
+calibrate the codec's per-(layer, kv head) channel parameters (passes/_channel_params.py).
 """
 
 from __future__ import annotations
@@ -815,15 +815,14 @@ def tiny_hf_model(
 ) -> nn.Module:
     """A randomly initialised transformers 5.x causal LM from a tiny config.
 
-    kind: "mixtral" | "qwen3-moe" | "qwen2-moe" (a shared expert beside the routed ones, gated by a
-    sigmoid; routing weights not renormalised) | "olmoe" (q/k norms over whole projections) |
-    "granitemoe" (top-k of the router logits, then
-    softmax over the k) | "phimoe" (sparsemixer routing through max, not top-k: the passes report
-    its experts and leave them) | "deepseek-v3" (multi-head latent attention, which
-    the KV rewrites skip with the reason; 8 routed experts top-2 chosen on biased sigmoid scores
-    within the best of 2 groups, a shared expert, layer 0 dense) | "llama" (dense, SmolLM2-like:
-    only the KV/attention rewrites apply). Hidden 64, 4 query / 2 KV heads of 16, 4 experts top-2
-    for the other MoE kinds.
+    kind: "mixtral" | "qwen3-moe" | "qwen2-moe" (a shared expert beside the routed ones, gated by
+    a sigmoid; routing weights not renormalised) | "olmoe" (q/k norms over whole projections) |
+    "granitemoe" (top-k of the router logits, then softmax over the k) | "phimoe" (sparsemixer
+    routing through max, not top-k: the passes report its experts and leave them) |
+    "deepseek-v3" (multi-head latent attention, which the KV rewrites skip with the reason; 8
+    routed experts top-2 chosen on biased sigmoid scores within the best of 2 groups, a shared
+    expert, layer 0 dense) | "llama" (dense, SmolLM2-like: only the KV/attention rewrites apply).
+    Hidden 64, 4 query / 2 KV heads of 16, 4 experts top-2 for the other MoE kinds.
     """
     import transformers
 
