@@ -1,5 +1,6 @@
-"""decompose_router_topk: a router's top-k over softmax probabilities becomes max-and-mask rounds
-that select the same experts with the same weights; any other top-k is left alone with a reason."""
+"""decompose_router_topk: a router's top-k becomes max-and-mask rounds that select the same experts
+with the same weights (over probabilities, logits, and scores with -inf and NaN entries); a top-k
+it cannot express that way is left alone with a reason."""
 
 from __future__ import annotations
 
@@ -65,7 +66,6 @@ def test_ties_pick_distinct_experts_with_the_top_values():
 @pytest.mark.parametrize(
     "module,reason",
     [
-        (Router(2, softmax=False), "not a softmax"),
         (Router(2, largest=False), "smallest"),
         (Router(2, dim=0), "not the last"),
         (Router(20), "outside k <="),
@@ -79,6 +79,62 @@ def test_other_topks_are_left_with_the_reason(module, reason):
     want = module(logits)
     got = gm(logits)
     assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+
+
+@pytest.mark.parametrize("experts,k", [(8, 2), (64, 6), (5, 5)])
+def test_topk_of_logits_selects_the_same_experts_and_values(experts, k):
+    # no softmax before it (Granite-style routers): taken experts tracked by index
+    logits = torch.randn(37, experts) * 3
+    gm, record = _run(Router(k, softmax=False), logits)
+    assert _topks(gm) == 0 and record.changed, record.notes
+    want_w, want_ids = Router(k, softmax=False)(logits)
+    got_w, got_ids = gm(logits)
+    assert torch.equal(got_ids, want_ids)
+    torch.testing.assert_close(got_w, want_w, rtol=0, atol=0)
+
+
+class RawTopk(nn.Module):
+    def __init__(self, k: int) -> None:
+        super().__init__()
+        self.k = k
+
+    def forward(self, scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.topk(scores, self.k, dim=-1)
+
+
+def test_minus_inf_and_nan_entries_select_distinct_experts_like_topk():
+    # DeepSeek masks the experts of unchosen groups with -inf: a row with fewer finite values than
+    # k must still give k distinct experts; NaN is taken first, as topk takes it
+    scores = torch.tensor(
+        [
+            [0.3, float("-inf"), 0.9, float("-inf"), float("-inf"), 0.1],
+            [float("-inf")] * 6,
+            [0.2, float("nan"), 0.5, 0.5, float("-inf"), 0.7],
+        ]
+    )
+    gm, record = _run(RawTopk(4), scores)
+    assert _topks(gm) == 0 and record.changed, record.notes
+    values, ids = gm(scores)
+    assert ids.tolist() == [[2, 0, 5, 1], [0, 1, 2, 3], [1, 5, 2, 3]]
+    # the same values as topk (ties among -inf may pick other indices), each the input's value
+    # at its index, no index twice
+    want_values, _ = torch.topk(scores, 4, dim=-1)
+    assert torch.equal(values.nan_to_num(), want_values.nan_to_num())
+    assert torch.equal(scores.gather(-1, ids).nan_to_num(), values.nan_to_num())
+    assert all(len(set(row)) == 4 for row in ids.tolist())
+
+
+def test_deepseek_router_top_ks_are_all_rewritten_and_choose_the_same_experts():
+    from test_passes_find_sites import StackedMoE
+
+    module = StackedMoE(router="deepseek")
+    x = torch.randn(2, 3, 32)
+    gm = torch.export.export(module, (x,)).module()
+    record = run_passes(gm, wc.CompileConfig(), passes=(find_sites, decompose_router_topk)).passes[-1]
+    assert record.notes[0] == "3 router top-k(s) rewritten", record.notes  # group top-2, group, final
+    assert _topks(gm) == 0
+    with torch.no_grad():
+        torch.testing.assert_close(gm(x), module(x), rtol=1e-6, atol=1e-6)
 
 
 def test_switch_off_leaves_the_graph_alone():

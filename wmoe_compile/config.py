@@ -77,7 +77,7 @@ class CompileConfig:
     replace_moe      replace_moe_dispatch: expert dispatch -> wmoe::tiled_moe on packed weights
     fuse_linears     fuse_sibling_linears: linears of one input (q/k/v projections) -> one linear
                      over their stacked weights
-    decompose_topk   decompose_router_topk: a router's top-k over softmax probabilities -> k rounds
+    decompose_topk   decompose_router_topk: a router's top-k (small k, <= 512 experts) -> k rounds
                      of max and mask, which Inductor fuses with the softmax and renormalisation
     bypass_codec     make the codec an exact passthrough (see the module docstring)
     check_numerics   after every pass, run the graph on the sample inputs and compare with the
