@@ -1072,6 +1072,12 @@ class LaunchConfig:
                 raise ValueError(f"LaunchConfig.{name} must be a power of two >= 1, got {value}")
         if self.kernel not in ("v1", "v2", "v3"):
             raise ValueError(f"LaunchConfig.kernel must be 'v1', 'v2' or 'v3', got {self.kernel!r}")
+        if self.keys_ahead and (self.kernel != "v3" or self.keys_via_smem):
+            raise ValueError(
+                "LaunchConfig.keys_ahead is a v3 option for keys loaded straight into registers: it "
+                f"needs kernel='v3' and keys_via_smem=False, got kernel={self.kernel!r}, "
+                f"keys_via_smem={self.keys_via_smem}"
+            )
         if self.kernel == "v3" and (self.num_warps != 1 or self.num_stages not in (1, 2, 3, 4)):
             raise ValueError(
                 "LaunchConfig for v3 needs num_warps=1 and num_stages 1-4 (its cp.async ring: 4 KB of "

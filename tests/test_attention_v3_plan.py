@@ -116,10 +116,18 @@ def test_v3_falls_back_off_the_gpu():
     assert K.split_kernel_choice(config, layout, codes, scales, 4) == "v1"
 
 
-@pytest.mark.parametrize("bad", [dict(num_warps=2), dict(num_stages=5)])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(kernel="v3", num_warps=2),
+        dict(kernel="v3", num_stages=5),
+        dict(kernel="v1", keys_ahead=True),
+        dict(kernel="v3", keys_ahead=True, keys_via_smem=True),
+    ],
+)
 def test_v3_config_is_validated(bad):
     with pytest.raises(ValueError, match="v3"):
-        K.LaunchConfig(kernel="v3", **bad)
+        K.LaunchConfig(**bad)
 
 
 def test_a_v3_build_failure_falls_back_to_v1_once(monkeypatch):
