@@ -323,13 +323,6 @@ def run_shape(args, B: int, N: int, row: dict) -> None:
     torch.cuda.empty_cache()
 
 
-def _switches_off(env: dict) -> list[str]:
-    off = list(env.get("wmoe_off", []))
-    if env.get("fuse_linears") is False and "fuse_linears" not in off:  # JSON from before --wmoe-off
-        off.append("fuse_linears")
-    return off
-
-
 def render(env: dict, rows: list[dict], capacity: dict) -> str:
     def f(x, digits=3):
         return "-" if x is None else f"{x:.{digits}f}"
@@ -337,7 +330,7 @@ def render(env: dict, rows: list[dict], capacity: dict) -> str:
     lines = [
         f"Decode step, reference model with Mixtral-8x7B shapes, {env['layers']} layers, bf16, "
         f"{env['gpu']}, torch {env['torch']}, triton {env['triton']}, {env['date']}; codec `{env['codec']}`"
-        + (f"; wmoe with {', '.join(_switches_off(env))} off" if _switches_off(env) else "")
+        + (f"; wmoe with {', '.join(env['wmoe_off'])} off" if env.get("wmoe_off") else "")
         + (f"; wmoe inductor_config {env['wmoe_inductor_config']}" if env.get("wmoe_inductor_config") else "")
         + ".",
         "",

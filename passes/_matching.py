@@ -334,6 +334,14 @@ def _structurally_equal(a: object, b: object, depth: int, order: dict[fx.Node, i
     return type(a) is type(b) and a == b
 
 
+def strip_casts(node: object) -> object:
+    """Follow dtype casts of any kind back to their source (not views: a view changes what the
+    last dimension means)."""
+    while is_op(node, *CAST_OPS):
+        node = node.args[0]
+    return node
+
+
 def _through_casts(node: fx.Node) -> fx.Node:
     while is_same_dtype_cast(node) and isinstance(node.args[0], fx.Node):
         node = node.args[0]

@@ -570,10 +570,10 @@ def _match_moe(gm: fx.GraphModule, topk: fx.Node) -> MoESite | None:
     softmax_after = None
     if scores is not None:
         gathered = _gathered_at(scores, ids)
-        logits = _strip_casts(scores.args[0])
+        logits = m.strip_casts(scores.args[0])
         scoring = "sigmoid" if m.is_op(scores, aten.sigmoid) else "softmax"
     else:  # top-k of the raw logits
-        gathered, logits = None, _strip_casts(topk.args[0])
+        gathered, logits = None, m.strip_casts(topk.args[0])
         softmax_after = _softmax_of(values)
         scoring = "top-k logits, then softmax"
     router_weight = m.linear_weight(logits) if isinstance(logits, fx.Node) else None
@@ -588,7 +588,7 @@ def _match_moe(gm: fx.GraphModule, topk: fx.Node) -> MoESite | None:
     site.num_experts = weight_shape[0] if weight_shape else 0
     # the experts read the hidden states the router's linear reads, before any cast to fp32
     # (DeepSeek-V3 routes in fp32); the expert verification below checks this choice
-    hidden = _strip_casts(m.linear_input(logits))
+    hidden = m.strip_casts(m.linear_input(logits))
     site.hidden = hidden
     report.nodes.update(topk=topk.name, hidden=hidden.name)
     if scores is not None and scoring == "softmax" and m.arg(scores, 1, "dim", -1) not in (-1, 1):
@@ -604,7 +604,7 @@ def _match_moe(gm: fx.GraphModule, topk: fx.Node) -> MoESite | None:
     if (
         scores is not None
         and gathered is None
-        and (values is None or _strip_casts(topk.args[0]) is not scores)
+        and (values is None or m.strip_casts(topk.args[0]) is not scores)
     ):
         return _blocked(
             site,
@@ -630,24 +630,18 @@ def _match_moe(gm: fx.GraphModule, topk: fx.Node) -> MoESite | None:
     return site
 
 
-def _strip_casts(node: object) -> object:
-    while m.is_op(node, *m.CAST_OPS):
-        node = node.args[0]
-    return node
-
-
 def _router_scores(choice: fx.Node) -> fx.Node | None:
     """The softmax or sigmoid of the router logits that a top-k's input is made from: the scores
     themselves, or (sigmoid routers) the scores plus a per-expert bias, with experts outside the
     chosen groups masked off. None when the input is anything else."""
-    node = _strip_casts(choice)
+    node = m.strip_casts(choice)
     for _ in range(4):
         if m.is_op(node, aten.softmax, aten._softmax, aten.sigmoid):
             return node
         if m.is_op(node, aten.masked_fill):  # experts of groups not chosen
-            node = _strip_casts(node.args[0])
+            node = m.strip_casts(node.args[0])
         elif m.is_op(node, aten.add) and len(node.args) == 2 and _is_expert_bias(node.args[1], node):
-            node = _strip_casts(node.args[0])
+            node = m.strip_casts(node.args[0])
         else:
             return None
     return None
@@ -656,7 +650,7 @@ def _router_scores(choice: fx.Node) -> fx.Node | None:
 def _is_expert_bias(bias: object, add: fx.Node) -> bool:
     """A module tensor of one value per expert, broadcast over the tokens (DeepSeek-V3's
     e_score_correction_bias: it steers the choice, not the weights)."""
-    bias = _strip_casts(bias)
+    bias = m.strip_casts(bias)
     bias_shape, out_shape = m.shape(bias), m.shape(add)
     return (
         m.is_param_like(bias)
@@ -688,7 +682,7 @@ def _gathered_at(scores: fx.Node, ids: fx.Node) -> fx.Node | None:
         if (
             m.is_op(user, aten.gather)
             and user.args[2] is ids
-            and _strip_casts(user.args[0]) is scores
+            and m.strip_casts(user.args[0]) is scores
             and user.args[1] in (-1, len(m.shape(scores) or ()) - 1)
         ):
             return user

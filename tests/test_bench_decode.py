@@ -3,19 +3,8 @@ before anything runs, and its table renders rows whose eager variants were skipp
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
-
 import pytest
-
-BENCH = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
-
-
-def _bench_decode():
-    spec = importlib.util.spec_from_file_location("bench_decode", BENCH / "bench_decode.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from bench_scripts import load_benchmark
 
 
 @pytest.mark.parametrize(
@@ -29,14 +18,14 @@ def _bench_decode():
 )
 def test_bad_arguments_are_refused_by_name(argv, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        _bench_decode().main(argv)
+        load_benchmark("bench_decode").main(argv)
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert argv[0].lstrip("-") in err, err
 
 
 def test_rows_without_eager_render_with_dashes_and_the_options_in_the_header():
-    bench = _bench_decode()
+    bench = load_benchmark("bench_decode")
     env = dict(
         layers=2,
         gpu="H200",

@@ -3,20 +3,9 @@ table's per-step figures are the profile's totals divided by the profiled steps.
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
-
 import pytest
 import torch
-
-BENCH = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
-
-
-def _profile_decode():
-    spec = importlib.util.spec_from_file_location("profile_decode", BENCH / "profile_decode.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from bench_scripts import load_benchmark
 
 
 @pytest.mark.parametrize(
@@ -45,11 +34,11 @@ def _profile_decode():
     ],
 )
 def test_kernels_map_to_their_part(kernel, part):
-    assert _profile_decode().part_of(kernel) == part
+    assert load_benchmark("profile_decode").part_of(kernel) == part
 
 
 def test_breakdown_divides_by_the_profiled_steps_and_names_what_is_in_other():
-    pd = _profile_decode()
+    pd = load_benchmark("profile_decode")
     kernels = {
         "split_kernel_v3": (5300.0, 20),  # us over 10 steps, calls
         "_gate_up_direct_kernel": (7000.0, 20),
@@ -82,6 +71,6 @@ def test_kernel_times_reads_the_profilers_rows():
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(3):
             torch.topk(x @ x, 2)
-    times = _profile_decode().kernel_times(prof.key_averages(), DeviceType.CPU)
+    times = load_benchmark("profile_decode").kernel_times(prof.key_averages(), DeviceType.CPU)
     us, calls = times["aten::topk"]
     assert calls == 3 and us > 0
