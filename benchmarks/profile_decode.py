@@ -71,15 +71,15 @@ def breakdown(kernels: Mapping[str, tuple[float, int]], steps: int, top_other: i
         raise ValueError(f"steps must be >= 1, got {steps}")
     parts = {part: [0.0, 0] for part, _ in PARTS} | {"other": [0.0, 0]}
     for name, (us, calls) in kernels.items():
-        parts[part_of(name)][0] += us
-        parts[part_of(name)][1] += calls
+        totals = parts[part_of(name)]
+        totals[0] += us
+        totals[1] += calls
     total_us = sum(us for us, _ in parts.values())
     if total_us <= 0:
         raise ValueError("the profile holds no kernel time to break down (no CUDA kernel rows)")
     lines = ["| part | ms per step | share | launches per step |", "|---|---|---|---|"]
     for part, (us, calls) in parts.items():
-        share = us / total_us if total_us else 0.0
-        lines.append(f"| {part} | {us / steps / 1e3:.3f} | {share:.1%} | {calls / steps:g} |")
+        lines.append(f"| {part} | {us / steps / 1e3:.3f} | {us / total_us:.1%} | {calls / steps:g} |")
     lines.append(
         f"| total | {total_us / steps / 1e3:.3f} | 100.0% | {sum(c for _, c in parts.values()) / steps:g} |"
     )
