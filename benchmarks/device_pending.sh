@@ -9,7 +9,12 @@
 set -u
 OUT=${OUT:-benchmarks/out}
 mkdir -p "$OUT"
-export PYTHONPATH=$PWD TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$PWD/build/triton_cache}
+export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$PWD/build/triton_cache}
+# kernels/ and passes/ sit at the top level and are mapped into the package by pyproject's
+# package-dir, so a PYTHONPATH entry cannot import wmoe_compile.kernels (and would shadow the
+# install): install the checkout, offline (the device has no network, hence no build isolation).
+python3 -c "import wmoe_compile.kernels" 2>/dev/null ||
+    python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | grep -v -i warning
 
 run() {
     local limit=$1
