@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The measurements prepared on a CPU-only machine that have not yet run on a GPU (see the
-# "prepared" sections of benchmarks/RESULTS.md), grouped so each part fits one 10-minute device
-# call. Every command has its own time limit; results go under $OUT.
+# A/B measurements prepared on a CPU-only machine for the device, grouped so each part fits one
+# 10-minute device call (the two below ran on 2026-12-01; RESULTS.md, ninth session, has their
+# tables; rerun them after a change to the kernel or the passes they cover). Every command has
+# its own time limit; results go under $OUT.
 #
 #   bash benchmarks/device_pending.sh attention   # keys_ahead: GPU correctness, then the timing grid
 #   bash benchmarks/device_pending.sh decode      # decompose_router_topk on / off, same call
