@@ -1,13 +1,22 @@
 #!/usr/bin/env bash
-# A/B measurements prepared on a CPU-only machine for the device, grouped so each part fits one
-# 10-minute device call (the two below ran on 2026-12-01; RESULTS.md, ninth session, has their
-# tables; rerun them after a change to the kernel or the passes they cover). Every command has
-# its own time limit; results go under $OUT.
+# Measurements prepared on a CPU-only machine for the device, grouped so each part fits one
+# 10-minute device call. attention, decode and profile ran on 2026-12-01 (RESULTS.md, ninth
+# session, has their tables; rerun them after a change to the kernel or the passes they cover);
+# stalls has not run yet. Every command has its own time limit; results go under $OUT.
 #
 #   bash benchmarks/device_pending.sh attention   # keys_ahead: GPU correctness, then the timing grid
 #   bash benchmarks/device_pending.sh decode      # decompose_router_topk on / off, same call
 #   bash benchmarks/device_pending.sh profile     # the step's GPU time by part (profile_decode.py)
+#   bash benchmarks/device_pending.sh stalls      # where the tuned v3 split kernel's warps wait,
+#                                                 # per SASS instruction (Nsight Compute)
 set -u
+case "${1:-}" in
+attention | decode | profile | stalls) ;;
+*)
+    echo "usage: bash benchmarks/device_pending.sh attention|decode|profile|stalls" >&2
+    exit 2
+    ;;
+esac
 OUT=${OUT:-benchmarks/out}
 mkdir -p "$OUT"
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$PWD/build/triton_cache}
@@ -40,8 +49,17 @@ decode)
 profile)
     run 400 python3 -P benchmarks/profile_decode.py --batch 8 --context 131072
     ;;
-*)
-    echo "usage: bash benchmarks/device_pending.sh attention|decode|profile" >&2
-    exit 2
+stalls)
+    # The ninth session found the op sensitive to when its key and scale loads issue (RESULTS.md):
+    # the warp-state samples per SASS line say where in the step the warps wait, so the next
+    # variant can place those loads. One launch of the tuned config at (8, 131072).
+    tuned=$(python3 -c "import json; print(json.dumps(json.load(open('benchmarks/probe_keys_ahead.json'))[0]))")
+    run 420 ncu --clock-control none -k regex:split_kernel_v3 --launch-skip 1 --launch-count 1 \
+        --section WarpStateStats --section SchedulerStats --section SourceCounters \
+        --import-source yes -f -o "$OUT/v3_stalls" \
+        python3 -P benchmarks/probe_attention.py once --shape 8,131072 --config "$tuned"
+    timeout 120 ncu -i "$OUT/v3_stalls.ncu-rep" --page source --csv --print-source sass \
+        > "$OUT/v3_stalls_sass.csv" 2> "$OUT/v3_stalls_sass.err"
+    echo "per-SASS-line samples: $OUT/v3_stalls_sass.csv ($(wc -l < "$OUT/v3_stalls_sass.csv") lines)"
     ;;
 esac
