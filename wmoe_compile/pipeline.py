@@ -802,7 +802,78 @@ def example_inputs_for(model: nn.Module, batch: int = 2, tokens: int = 8) -> tup
 # ----------------------------------------------------------------------------------------------
 # tiny random HF models (tests and `wmoe-compile dump`; built from configs, nothing downloaded)
 
-HF_TINY = ("mixtral", "qwen3-moe", "qwen2-moe", "olmoe", "granitemoe", "phimoe", "deepseek-v3", "llama")
+# kind -> (transformers config class, model class, config fields beyond the shared tiny ones)
+_HF_TINY_SPECS: dict[str, tuple[str, str, dict]] = {
+    "mixtral": (
+        "MixtralConfig",
+        "MixtralForCausalLM",
+        dict(intermediate_size=48, num_local_experts=4, num_experts_per_tok=2),
+    ),
+    "qwen3-moe": (
+        "Qwen3MoeConfig",
+        "Qwen3MoeForCausalLM",
+        dict(
+            intermediate_size=96,
+            moe_intermediate_size=48,
+            num_experts=4,
+            num_experts_per_tok=2,
+            norm_topk_prob=True,
+        ),
+    ),
+    "qwen2-moe": (
+        "Qwen2MoeConfig",
+        "Qwen2MoeForCausalLM",
+        dict(
+            intermediate_size=96,
+            moe_intermediate_size=48,
+            shared_expert_intermediate_size=64,
+            num_experts=4,
+            num_experts_per_tok=2,
+            norm_topk_prob=False,
+        ),
+    ),
+    "olmoe": (
+        "OlmoeConfig",
+        "OlmoeForCausalLM",
+        dict(intermediate_size=48, num_experts=4, num_experts_per_tok=2),
+    ),
+    "granitemoe": (
+        "GraniteMoeConfig",
+        "GraniteMoeForCausalLM",
+        dict(intermediate_size=48, num_local_experts=4, num_experts_per_tok=2),
+    ),
+    "phimoe": (
+        "PhimoeConfig",
+        "PhimoeForCausalLM",
+        dict(intermediate_size=48, num_local_experts=4, num_experts_per_tok=2),
+    ),
+    "deepseek-v3": (
+        "DeepseekV3Config",
+        "DeepseekV3ForCausalLM",
+        dict(
+            intermediate_size=96,
+            moe_intermediate_size=32,
+            n_shared_experts=1,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            n_group=2,
+            topk_group=1,
+            first_k_dense_replace=1,
+            kv_lora_rank=16,
+            q_lora_rank=None,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=8,
+            v_head_dim=16,
+            norm_topk_prob=True,
+            routed_scaling_factor=2.5,
+            # MLA: every head has its own K/V; head_dim is the rotary part (qk_rope_head_dim)
+            num_key_value_heads=4,
+            head_dim=8,
+        ),
+    ),
+    "llama": ("LlamaConfig", "LlamaForCausalLM", dict(intermediate_size=96, tie_word_embeddings=True)),
+}
+HF_TINY = tuple(_HF_TINY_SPECS)
 
 
 def tiny_hf_model(
@@ -835,73 +906,11 @@ def tiny_hf_model(
         head_dim=16,
         max_position_embeddings=256,
     )
-    if kind == "mixtral":
-        config = transformers.MixtralConfig(
-            intermediate_size=48, num_local_experts=4, num_experts_per_tok=2, **common
-        )
-        model_class = transformers.MixtralForCausalLM
-    elif kind == "qwen3-moe":
-        config = transformers.Qwen3MoeConfig(
-            intermediate_size=96,
-            moe_intermediate_size=48,
-            num_experts=4,
-            num_experts_per_tok=2,
-            norm_topk_prob=True,
-            **common,
-        )
-        model_class = transformers.Qwen3MoeForCausalLM
-    elif kind == "qwen2-moe":
-        config = transformers.Qwen2MoeConfig(
-            intermediate_size=96,
-            moe_intermediate_size=48,
-            shared_expert_intermediate_size=64,
-            num_experts=4,
-            num_experts_per_tok=2,
-            norm_topk_prob=False,
-            **common,
-        )
-        model_class = transformers.Qwen2MoeForCausalLM
-    elif kind == "olmoe":
-        config = transformers.OlmoeConfig(
-            intermediate_size=48, num_experts=4, num_experts_per_tok=2, **common
-        )
-        model_class = transformers.OlmoeForCausalLM
-    elif kind == "granitemoe":
-        config = transformers.GraniteMoeConfig(
-            intermediate_size=48, num_local_experts=4, num_experts_per_tok=2, **common
-        )
-        model_class = transformers.GraniteMoeForCausalLM
-    elif kind == "phimoe":
-        config = transformers.PhimoeConfig(
-            intermediate_size=48, num_local_experts=4, num_experts_per_tok=2, **common
-        )
-        model_class = transformers.PhimoeForCausalLM
-    elif kind == "deepseek-v3":
-        config = transformers.DeepseekV3Config(
-            intermediate_size=96,
-            moe_intermediate_size=32,
-            n_shared_experts=1,
-            n_routed_experts=8,
-            num_experts_per_tok=2,
-            n_group=2,
-            topk_group=1,
-            first_k_dense_replace=1,
-            kv_lora_rank=16,
-            q_lora_rank=None,
-            qk_rope_head_dim=8,
-            qk_nope_head_dim=8,
-            v_head_dim=16,
-            norm_topk_prob=True,
-            routed_scaling_factor=2.5,
-            # MLA: every head has its own K/V; head_dim is the rotary part (qk_rope_head_dim)
-            **{**common, "num_key_value_heads": common["num_attention_heads"], "head_dim": 8},
-        )
-        model_class = transformers.DeepseekV3ForCausalLM
-    elif kind == "llama":
-        config = transformers.LlamaConfig(intermediate_size=96, tie_word_embeddings=True, **common)
-        model_class = transformers.LlamaForCausalLM
-    else:
+    if kind not in _HF_TINY_SPECS:
         raise ValueError(f"unknown tiny HF model {kind!r}; valid: {', '.join(HF_TINY)}")
+    config_name, model_name, fields = _HF_TINY_SPECS[kind]
+    config = getattr(transformers, config_name)(**{**common, **fields})
+    model_class = getattr(transformers, model_name)
     config._attn_implementation = attn_implementation
     with torch.random.fork_rng():  # seeded weights without resetting the caller's generator
         torch.manual_seed(seed)
