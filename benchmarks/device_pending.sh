@@ -1,19 +1,29 @@
 #!/usr/bin/env bash
 # Measurements prepared on a CPU-only machine for the device, grouped so each part fits one
-# 10-minute device call. attention, decode and profile ran on 2026-12-01 (RESULTS.md, ninth
-# session, has their tables; rerun them after a change to the kernel or the passes they cover);
-# stalls has not run yet. Every command has its own time limit; results go under $OUT.
+# 10-minute device call. attention, decode and profile ran in the ninth session, stalls (tuned) in
+# the tenth (RESULTS.md has their tables; rerun them after a change to the kernel or the passes
+# they cover). Every command has its own time limit; results go under $OUT.
 #
 #   bash benchmarks/device_pending.sh attention   # keys_ahead: GPU correctness, then the timing grid
 #   bash benchmarks/device_pending.sh decode      # decompose_router_topk on / off, same call
 #   bash benchmarks/device_pending.sh profile     # the step's GPU time by part (profile_decode.py)
-#   bash benchmarks/device_pending.sh stalls      # where the tuned v3 split kernel's warps wait,
-#                                                 # per SASS instruction (Nsight Compute)
+#   bash benchmarks/device_pending.sh stalls [tuned|keys_ahead]
+#                                                 # where the v3 split kernel's warps wait, per SASS
+#                                                 # instruction, plus the memory-throughput
+#                                                 # breakdown (Nsight Compute)
 set -u
 case "${1:-}" in
 attention | decode | profile | stalls) ;;
 *)
-    echo "usage: bash benchmarks/device_pending.sh attention|decode|profile|stalls" >&2
+    echo "usage: bash benchmarks/device_pending.sh attention|decode|profile|stalls [tuned|keys_ahead]" >&2
+    exit 2
+    ;;
+esac
+variant=${2:-tuned}
+case "$variant" in
+tuned | keys_ahead) ;;
+*)
+    echo "stalls variant must be tuned or keys_ahead, got '$variant'" >&2
     exit 2
     ;;
 esac
@@ -50,16 +60,23 @@ profile)
     run 400 python3 -P benchmarks/profile_decode.py --batch 8 --context 131072
     ;;
 stalls)
-    # The ninth session found the op sensitive to when its key and scale loads issue (RESULTS.md):
-    # the warp-state samples per SASS line say where in the step the warps wait, so the next
-    # variant can place those loads. One launch of the tuned config at (8, 131072).
-    tuned=$(python3 -c "import json; print(json.dumps(json.load(open('benchmarks/probe_keys_ahead.json'))[0]))")
+    # One launch of the v3 split kernel at (8, 131072), tuned or with keys_ahead (RESULTS.md, tenth
+    # session: the tuned loop's warps wait on the key words' first use; keys_ahead trades that
+    # wait for fixed-latency dependency waits).
+    config=$(python3 -c "import json; c = json.load(open('benchmarks/probe_keys_ahead.json'))[0]
+v = '$variant'
+print(json.dumps(c if v == 'tuned' else {**c, v: True}))")
     run 420 ncu --clock-control none -k regex:split_kernel_v3 --launch-skip 1 --launch-count 1 \
         --section WarpStateStats --section SchedulerStats --section SourceCounters \
-        --import-source yes -f -o "$OUT/v3_stalls" \
-        python3 -P benchmarks/probe_attention.py once --shape 8,131072 --config "$tuned"
-    timeout 120 ncu -i "$OUT/v3_stalls.ncu-rep" --page source --csv --print-source sass \
-        > "$OUT/v3_stalls_sass.csv" 2> "$OUT/v3_stalls_sass.err"
-    echo "per-SASS-line samples: $OUT/v3_stalls_sass.csv ($(wc -l < "$OUT/v3_stalls_sass.csv") lines)"
+        --section SpeedOfLight --section MemoryWorkloadAnalysis \
+        --import-source yes -f -o "$OUT/${variant}_stalls" \
+        python3 -P benchmarks/probe_attention.py once --shape 8,131072 --config "$config"
+    timeout 120 ncu -i "$OUT/${variant}_stalls.ncu-rep" --page source --csv --print-source sass \
+        > "$OUT/${variant}_stalls_sass.csv" 2> "$OUT/${variant}_stalls_sass.err"
+    timeout 120 ncu -i "$OUT/${variant}_stalls.ncu-rep" --page details --print-details all \
+        > "$OUT/${variant}_details.txt" 2>&1
+    echo "per-SASS-line samples: $OUT/${variant}_stalls_sass.csv ($(wc -l < "$OUT/${variant}_stalls_sass.csv") lines)"
+    grep -E "Duration|DRAM Throughput|L2 Cache Throughput|L1/TEX Cache Throughput|Issue Slots|lts__|Hit Rate" \
+        "$OUT/${variant}_details.txt" | head -40
     ;;
 esac
