@@ -25,6 +25,10 @@ the codec op, with the exact sinks and window filled as the cache-writing op wou
 logits can be compared with the eager logits of the same step: that relative error is a column.
 The wmoe step is broken down by timing its attention and MoE ops alone at the same shapes (x
 layers); "rest" is the remainder (projections, norms, router, lm_head, KV writes).
+A second table gives each shape's read floor: the bytes the wmoe step must read (the experts its
+router picks, measured by hooks on an eager forward; every other weight; the compressed cache) at
+the copy rate measured at the start of the run, and so the most any step could gain over the
+baselines as measured.
 """
 
 from __future__ import annotations
@@ -113,6 +117,61 @@ def fill_compressed_history(model, compile_backend, spec_by_cache: dict, n_hist:
                 exact[:, :, cfg.sinks + recent % cfg.window] = dense[:, :, recent]
             total += sum(t.numel() * t.element_size() for t in (codes, scales, exact))
     return total
+
+
+def experts_hit(model, tokens: torch.Tensor, positions: torch.Tensor) -> list[int]:
+    """Distinct experts each layer's router picks for this step (a forward of the eager model with
+    hooks on the routers; the compiled graphs route the same tokens the same way)."""
+    hit: list[int] = []
+
+    def record(module, inputs, logits):
+        probs = torch.softmax(logits.float(), dim=-1)
+        hit.append(int(probs.topk(model.cfg.experts_per_token, dim=-1).indices.unique().numel()))
+
+    hooks = [layer.moe.gate.register_forward_hook(record) for layer in model.layers]
+    try:
+        model(tokens, positions)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return hit
+
+
+def step_read_bytes(model, batch: int, experts_hit_per_layer: list[int], kv_bytes: int) -> dict:
+    """Bytes one decode step must read at least: every weight it multiplies by (the routed experts
+    only), the embedding rows of its tokens, and the KV cache it attends over (kv_bytes). Activations
+    are left out (B x hidden-sized, under 0.1% here)."""
+    if len(experts_hit_per_layer) != len(model.layers):
+        raise ValueError(
+            f"experts_hit_per_layer has {len(experts_hit_per_layer)} entries for {len(model.layers)} layers"
+        )
+    expert_bytes = 0
+    for layer, n_hit in zip(model.layers, experts_hit_per_layer, strict=True):
+        one = sum(p.numel() * p.element_size() for p in layer.moe.experts[0].parameters())
+        expert_bytes += n_hit * one
+    embed = model.embed.weight
+    embed_bytes = batch * embed.shape[1] * embed.element_size()
+    expert_params = {id(p) for layer in model.layers for p in layer.moe.experts.parameters()}
+    other_bytes = sum(
+        p.numel() * p.element_size()
+        for p in model.parameters()
+        if id(p) not in expert_params and p is not embed
+    )
+    return {
+        "experts": expert_bytes,
+        "other_weights": other_bytes + embed_bytes,
+        "kv": kv_bytes,
+        "total": expert_bytes + other_bytes + embed_bytes + kv_bytes,
+    }
+
+
+def copy_rate_tbps() -> float:
+    """Device-to-device copy rate of this GPU now, TB/s counting read + write (2 GiB each way):
+    the rate the floors of bench_attention and bench_moe use."""
+    src = torch.empty(1024**3, device="cuda", dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    ms = bench_ms(lambda: dst.copy_(src))
+    return 2 * 2 * 1024**3 / ms / 1e9
 
 
 def random_channel_params(model, gen: torch.Generator) -> dict:
@@ -240,6 +299,7 @@ def run_shape(args, B: int, N: int, row: dict) -> None:
             row["eager-dense-graph_ms"] = graph_ms(step(model))
             print(f"B={B} N={N} eager-dense in a CUDA graph: {row['eager-dense-graph_ms']} ms", flush=True)
         reference_logits = model(tokens, positions).float()
+        row["experts_hit"] = experts_hit(model, tokens, positions)
 
         if "inductor" not in args.skip:
             best = None
@@ -302,6 +362,9 @@ def run_shape(args, B: int, N: int, row: dict) -> None:
                 for layer in model.layers
                 for c in (layer.attn.k_cache, layer.attn.v_cache)
             )
+            read = step_read_bytes(model, B, row["experts_hit"], row["compressed_cache_bytes"])
+            row["wmoe_step_read_bytes"] = read
+            row["wmoe_floor_ms"] = read["total"] / (row["copy_TBps"] * 1e12) * 1e3
             logits = compiled(tokens, positions).float()
             row["wmoe_logits_rel_err"] = ((logits - reference_logits).norm() / reference_logits.norm()).item()
             row["wmoe_top1_agreement"] = (
@@ -363,6 +426,7 @@ def render(env: dict, rows: list[dict], capacity: dict) -> str:
             f"{f(r.get('wmoe_attention_ms'))} | {f(r.get('wmoe_moe_ms'))} | {f(rest)} | "
             f"{f(r.get('wmoe_logits_rel_err'), 4)} | {kv} |"
         )
+    lines += render_floor(rows)
     c = capacity
     lines += [
         "",
@@ -374,6 +438,40 @@ def render(env: dict, rows: list[dict], capacity: dict) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _per(ms: float | None, floor_ms: float, unit: str = "") -> str:
+    return "-" if ms is None else f"{ms / floor_ms:.2f}{unit}"
+
+
+def render_floor(rows: list[dict]) -> list[str]:
+    """The step's read floor per shape and the most any variant could gain over the baselines as
+    measured: a wmoe step cannot take less than its bytes at the copy rate."""
+    rows = [r for r in rows if "wmoe_floor_ms" in r]
+    if not rows:
+        return []
+    lines = [
+        "",
+        f"Step read floor: the bytes a wmoe step must read (routed experts' weights, every other weight, "
+        f"the embedding rows, the compressed KV cache) at this run's copy rate, "
+        f"{rows[0]['copy_TBps']:.2f} TB/s. 'most vs' = baseline ms / floor ms: no wmoe step can beat a "
+        "baseline by more.",
+        "",
+        "| B | N | experts hit per layer | GB: experts / other weights / KV | floor ms | wmoe ms "
+        "| wmoe x floor | most vs inductor | most vs eager graph |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        floor, read = r["wmoe_floor_ms"], r["wmoe_step_read_bytes"]
+        gb = " / ".join(f"{read[k] / 1e9:.2f}" for k in ("experts", "other_weights", "kv"))
+        w, ind, eg = r.get("wmoe_ms"), r.get("inductor_ms"), r.get("eager-dense-graph_ms")
+
+        lines.append(
+            f"| {r['B']} | {r['N']} | {', '.join(map(str, r['experts_hit']))} | {gb} | {floor:.3f} | "
+            f"{'-' if w is None else f'{w:.3f}'} | {_per(w, floor)} | "
+            f"{_per(ind, floor, 'x')} | {_per(eg, floor, 'x')} |"
+        )
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -431,10 +529,12 @@ def main(argv: list[str] | None = None) -> int:
         "wmoe_off": sorted(args.wmoe_off),
         "wmoe_inductor_config": args.wmoe_inductor_config,
     }
+    env["copy_TBps"] = copy_rate_tbps()
+    torch.cuda.empty_cache()  # the copy's 4 GiB back before the models
     print(json.dumps(env), flush=True)
     rows: list[dict] = []
     for B, N in shapes:
-        row: dict = {"B": B, "N": N}
+        row: dict = {"B": B, "N": N, "copy_TBps": env["copy_TBps"]}
         rows.append(row)
         try:
             run_shape(args, B, N, row)

@@ -44,3 +44,53 @@ def test_rows_without_eager_render_with_dashes_and_the_options_in_the_header():
     cells = [c.strip() for c in line.strip("|").split("|")]
     assert cells[2:4] == ["-", "-"]  # eager routed / dense skipped
     assert cells[10] == "1.89x"  # vs inductor still computed
+
+
+def test_step_read_bytes_counts_the_routed_experts_and_every_other_weight():
+    # the read floor's byte count, by hand on the tiny model: experts of the hit count per layer,
+    # every other weight in full, the embedding only at the step's token rows, plus the KV bytes
+    import torch
+
+    from wmoe_compile.models import build_model
+
+    bench = load_benchmark("bench_decode")
+    model = build_model("tiny", num_layers=2)
+    cfg = model.cfg
+    model.setup_cache(3, 16)
+    tokens = torch.randint(0, cfg.vocab_size, (3, 1))
+    hit = bench.experts_hit(model, tokens, torch.tensor([5]))
+    assert len(hit) == 2 and all(
+        cfg.experts_per_token <= n <= min(cfg.num_experts, 3 * cfg.experts_per_token) for n in hit
+    )
+    expert = 3 * cfg.hidden_size * cfg.ffn_size * 4  # w1, w3, w2 in fp32
+    layer_other = sum(
+        p.numel() for name, p in model.layers[0].named_parameters() if ".experts." not in f".{name}"
+    )
+    other = 2 * layer_other + cfg.hidden_size + cfg.vocab_size * cfg.hidden_size  # final norm, lm_head
+    read = bench.step_read_bytes(model, 3, [2, 5], kv_bytes=1000)
+    assert read["experts"] == 7 * expert
+    assert read["other_weights"] == 4 * other + 3 * cfg.hidden_size * 4
+    assert read["kv"] == 1000
+    assert read["total"] == read["experts"] + read["other_weights"] + 1000
+    with pytest.raises(ValueError, match="2 layers"):
+        bench.step_read_bytes(model, 3, [2], kv_bytes=0)
+
+
+def test_floor_table_divides_each_baseline_by_the_floor():
+    bench = load_benchmark("bench_decode")
+    row = dict(
+        B=8,
+        N=131072,
+        copy_TBps=4.0,
+        experts_hit=[8, 7],
+        wmoe_step_read_bytes=dict(experts=4.0e9, other_weights=0.4e9, kv=1.6e9, total=6.0e9),
+        wmoe_floor_ms=1.5,
+        wmoe_ms=1.8,
+        inductor_ms=3.3,
+    )
+    lines = bench.render_floor([row, dict(B=1, N=8, error="out of memory")])
+    line = next(x for x in lines if x.startswith("| 8 | 131072 |"))
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells[2:9] == ["8, 7", "4.00 / 0.40 / 1.60", "1.500", "1.800", "1.20", "2.20x", "-"]
+    assert not any(x.startswith("| 1 | 8 |") for x in lines)  # a failed shape has no floor row
+    assert bench.render_floor([dict(B=1, N=8, error="x")]) == []
