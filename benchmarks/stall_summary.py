@@ -4,7 +4,8 @@
 
 Input: `ncu -i REPORT --page source --csv --print-source sass` (what `device_pending.sh stalls`
 writes). Prints the share of every stall reason over all samples, the hot loop (the instructions
-executed most often: the v3 split kernel's full-step loop) and its lines holding the most samples.
+executed most often: the v3 split kernel's full-step loop), its samples by opcode (instructions /
+share) and its lines holding the most samples.
 Why: the device's time is scarce, so a report is read here, and the same reading is applied to
 every variant (the tenth session's RESULTS.md section used it on the tuned and keys_ahead runs).
 """
@@ -82,6 +83,25 @@ def hot_loop(lines: list[SassLine]) -> list[SassLine]:
     return [line for line in lines if line.executed == most]
 
 
+def opcode(source: str) -> str:
+    """The base opcode of a SASS line: 'LOP3' for '@!P2 LOP3.LUT R88, ...'."""
+    words = source.split()
+    word = words[1] if words[0].startswith("@") and len(words) > 1 else words[0]
+    return word.split(".")[0]
+
+
+def opcode_shares(lines: list[SassLine], total: int) -> list[tuple[str, int, float]]:
+    """(opcode, instructions, share of all samples) over the given lines, most samples first: a
+    warp's time by kind of work (a sample counts against the instruction the warp waits to issue,
+    so a load's latency shows at its first use)."""
+    count: collections.Counter = collections.Counter()
+    samples: collections.Counter = collections.Counter()
+    for line in lines:
+        count[opcode(line.source)] += 1
+        samples[opcode(line.source)] += line.samples
+    return [(op, count[op], n / total) for op, n in samples.most_common()] if total else []
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("csv", type=pathlib.Path)
@@ -96,6 +116,10 @@ def main() -> None:
     print(
         f"hot loop: {len(loop)} instructions executed {loop[0].executed:,} times each, "
         f"{in_loop / total:.3f} of the samples"
+    )
+    print(
+        "hot loop by opcode: "
+        + ", ".join(f"{op} {n}/{share:.3f}" for op, n, share in opcode_shares(loop, total)[: a.top])
     )
     for line in sorted(loop, key=lambda x: -x.samples)[: a.top]:
         worst = sorted(line.stalls.items(), key=lambda kv: -kv[1])[:3]

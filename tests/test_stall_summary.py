@@ -35,7 +35,10 @@ def test_shares_and_hot_loop_of_a_small_export(tmp_path):
     shares = dict(summary.reason_shares(lines))
     assert shares["long_sb"] == pytest.approx(80 / 100)
     assert shares["wait"] == pytest.approx(11 / 100)
-    assert [line.index for line in summary.hot_loop(lines)] == [1, 2, 3]
+    loop = summary.hot_loop(lines)
+    assert [line.index for line in loop] == [1, 2, 3]
+    assert summary.opcode("@!P2 BRA 0x10") == "BRA"
+    assert summary.opcode_shares(loop, 100) == [("LOP3", 1, 0.90), ("LDG", 1, 0.05), ("BRA", 1, 0.03)]
 
 
 def test_a_file_that_is_not_the_source_page_export_is_refused_by_name(tmp_path):
