@@ -69,6 +69,22 @@ def _fresh_seed(request):
     yield
 
 
+@pytest.fixture(scope="session")
+def tiny_reference_program():
+    """The tiny reference model (2 layers, fp32, CPU) through `wmoe_compile.export` with the numeric
+    check on and KV compression off: one export shared by the tests of the passes that rewrite its
+    routers and projections (they only read the program and its report)."""
+    import wmoe_compile as wc
+    from wmoe_compile.models import build_model
+    from wmoe_compile.pipeline import example_inputs_for
+
+    torch.manual_seed(5)
+    model = build_model("tiny", num_layers=2, max_seq_len=64, dtype=torch.float32, device="cpu")
+    model.setup_cache(1, 64)
+    args, _ = example_inputs_for(model, 1, 8)
+    return wc.export(model, args, config=wc.CompileConfig(compress_kv=False, check_numerics=True))
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield

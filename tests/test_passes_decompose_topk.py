@@ -12,8 +12,7 @@ from torch import nn
 from wmoe_compile.passes import decompose_router_topk, find_sites
 
 import wmoe_compile as wc
-from wmoe_compile.models import build_model
-from wmoe_compile.pipeline import example_inputs_for, run_passes
+from wmoe_compile.pipeline import run_passes
 
 aten = torch.ops.aten
 
@@ -142,12 +141,10 @@ def test_switch_off_leaves_the_graph_alone():
     assert _topks(gm) == 1 and record.notes == ["decompose_topk=False: nothing rewritten"]
 
 
-def test_reference_model_routers_are_rewritten_through_the_pipeline_with_the_numeric_check():
-    torch.manual_seed(5)
-    model = build_model("tiny", num_layers=2, max_seq_len=64, dtype=torch.float32, device="cpu")
-    model.setup_cache(1, 64)
-    args, _ = example_inputs_for(model, 1, 8)
-    program = wc.export(model, args, config=wc.CompileConfig(compress_kv=False, check_numerics=True))
+def test_reference_model_routers_are_rewritten_through_the_pipeline_with_the_numeric_check(
+    tiny_reference_program,
+):
+    program = tiny_reference_program
     record = next(p for p in program.wmoe_report.passes if p.name == "decompose_router_topk")
     assert record.notes[0] == "2 router top-k(s) rewritten", record.notes
     assert record.numeric is not None and record.numeric["relative_error"] <= record.numeric["bound"]

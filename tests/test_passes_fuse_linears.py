@@ -8,8 +8,7 @@ from torch import nn
 from wmoe_compile.passes import find_sites, fuse_sibling_linears
 
 import wmoe_compile as wc
-from wmoe_compile.models import build_model
-from wmoe_compile.pipeline import example_inputs_for, run_passes
+from wmoe_compile.pipeline import run_passes
 
 aten = torch.ops.aten
 
@@ -149,12 +148,8 @@ def test_switch_off_leaves_the_graph_alone():
     torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
-def test_reference_model_fuses_qkv_per_layer_and_drops_the_original_weights():
-    torch.manual_seed(5)
-    model = build_model("tiny", num_layers=2, max_seq_len=64, dtype=torch.float32, device="cpu")
-    model.setup_cache(1, 64)
-    args, _ = example_inputs_for(model, 1, 8)
-    program = wc.export(model, args, config=wc.CompileConfig(compress_kv=False, check_numerics=True))
+def test_reference_model_fuses_qkv_per_layer_and_drops_the_original_weights(tiny_reference_program):
+    program = tiny_reference_program
     record = next(p for p in program.wmoe_report.passes if p.name == "fuse_sibling_linears")
     assert record.notes[0] == "2 group(s) of sibling linears fused", record.notes
     state = program.state_dict | dict(program.named_buffers())
