@@ -109,6 +109,8 @@ def main() -> None:
     a = p.parse_args()
     lines = read_source_csv(a.csv)
     total = sum(line.samples for line in lines)
+    if total == 0:
+        raise SystemExit(f"{a.csv}: no warp samples (profile with ncu --section SourceCounters)")
     print(f"{a.csv}: {len(lines)} SASS lines, {total} warp samples")
     print("all samples: " + ", ".join(f"{name} {share:.3f}" for name, share in reason_shares(lines)))
     loop = hot_loop(lines)
