@@ -1366,6 +1366,67 @@ if HAS_TRITON:
         tl.store(qc + 3, tl.sum(tl.where(band == 3, shifted, 0.0), axis=1))
 
     @triton.jit
+    def _prologue_heads_kernel(
+        q_ptr,
+        q_stride_b,
+        q_stride_h,
+        q_stride_t,
+        k_channel_scale_ptr,
+        k_scale_stride_h,
+        transform_ptr,  # [S, D] or [Hkv, S, D] fp32: M = W_slots R (see query_transform)
+        transform_stride_h,  # 0 when all kv heads share M (no rotation)
+        col_step_ptr,
+        col_shift_ptr,
+        col_band_ptr,
+        qw_ptr,
+        qc_ptr,
+        batch,
+        n_kv_heads,
+        group,
+        n_new,
+        qk_scale,
+        D: tl.constexpr,
+        S: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        D_CHUNK: tl.constexpr,
+        ROWS: tl.constexpr,
+    ):
+        """_prologue_kernel for one row block per (sequence, kv head) (decode): the query rows of
+        ROWS / BLOCK_M sequences that share a kv head's M go through one [ROWS, D] x [D, D_CHUNK]
+        dot; grid (kv head, row tile, S / D_CHUNK). Why: one program per (sequence, kv head) padded
+        its BLOCK_M rows to the dot's 16 and ran about 1,100 SASS instructions per warp for 16K
+        multiply-adds; at B = 32 that was 13 us of issue (ncu, H200) for a kernel that reads 1 MB."""
+        kv_head = tl.program_id(0)
+        tile = tl.program_id(1)
+        chunk = tl.program_id(2)
+        r = tile * ROWS + tl.arange(0, ROWS)  # sequence * BLOCK_M + local row
+        seq = r // BLOCK_M
+        local = r % BLOCK_M
+        row_ok = (seq < batch) & (local < group * n_new)
+        head = kv_head * group + local // n_new
+        token = local % n_new
+        d = tl.arange(0, D)
+        q_rows = q_ptr + seq * q_stride_b + head * q_stride_h + token * q_stride_t
+        q = tl.load(q_rows[:, None] + d[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
+        q = q * tl.load(k_channel_scale_ptr + kv_head * k_scale_stride_h + d).to(tl.float32)[None, :]
+        cols = chunk * D_CHUNK + tl.arange(0, D_CHUNK)
+        m = tl.load(transform_ptr + kv_head * transform_stride_h + cols[:, None] * D + d[None, :])
+        qw = tl.dot(q, tl.trans(m), input_precision="tf32x3")  # [ROWS, D_CHUNK]
+        qw16 = (qw * (tl.load(col_step_ptr + cols) * qk_scale)[None, :]).to(tl.float16)
+        # program (seq, kv head, row block 0) of the split kernels owns these rows
+        program = seq * n_kv_heads + kv_head
+        ok = seq < batch
+        tl.store(qw_ptr + (program * BLOCK_M + local)[:, None] * S + cols[None, :], qw16, mask=ok[:, None])
+        band = tl.load(col_band_ptr + cols)[None, :]
+        # the offset uses the fp16-rounded query, exactly what the MMA multiplies
+        shifted = qw16.to(tl.float32) * tl.load(col_shift_ptr + cols)[None, :]
+        qc = qc_ptr + ((program * (S // D_CHUNK) + chunk) * BLOCK_M + local) * 4
+        tl.store(qc + 0, tl.sum(tl.where(band == 0, shifted, 0.0), axis=1), mask=ok)
+        tl.store(qc + 1, tl.sum(tl.where(band == 1, shifted, 0.0), axis=1), mask=ok)
+        tl.store(qc + 2, tl.sum(tl.where(band == 2, shifted, 0.0), axis=1), mask=ok)
+        tl.store(qc + 3, tl.sum(tl.where(band == 3, shifted, 0.0), axis=1), mask=ok)
+
+    @triton.jit
     def _load_qc(qc_ptr, pid, local, BAND: tl.constexpr, BLOCK_M: tl.constexpr, N_QC: tl.constexpr):
         """Band BAND's score offset per query row: the sum of the prologue's N_QC chunk shares."""
         base = qc_ptr + pid * N_QC * BLOCK_M * 4 + local * 4 + BAND
@@ -2936,6 +2997,13 @@ if HAS_TRITON:
             tl.store(out_row + d, o.to(out_ptr.dtype.element_ty))
 
 
+# query rows per program of _prologue_heads_kernel (the dot's M): 16 sequences' 4-row blocks. It runs
+# for decode launches with at least PROLOGUE_HEADS_MIN_ROWS query rows in all. Measured 2026-12-01
+# (H200, torch.profiler): (32, 32768) 12.8 -> 4.8 us, the op 0.3150 -> 0.3064 ms; at B = 8 (32 rows)
+# 4.6 -> 4.7 us and the op no faster, so smaller launches keep one program per sequence.
+PROLOGUE_TILE_ROWS = 64
+PROLOGUE_HEADS_MIN_ROWS = 64
+
 _SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
 
 
@@ -3178,33 +3246,64 @@ def wavelet_attention_triton(
     v_rotation = None if v_params.rotation is None else _on(v_params.rotation, device)
     v_offset = None if v_params.offset is None else _on(v_params.offset, device)
     q_transform, q_transform_stride_h = query_transform(slot_rows, k_rotation, k_channel_scale)
-    launch(
-        _prologue_kernel,
-        (programs, n_qc),
-        q,
-        q.stride(0),
-        q.stride(1),
-        q.stride(2),
-        k_cs,
-        k_cs.stride(0),
-        q_transform,
-        q_transform_stride_h,
-        slot_factor,
-        slot_shift,
-        slot_band,
-        qw,
-        qc,
-        hkv,
-        group,
-        tq,
-        n_row_blocks,
-        qk_scale,
-        D=d,
-        S=n_slots,
-        BLOCK_M=block_m,
-        D_CHUNK=d_chunk,
-        num_warps=4,
-    )
+    if n_row_blocks == 1 and batch * block_m >= PROLOGUE_HEADS_MIN_ROWS:
+        # decode with many sequences: the rows that share a kv head's transform in one dot
+        launch(
+            _prologue_heads_kernel,
+            (hkv, -(-batch * block_m // PROLOGUE_TILE_ROWS), n_qc),
+            q,
+            q.stride(0),
+            q.stride(1),
+            q.stride(2),
+            k_cs,
+            k_cs.stride(0),
+            q_transform,
+            q_transform_stride_h,
+            slot_factor,
+            slot_shift,
+            slot_band,
+            qw,
+            qc,
+            batch,
+            hkv,
+            group,
+            tq,
+            qk_scale,
+            D=d,
+            S=n_slots,
+            BLOCK_M=block_m,
+            D_CHUNK=d_chunk,
+            ROWS=PROLOGUE_TILE_ROWS,
+            num_warps=4,
+        )
+    else:
+        launch(
+            _prologue_kernel,
+            (programs, n_qc),
+            q,
+            q.stride(0),
+            q.stride(1),
+            q.stride(2),
+            k_cs,
+            k_cs.stride(0),
+            q_transform,
+            q_transform_stride_h,
+            slot_factor,
+            slot_shift,
+            slot_band,
+            qw,
+            qc,
+            hkv,
+            group,
+            tq,
+            n_row_blocks,
+            qk_scale,
+            D=d,
+            S=n_slots,
+            BLOCK_M=block_m,
+            D_CHUNK=d_chunk,
+            num_warps=4,
+        )
     # overlap_exact: the exact-token kernel's stream forks after the prologue and joins back
     # before the reduce; the kernel is enqueued after the split kernel, so the split's programs
     # take the SMs first and the exact ones fill the slots its last, partial wave leaves free

@@ -128,7 +128,7 @@ def recorded_launches(monkeypatch):
     return seen
 
 
-def test_every_launch_site_passes_runtime_arguments_positionally(recorded_launches):
+def test_every_launch_site_passes_runtime_arguments_positionally(recorded_launches, monkeypatch):
     if torch.cuda.is_available():
         pytest.skip("checks the interpreter's launches on the CPU machine")
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
@@ -141,6 +141,9 @@ def test_every_launch_site_passes_runtime_arguments_positionally(recorded_launch
         wa.LaunchConfig(kernel="v2", block_n=16, row_reduce_max_programs=0.0),  # the block reduce
     ):
         wa.wavelet_attention_triton(*setup.args(0), setup.layout, setup.sm_scale, config=config)
+    monkeypatch.setattr(wa, "PROLOGUE_HEADS_MIN_ROWS", 0)  # the decode prologue of large batches
+    small_steps = wa.LaunchConfig(block_n=16)
+    wa.wavelet_attention_triton(*setup.args(0), setup.layout, setup.sm_scale, config=small_steps)
     codec = get_codec("default", 64)
     caches = kv_ops.allocate_cache("default", 1, 2, 8, 64, torch.float32)
     kc.compress_into_cache_triton(codec, torch.randn(1, 2, 1, 64), *caches, torch.tensor([3]), torch.empty(0))
@@ -153,6 +156,7 @@ def test_every_launch_site_passes_runtime_arguments_positionally(recorded_launch
     names = {name for name, _, _ in recorded_launches}
     expected = {
         "_prologue_kernel",
+        "_prologue_heads_kernel",
         "_split_kernel",
         "_split_kernel_v2",
         "_reduce_kernel",

@@ -601,3 +601,30 @@ def test_gpu_long_split_precision(spec):
         for splits in split_counts:
             got = K.wavelet_attention_triton(*args, layout, 128**-0.5, config=config, num_splits=splits)
             assert rel_err(got, want) <= 1e-2, (config, splits)
+
+
+@pytest.mark.parametrize("group,tq", [(4, 1), (2, 1), (2, 2)])
+def test_prologue_by_kv_head_equals_the_per_sequence_prologue(monkeypatch, group, tq):
+    # decode launches with many sequences transform the query rows of all sequences that share a kv
+    # head in one dot (_prologue_heads_kernel); tiles of 8 rows here, so 5 sequences x 4-row blocks
+    # end in a partial tile, and group x tq < 4 leaves padding rows in every block
+    lengths = [tq, 41, 70, 9, 33]
+    codec, args = make_case("default;window=8;sinks=2", 5, 2, group, tq, 64, lengths, 70, torch.float16)
+    sm_scale = 64**-0.5
+    config = K.LaunchConfig(block_n=16)
+    monkeypatch.setattr(K, "PROLOGUE_HEADS_MIN_ROWS", 10**9)
+    per_sequence = _run_triton(args, codec, sm_scale, config=config, num_splits=3)
+    monkeypatch.setattr(K, "PROLOGUE_HEADS_MIN_ROWS", 0)
+    monkeypatch.setattr(K, "PROLOGUE_TILE_ROWS", 8)
+    launched = []
+    real_launch = K.launch
+
+    def recording_launch(kernel, *a, **kw):
+        launched.append(kernel)
+        real_launch(kernel, *a, **kw)
+
+    monkeypatch.setattr(K, "launch", recording_launch)
+    by_head = _run_triton(args, codec, sm_scale, config=config, num_splits=3)
+    assert K._prologue_heads_kernel in launched and K._prologue_kernel not in launched
+    assert rel_err(by_head, per_sequence.double()) <= 1e-5
+    assert rel_err(by_head, dense_reference(codec, args, sm_scale)) <= 1e-2
