@@ -27,7 +27,8 @@ PROFILED_STEPS = 10
 PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     (
         "attention",
-        ("split_kernel", "_exact_kernel", "_prologue_kernel", "_reduce_kernel", "_reduce_rows_kernel"),
+        ("split_kernel", "_exact_kernel", "_prologue_kernel", "_prologue_heads_kernel", "_reduce_kernel")
+        + ("_reduce_rows_kernel",),
     ),
     (
         "MoE",

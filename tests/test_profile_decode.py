@@ -14,6 +14,8 @@ from bench_scripts import load_benchmark
         ("split_kernel_v3", "attention"),
         ("_split_kernel_v2", "attention"),
         ("_reduce_rows_kernel", "attention"),
+        ("_prologue_kernel", "attention"),
+        ("_prologue_heads_kernel", "attention"),
         ("_exact_kernel", "attention"),
         ("_gate_up_direct_kernel", "MoE"),
         ("_down_kernel", "MoE"),
