@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Measurements prepared on a CPU-only machine for the device, grouped so each part fits one
-# 10-minute device call. attention, decode and profile ran in the ninth session, stalls (tuned) in
-# the tenth (RESULTS.md has their tables; rerun them after a change to the kernel or the passes
-# they cover). Every command has its own time limit; results go under $OUT.
+# 10-minute device call (RESULTS.md has what each earlier run found; rerun after a change to the
+# kernels or passes it covers). Every command has its own time limit; results go under $OUT.
 #
-#   bash benchmarks/device_pending.sh attention   # keys_ahead: GPU correctness, then the timing grid
-#   bash benchmarks/device_pending.sh decode      # decompose_router_topk on / off, same call
+#   bash benchmarks/device_pending.sh attention   # the attention GPU tests, then bench_attention
+#   bash benchmarks/device_pending.sh decode      # bench_decode at the target shapes
+#                                                 # (8, 131072) and (32, 32768), every variant
 #   bash benchmarks/device_pending.sh profile     # the step's GPU time by part (profile_decode.py)
 #   bash benchmarks/device_pending.sh stalls [tuned|keys_ahead]
 #                                                 # where the v3 split kernel's warps wait, per SASS
@@ -45,16 +45,14 @@ run() {
 
 case "${1:-}" in
 attention)
-    run 240 python3 -P -m pytest -q -m gpu tests/test_wavelet_attention.py \
-        -k "v3_matches and keys_ahead" -W error::UserWarning
-    run 330 python3 -P benchmarks/probe_attention.py grid --configs benchmarks/probe_keys_ahead.json \
-        --shapes "8,131072;32,32768;8,32768" --out "$OUT"
+    # the whole attention suite takes more than one call's 10 minutes with bench_attention: the
+    # suite's decode-shaped half here, bench_attention (about 40 s) after it
+    run 360 python3 -P -m pytest -q -m gpu tests/test_wavelet_attention.py \
+        -k "real_shapes or v3 or kv_head or side_stream or long_split or repeated" -W error::UserWarning
+    run 150 python3 -P benchmarks/bench_attention.py --out "$OUT" --codec default
     ;;
 decode)
-    run 280 python3 -P benchmarks/bench_decode.py --shapes 8x131072,32x32768 --skip eager,inductor \
-        --out "$OUT/decompose_on"
-    run 280 python3 -P benchmarks/bench_decode.py --shapes 8x131072,32x32768 --skip eager,inductor \
-        --wmoe-off decompose_topk --out "$OUT/decompose_off"
+    run 560 python3 -P benchmarks/bench_decode.py --codec default --shapes 8x131072,32x32768 --out "$OUT"
     ;;
 profile)
     run 400 python3 -P benchmarks/profile_decode.py --batch 8 --context 131072
