@@ -3246,8 +3246,9 @@ def wavelet_attention_triton(
     v_rotation = None if v_params.rotation is None else _on(v_params.rotation, device)
     v_offset = None if v_params.offset is None else _on(v_params.offset, device)
     q_transform, q_transform_stride_h = query_transform(slot_rows, k_rotation, k_channel_scale)
-    if n_row_blocks == 1 and batch * block_m >= PROLOGUE_HEADS_MIN_ROWS:
-        # decode with many sequences: the rows that share a kv head's transform in one dot
+    if n_row_blocks == 1 and batch * block_m >= PROLOGUE_HEADS_MIN_ROWS and d <= 128:
+        # decode with many sequences: the rows that share a kv head's transform in one dot (head_dim
+        # 256 would hold a [64, 256] fp32 query tile per program: not measured, so not taken)
         launch(
             _prologue_heads_kernel,
             (hkv, -(-batch * block_m // PROLOGUE_TILE_ROWS), n_qc),
