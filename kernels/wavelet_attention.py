@@ -1309,6 +1309,38 @@ if HAS_TRITON:
     _ASM_0xFF = tl.constexpr(_magic_asm(0xFF))
 
     @triton.jit
+    def _query_slots(
+        q_rows,  # [rows] pointers to query rows (D channels each)
+        row_ok,  # [rows] rows to read (others count as zero)
+        k_channel_scale,  # [D] this kv head's key channel scale
+        transform,  # [S, D] fp32 M of this kv head
+        col_step_ptr,
+        col_shift_ptr,
+        col_band_ptr,
+        cols,  # [D_CHUNK] kernel slots of this chunk
+        qk_scale,
+        D: tl.constexpr,
+    ):
+        """q_w = M (q * s_k) * qk_scale * step in fp16 for the slots `cols` of every row, and each
+        band's share of the score offset sum_s q_w[s] * shift[s] in this chunk (4 [rows] sums)."""
+        d = tl.arange(0, D)
+        q = tl.load(q_rows[:, None] + d[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
+        q = q * tl.load(k_channel_scale + d).to(tl.float32)[None, :]
+        m = tl.load(transform + cols[:, None] * D + d[None, :])
+        qw = tl.dot(q, tl.trans(m), input_precision="tf32x3")  # [rows, D_CHUNK]
+        qw16 = (qw * (tl.load(col_step_ptr + cols) * qk_scale)[None, :]).to(tl.float16)
+        band = tl.load(col_band_ptr + cols)[None, :]
+        # the offset uses the fp16-rounded query, exactly what the MMA multiplies
+        shifted = qw16.to(tl.float32) * tl.load(col_shift_ptr + cols)[None, :]
+        return (
+            qw16,
+            tl.sum(tl.where(band == 0, shifted, 0.0), axis=1),
+            tl.sum(tl.where(band == 1, shifted, 0.0), axis=1),
+            tl.sum(tl.where(band == 2, shifted, 0.0), axis=1),
+            tl.sum(tl.where(band == 3, shifted, 0.0), axis=1),
+        )
+
+    @triton.jit
     def _prologue_kernel(
         q_ptr,
         q_stride_b,
@@ -1347,23 +1379,26 @@ if HAS_TRITON:
         row_ok = rows < group * n_new
         head = kv_head * group + rows // n_new
         token = rows % n_new
-        d = tl.arange(0, D)
         q_rows = q_ptr + batch * q_stride_b + head * q_stride_h + token * q_stride_t
-        q = tl.load(q_rows[:, None] + d[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
-        q = q * tl.load(k_channel_scale_ptr + kv_head * k_scale_stride_h + d).to(tl.float32)[None, :]
         cols = chunk * D_CHUNK + tl.arange(0, D_CHUNK)
-        m = tl.load(transform_ptr + kv_head * transform_stride_h + cols[:, None] * D + d[None, :])
-        qw = tl.dot(q, tl.trans(m), input_precision="tf32x3")  # [BLOCK_M, D_CHUNK]
-        qw16 = (qw * (tl.load(col_step_ptr + cols) * qk_scale)[None, :]).to(tl.float16)
+        qw16, qc0, qc1, qc2, qc3 = _query_slots(
+            q_rows,
+            row_ok,
+            k_channel_scale_ptr + kv_head * k_scale_stride_h,
+            transform_ptr + kv_head * transform_stride_h,
+            col_step_ptr,
+            col_shift_ptr,
+            col_band_ptr,
+            cols,
+            qk_scale,
+            D,
+        )
         tl.store(qw_ptr + pid * BLOCK_M * S + local[:, None] * S + cols[None, :], qw16)
-        band = tl.load(col_band_ptr + cols)[None, :]
-        # the offset uses the fp16-rounded query, exactly what the MMA multiplies
-        shifted = qw16.to(tl.float32) * tl.load(col_shift_ptr + cols)[None, :]
         qc = qc_ptr + (pid * (S // D_CHUNK) + chunk) * BLOCK_M * 4 + local * 4
-        tl.store(qc + 0, tl.sum(tl.where(band == 0, shifted, 0.0), axis=1))
-        tl.store(qc + 1, tl.sum(tl.where(band == 1, shifted, 0.0), axis=1))
-        tl.store(qc + 2, tl.sum(tl.where(band == 2, shifted, 0.0), axis=1))
-        tl.store(qc + 3, tl.sum(tl.where(band == 3, shifted, 0.0), axis=1))
+        tl.store(qc + 0, qc0)
+        tl.store(qc + 1, qc1)
+        tl.store(qc + 2, qc2)
+        tl.store(qc + 3, qc3)
 
     @triton.jit
     def _prologue_heads_kernel(
@@ -1405,26 +1440,29 @@ if HAS_TRITON:
         row_ok = (seq < batch) & (local < group * n_new)
         head = kv_head * group + local // n_new
         token = local % n_new
-        d = tl.arange(0, D)
         q_rows = q_ptr + seq * q_stride_b + head * q_stride_h + token * q_stride_t
-        q = tl.load(q_rows[:, None] + d[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
-        q = q * tl.load(k_channel_scale_ptr + kv_head * k_scale_stride_h + d).to(tl.float32)[None, :]
         cols = chunk * D_CHUNK + tl.arange(0, D_CHUNK)
-        m = tl.load(transform_ptr + kv_head * transform_stride_h + cols[:, None] * D + d[None, :])
-        qw = tl.dot(q, tl.trans(m), input_precision="tf32x3")  # [ROWS, D_CHUNK]
-        qw16 = (qw * (tl.load(col_step_ptr + cols) * qk_scale)[None, :]).to(tl.float16)
+        qw16, qc0, qc1, qc2, qc3 = _query_slots(
+            q_rows,
+            row_ok,
+            k_channel_scale_ptr + kv_head * k_scale_stride_h,
+            transform_ptr + kv_head * transform_stride_h,
+            col_step_ptr,
+            col_shift_ptr,
+            col_band_ptr,
+            cols,
+            qk_scale,
+            D,
+        )
         # program (seq, kv head, row block 0) of the split kernels owns these rows
         program = seq * n_kv_heads + kv_head
         ok = seq < batch
         tl.store(qw_ptr + (program * BLOCK_M + local)[:, None] * S + cols[None, :], qw16, mask=ok[:, None])
-        band = tl.load(col_band_ptr + cols)[None, :]
-        # the offset uses the fp16-rounded query, exactly what the MMA multiplies
-        shifted = qw16.to(tl.float32) * tl.load(col_shift_ptr + cols)[None, :]
         qc = qc_ptr + ((program * (S // D_CHUNK) + chunk) * BLOCK_M + local) * 4
-        tl.store(qc + 0, tl.sum(tl.where(band == 0, shifted, 0.0), axis=1), mask=ok)
-        tl.store(qc + 1, tl.sum(tl.where(band == 1, shifted, 0.0), axis=1), mask=ok)
-        tl.store(qc + 2, tl.sum(tl.where(band == 2, shifted, 0.0), axis=1), mask=ok)
-        tl.store(qc + 3, tl.sum(tl.where(band == 3, shifted, 0.0), axis=1), mask=ok)
+        tl.store(qc + 0, qc0, mask=ok)
+        tl.store(qc + 1, qc1, mask=ok)
+        tl.store(qc + 2, qc2, mask=ok)
+        tl.store(qc + 3, qc3, mask=ok)
 
     @triton.jit
     def _load_qc(qc_ptr, pid, local, BAND: tl.constexpr, BLOCK_M: tl.constexpr, N_QC: tl.constexpr):
