@@ -185,6 +185,34 @@ def test_v3_compiles_for_sm90_on_this_triton(tmp_path, options):
     assert 600 < step < 1100, run.stdout
 
 
+def test_band_warps_spike_compiles_for_sm90(tmp_path):
+    # benchmarks/spike_band_warps.py measures a two-warp step offline (one band per warp); its
+    # batched MMAs, movmatrix transposes and trivial layout restatements must keep compiling
+    import os
+    import pathlib
+    import re
+    import subprocess
+    import sys
+
+    from wmoe_compile.kernels.wavelet_attention_gluon import gluon_reason
+
+    if gluon_reason() is not None:
+        pytest.skip(gluon_reason())
+    tool = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "spike_band_warps.py"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run(
+        [sys.executable, str(tool), "--out", str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "STACK:0" in run.stdout, run.stdout
+    assert int(re.search(r"(\d+)\s+HMMA", run.stdout).group(1)) == 40, run.stdout  # 16 key, 16 value, 8 sums
+    assert int(re.search(r"(\d+)\s+MOVM", run.stdout).group(1)) == 16, run.stdout  # p and p * scale
+
+
 @pytest.mark.parametrize("tq,group", [(1, 4), (2, 4)])
 def test_exact_kernel_writes_the_exact_tokens_partial(tq, group):
     # v3's exact sink/window tokens run in their own Triton kernel (Gluon cannot call Triton
