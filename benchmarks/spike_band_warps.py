@@ -169,7 +169,7 @@ def spike_kernel(
         part = mma_v2(k1, q1, part)
         part = mma_v2(k2, q2, part)
         part = mma_v2(k3, q3, part)
-        kscale = gl.load(ks_ptr + (start + mt)[None, :, None] * 2 + sb[:, None, None]).to(gl.float32)
+        kscale = gl.load(ks_ptr + start * 2 + mt[None, :, None] * 2 + sb[:, None, None]).to(gl.float32)
         # the bands' partial scores meet in shared memory: one store, one barrier, one load (two
         # buffers, so the next step's store needs no barrier of its own)
         xs = exchange.index(start // BLOCK_N % 2)
@@ -189,7 +189,7 @@ def spike_kernel(
             m_i = m_new
         p = gl.exp2(s - m_i[None, :])
         p3 = gl.expand_dims(p, 0) + gl.zeros([2, BLOCK_N, 8], gl.float32, layout=_MMA)  # each warp's copy
-        vscale = gl.load(vs_ptr + (start + mt)[None, :, None] * 2 + sb[:, None, None]).to(gl.float32)
+        vscale = gl.load(vs_ptr + start * 2 + mt[None, :, None] * 2 + sb[:, None, None]).to(gl.float32)
         pw = _to_operand((p3 * vscale).to(gl.float16))
         step = mma_v2(ones, pw, acc_zero)
         sums = sums + step
