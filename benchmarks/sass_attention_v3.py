@@ -89,17 +89,23 @@ def compile_v3(args: argparse.Namespace) -> tuple[str, str, int]:
     )
     options = dict(num_warps=1, **({"maxnreg": args.maxnreg} if args.maxnreg else {}))
     kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
-    out = pathlib.Path(args.out)
+    usage, sass = disassemble(kernel, pathlib.Path(args.out), "split_kernel_v3")
+    return usage, sass, kernel.metadata.shared
+
+
+def disassemble(kernel, out: pathlib.Path, name: str) -> tuple[str, str]:
+    """Write a compiled kernel's cubin, TTGIR and SASS under `out` as name.*; return (ptxas resource
+    line, SASS), with the CUDA tools Triton ships."""
     out.mkdir(parents=True, exist_ok=True)
-    (out / "split_kernel_v3.cubin").write_bytes(kernel.asm["cubin"])
-    (out / "split_kernel_v3.ttgir").write_text(kernel.asm["ttgir"])
+    cubin = out / f"{name}.cubin"
+    cubin.write_bytes(kernel.asm["cubin"])
+    (out / f"{name}.ttgir").write_text(kernel.asm["ttgir"])
     tools = pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
-    cubin = str(out / "split_kernel_v3.cubin")
     run = dict(capture_output=True, text=True, check=True)
-    sass = subprocess.run([str(tools / "nvdisasm"), "-c", cubin], **run).stdout
-    (out / "split_kernel_v3.sass").write_text(sass)
-    usage = subprocess.run([str(tools / "cuobjdump"), "-res-usage", cubin], **run).stdout
-    return usage.strip().splitlines()[-1].strip(), sass, kernel.metadata.shared
+    sass = subprocess.run([str(tools / "nvdisasm"), "-c", str(cubin)], **run).stdout
+    (out / f"{name}.sass").write_text(sass)
+    usage = subprocess.run([str(tools / "cuobjdump"), "-res-usage", str(cubin)], **run).stdout
+    return usage.strip().splitlines()[-1].strip(), sass
 
 
 def main() -> None:

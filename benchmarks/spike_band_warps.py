@@ -22,12 +22,12 @@ per-(band, row half) mask in a register serves both warps.
 from __future__ import annotations
 
 import argparse
-import collections
 import pathlib
-import re
-import subprocess
 
 import triton
+
+# the v3 kernel's SASS tool, beside this script (run as a script, its folder is on sys.path)
+from sass_attention_v3 import disassemble, loop_mix
 from triton.backends.compiler import GPUTarget
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -212,22 +212,6 @@ def spike_kernel(
     gl.store(m_ptr + pid * 8 + gl.arange(0, 8, layout=gl.SliceLayout(0, _S)), m_i)
 
 
-def loop_mix(sass: str) -> collections.Counter:
-    """Instruction counts of the first backward-branch loop in nvdisasm output."""
-    lines = sass.splitlines()
-    labels = {m.group(1): i for i, line in enumerate(lines) if (m := re.match(r"^\.(L_x_\d+):", line))}
-    for i, line in enumerate(lines):
-        m = re.search(r"BRA\s+`\(\.(L_x_\d+)\)", line)
-        if m and m.group(1) in labels and labels[m.group(1)] < i:
-            mix = collections.Counter()
-            for body in lines[labels[m.group(1)] : i + 1]:
-                op = re.search(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+(?:\.[A-Z0-9_]+)*)", body)
-                if op:
-                    mix[op.group(1)] += 1
-            return mix
-    return collections.Counter()
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--maxnreg", type=int, default=0, help="0: no cap")
@@ -249,17 +233,9 @@ def main() -> None:
     )
     options = dict(num_warps=2, **({"maxnreg": args.maxnreg} if args.maxnreg else {}))
     kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
-    out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    cubin = out / "spike_band_warps.cubin"
-    cubin.write_bytes(kernel.asm["cubin"])
-    tools = pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
-    run = dict(capture_output=True, text=True, check=True)
-    sass = subprocess.run([str(tools / "nvdisasm"), "-c", str(cubin)], **run).stdout
-    (out / "spike_band_warps.sass").write_text(sass)
-    usage = subprocess.run([str(tools / "cuobjdump"), "-res-usage", str(cubin)], **run).stdout
+    usage, sass = disassemble(kernel, pathlib.Path(args.out), "spike_band_warps")
     mix = loop_mix(sass)
-    print(f"triton {triton.__version__}, sm_90, 2 warps: {usage.strip().splitlines()[-1].strip()}")
+    print(f"triton {triton.__version__}, sm_90, 2 warps: {usage}")
     print(f"loop: {sum(mix.values())} instructions per warp per 64-token step")
     for op, n in mix.most_common():
         print(f"  {n:5d}  {op}")
