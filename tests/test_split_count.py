@@ -1,0 +1,82 @@
+"""How the attention op cuts the compressed range into flash-decoding splits (CPU only).
+
+The split kernel's programs are all the same length at decode, so a launch whose last wave of
+resident programs is partly empty leaves SMs idle while it finishes. The tuned v3 config therefore
+asks for whole waves (``LaunchConfig.whole_waves``); on the H200 two whole waves measured 3-4%
+faster than 2.6 waves at every large decode shape (benchmarks/RESULTS.md, twelfth session). The
+figures below are the H200's: 132 SMs, 64K registers per SM.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from wmoe_compile.kernels import wavelet_attention as K
+
+H200_SMS = 132
+TUNED = K.TUNED_CONFIGS[(128, 4, "affine")]
+
+
+@pytest.mark.parametrize(
+    "changes, resident",
+    [
+        ({}, 12),  # 168 registers x 32 lanes = 5,376 per warp: 12 warps in 64K
+        ({"maxnreg": 128}, 16),
+        ({"maxnreg": 255}, 8),  # 8,160 per warp, allocated in units of 256: 8,192
+        ({"kernel": "v1", "num_warps": 2}, 6),
+        # v3's cp.async ring: 4 stages x 8 KB (value and key tiles) + 1 KB a program, in 228 KB
+        ({"num_stages": 4, "keys_via_smem": True}, 6),
+        ({"maxnreg": None, "whole_waves": False}, None),  # no cap: the register count is unknown
+    ],
+)
+def test_resident_programs_per_sm(changes, resident):
+    config = dataclasses.replace(TUNED, **changes)
+    assert K.resident_programs_per_sm(config) == resident
+
+
+@pytest.mark.parametrize(
+    "programs, context, splits",
+    [
+        (64, 131072, 49),  # B=8: 3,136 programs, 1.98 waves of 1,584 (was 66 splits, 2.67 waves)
+        (256, 32768, 12),  # B=32: 3,072, 1.94 waves (was 16, 2.59)
+        (64, 32768, 49),
+        (128, 32768, 24),
+        (32, 32768, 49),  # the 512-token minimum caps it at 64 splits (1.29 waves): one whole wave
+        (40, 32768, 39),  # capped at 64 (1.62 waves): one whole wave
+        (24, 32768, 64),  # less than one wave even at the cap: the cap
+        (64, 1024, 2),  # a short context: the cap
+    ],
+)
+def test_whole_waves_on_the_h200(programs, context, splits):
+    tokens = context - 132  # the codec default's exact sinks and window
+    resident = K.resident_programs_per_sm(TUNED)
+    assert K.split_count(programs, tokens, TUNED, H200_SMS, resident) == splits
+
+
+def test_whole_waves_fill_their_waves():
+    resident = K.resident_programs_per_sm(TUNED)
+    wave = resident * H200_SMS
+    for programs in range(17, 2100, 7):
+        for context in (1024, 4096, 32768, 131072):
+            tokens = context - 132
+            cap = -(-tokens // TUNED.min_split_tokens)
+            splits = K.split_count(programs, tokens, TUNED, H200_SMS, resident)
+            assert 1 <= splits <= cap
+            launched = programs * splits
+            if launched > wave:  # more than one wave: whole ones, the last at most a split short
+                waves = -(-launched // wave)
+                assert waves * wave - launched < programs, (programs, context, splits)
+            elif splits < cap:  # one wave or less without the cap binding: it is full
+                assert wave - launched < programs, (programs, context, splits)
+
+
+def test_without_whole_waves_the_count_rounds_to_ctas_per_sm():
+    config = dataclasses.replace(TUNED, whole_waves=False, ctas_per_sm=32.0)
+    assert K.split_count(64, 131072 - 132, config, H200_SMS, 12) == 66  # round(32 * 132 / 64)
+    assert K.split_count(256, 32768 - 132, config, H200_SMS, 12) == 16
+
+
+def test_whole_waves_needs_a_register_cap():
+    with pytest.raises(ValueError, match="whole_waves needs maxnreg"):
+        K.LaunchConfig(kernel="v3", num_stages=1, whole_waves=True)
