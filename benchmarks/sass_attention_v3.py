@@ -3,7 +3,7 @@ costs: registers, spills, shared memory and the SASS instruction mix of the full
 
     python benchmarks/sass_attention_v3.py [--stages 1] [--block-n 64] [--maxnreg 168]
         [--keys-via-smem] [--keys-ahead] [--no-cache-tiles] [--no-convert-p-once] [--block-m 4]
-        [--out build/sass_v3]
+        [--pdl] [--out build/sass_v3]
 
 No GPU needed (triton.compile builds for a named target, interpreter setting or not; the CUDA tools
 Triton ships disassemble). Why: the
@@ -64,6 +64,7 @@ def compile_v3(args: argparse.Namespace) -> tuple[str, str, int]:
         CACHE_TILES=not args.no_cache_tiles,
         P_ONCE=not args.no_convert_p_once,
         LAZY_RESCALE=True,
+        PDL=args.pdl,
     )
     pointer_types = dict(qw_ptr="*fp16", kc_ptr="*u8", vc_ptr="*u8", ks_ptr="*fp16", vs_ptr="*fp16")
     pointer_types.update(seq_lens_ptr="*i32", slot_coef_ptr="*i32")
@@ -118,6 +119,7 @@ def main() -> None:
     p.add_argument("--keys-ahead", action="store_true")
     p.add_argument("--no-cache-tiles", action="store_true")
     p.add_argument("--no-convert-p-once", action="store_true")
+    p.add_argument("--pdl", action="store_true", help="wait for the previous kernel in-kernel (PDL)")
     p.add_argument("--out", default="build/sass_v3")
     args = p.parse_args()
     reason = gluon_kernels.gluon_reason()

@@ -1068,6 +1068,10 @@ class LaunchConfig:
     # (residency from maxnreg and num_warps, so it needs maxnreg): a last, partial wave leaves SMs
     # idle while its programs finish (twelfth session: 2 whole waves 3-4% faster than 2.6)
     whole_waves: bool = False
+    # programmatic dependent launch (sm_90+): the split kernel and the reduce are launched while the
+    # kernel before them finishes and wait for it in-kernel (griddepcontrol.wait), hiding the launch
+    # gap; the prologue lets the split kernel launch as soon as it starts
+    pdl: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_n", "reduce_split_chunk"):
@@ -1118,6 +1122,12 @@ class LaunchConfig:
 # kernel on a second stream, enqueued after the split kernel (overlap_exact) 0.2894-0.2942 ->
 # 0.2865-0.2872 ms at (8, 131072), 0.3120-0.3125 -> 0.3070-0.3081 at (32, 32768), 0.1020-0.1022 ->
 # 0.0951-0.0957 at (8, 32768); forked before the prologue instead it was 4% slower at the first two.
+# Twelfth session (2026-12-01 11:42 UTC, same grid, A/B/A/B): split counts in two whole waves of the
+# 12 resident programs per SM (whole_waves, ctas_per_sm 24) instead of 2.6 waves: (8, 131072)
+# 0.2921 / 0.2858 -> 0.2838 / 0.2762 ms, (32, 32768) 0.3041 / 0.2983 -> 0.2979 / 0.2932, (8, 32768)
+# 0.0971 / 0.0951 -> 0.0953 / 0.0928; 1, 3 or 4 whole waves were slower than 2, partial ones more so.
+# 11:54 UTC: programmatic dependent launch (pdl) 0.2830 / 0.2805 -> 0.2802 / 0.2783 ms, 0.2928 /
+# 0.2930 -> 0.2936 / 0.2919, 0.0932 / 0.0930 -> 0.0926 / 0.0920.
 # Where v3 cannot run (no Gluon, the interpreter) this entry runs v1 with these settings.
 TUNED_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
     (128, 4, "affine"): LaunchConfig(
@@ -1125,6 +1135,7 @@ TUNED_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
         num_stages=1,
         ctas_per_sm=24.0,  # two whole waves of 12 resident programs per SM (whole_waves)
         whole_waves=True,
+        pdl=True,
         min_split_tokens=512,
         kernel="v3",
         cache_tiles=True,
@@ -1145,6 +1156,7 @@ TUNED_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
 # (H200, probe_attention.py grid) at (B, N) = (1, 32768), ms: one-warp 64-token steps v2 0.0308-0.0323
 # (v1 0.0346-0.0370 in the third session); two-warp 128-token steps v1 0.0285, v2 0.0296; four
 # warps 0.040-0.061; three or more pipeline stages and shorter splits (128-384 tokens) were slower.
+# 2026-12-01 11:54 UTC: programmatic dependent launch (pdl) 0.0284 / 0.0282 -> 0.0273 / 0.0272 ms.
 SMALL_LAUNCH_PROGRAMS = 16
 SMALL_LAUNCH_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
     (128, 4, "affine"): LaunchConfig(
@@ -1155,6 +1167,7 @@ SMALL_LAUNCH_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
         min_split_tokens=512,
         kernel="v1",
         reduce_split_chunk=64,
+        pdl=True,
     ),
 }
 
@@ -1426,11 +1439,14 @@ if HAS_TRITON:
         S: tl.constexpr,
         BLOCK_M: tl.constexpr,
         D_CHUNK: tl.constexpr,
+        PDL: tl.constexpr = False,  # launched with programmatic dependent launch (see _pdl)
     ):
         """q_w = M_h (q * s_k) * qk_scale * step in fp16 for D_CHUNK of the S kernel slots (D for
         v1, padded field planes for v2) per program, and that chunk's share of each band's score
         offset sum_s q_w[s] * shift[s]; grid (sequence x kv head x row block, S / D_CHUNK), so a
         short batch still spreads over many programs. The split kernels add the chunk shares."""
+        if PDL:  # the split kernel may launch now: it waits for this kernel before reading qw/qc
+            tl.extra.cuda.gdc_launch_dependents()
         pid = tl.program_id(0)
         chunk = tl.program_id(1)
         row_block = pid % n_row_blocks
@@ -1487,12 +1503,15 @@ if HAS_TRITON:
         BLOCK_M: tl.constexpr,
         D_CHUNK: tl.constexpr,
         ROWS: tl.constexpr,
+        PDL: tl.constexpr = False,  # launched with programmatic dependent launch (see _pdl)
     ):
         """_prologue_kernel for one row block per (sequence, kv head) (decode): the query rows of
         ROWS / BLOCK_M sequences that share a kv head's M go through one [ROWS, D] x [D, D_CHUNK]
         dot; grid (kv head, row tile, S / D_CHUNK). Why: one program per (sequence, kv head) padded
         its BLOCK_M rows to the dot's 16 and ran about 1,100 SASS instructions per warp for 16K
         multiply-adds; at B = 32 that was 13 us of issue (ncu, H200) for a kernel that reads 1 MB."""
+        if PDL:  # the split kernel may launch now: it waits for this kernel before reading qw/qc
+            tl.extra.cuda.gdc_launch_dependents()
         kv_head = tl.program_id(0)
         tile = tl.program_id(1)
         chunk = tl.program_id(2)
@@ -2076,9 +2095,12 @@ if HAS_TRITON:
         KB3_SCALE: tl.constexpr,
         KB3_AFFINE: tl.constexpr,
         CENTRE_IN_MMA: tl.constexpr = False,
+        PDL: tl.constexpr = False,  # launched with programmatic dependent launch (see _pdl)
     ):
         """One (split, sequence, kv head, row block): online softmax over a range of compressed
         tokens in the coefficient domain, or (last split) over the exact tokens."""
+        if PDL:  # the previous kernel's writes are visible after this, none before it
+            tl.extra.cuda.gdc_wait()
         split = tl.program_id(0)
         pid = tl.program_id(1)
         row_block = pid % n_row_blocks
@@ -2945,10 +2967,13 @@ if HAS_TRITON:
         D_CHUNK: tl.constexpr,
         OFFSET: tl.constexpr,
         SPLIT_CHUNK: tl.constexpr = 8,
+        PDL: tl.constexpr = False,  # launched with programmatic dependent launch (see _pdl)
     ):
         """Merge the compressed splits, inverse-transform once (x - m = (R^T W^T c) * s), merge the
         exact part (stored centred), add the value offset m, write out. transform_ptr: [D, D], or
         per kv head (transform_stride_h) the composite of W, R and s (value_transform)."""
+        if PDL:  # the previous kernel's writes are visible after this, none before it
+            tl.extra.cuda.gdc_wait()
         pid = tl.program_id(0)
         row_block = pid % n_row_blocks
         kv_head = (pid // n_row_blocks) % n_kv_heads
@@ -3045,10 +3070,13 @@ if HAS_TRITON:
         BLOCK_M: tl.constexpr,
         SPLIT_CHUNK: tl.constexpr,
         OFFSET: tl.constexpr,
+        PDL: tl.constexpr = False,  # launched with programmatic dependent launch (see _pdl)
     ):
         """_reduce_kernel with one program per query row, for launches with few (sequence, kv head)
         pairs: SPLIT_CHUNK splits merged per step (one wide load, not a serial chain of small
         ones), then the inverse transform as a [D] x [D, D] product."""
+        if PDL:  # the previous kernel's writes are visible after this, none before it
+            tl.extra.cuda.gdc_wait()
         pid = tl.program_id(0)
         row_local = pid % BLOCK_M
         program = pid // BLOCK_M
@@ -3103,6 +3131,24 @@ if HAS_TRITON:
 # 4.6 -> 4.7 us and the op no faster, so smaller launches keep one program per sequence.
 PROLOGUE_TILE_ROWS = 64
 PROLOGUE_HEADS_MIN_ROWS = 64
+
+
+def _pdl(config: LaunchConfig, device: torch.device) -> bool:
+    """Whether this call launches with programmatic dependent launch: the config asks, on a GPU
+    that has it (sm_90+), compiled (never under the interpreter)."""
+    return (
+        config.pdl
+        and device.type == "cuda"
+        and not _interpreting()
+        and torch.cuda.get_device_capability(device) >= (9, 0)
+    )
+
+
+def _dependent(pdl: bool) -> dict:
+    """Launch keywords of a kernel that waits in-kernel for the one before it (its PDL constexpr
+    makes it call griddepcontrol.wait before any read)."""
+    return {"PDL": True, "launch_pdl": True} if pdl else {}
+
 
 _SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
 
@@ -3230,6 +3276,7 @@ def _launch_v3(
         LAZY_RESCALE=config.lazy_rescale,
         num_warps=1,
         **split_options,
+        **_dependent(_pdl(config, q.device)),
     )
     if side is not None:
         with torch.cuda.stream(side):
@@ -3346,6 +3393,7 @@ def wavelet_attention_triton(
     v_rotation = None if v_params.rotation is None else _on(v_params.rotation, device)
     v_offset = None if v_params.offset is None else _on(v_params.offset, device)
     q_transform, q_transform_stride_h = query_transform(slot_rows, k_rotation, k_channel_scale)
+    pdl = _pdl(config, device)  # the prologue lets the split kernel launch early; see LaunchConfig.pdl
     if n_row_blocks == 1 and batch * block_m >= PROLOGUE_HEADS_MIN_ROWS and d <= 128:
         # decode with many sequences: the rows that share a kv head's transform in one dot (head_dim
         # 256 would hold a [64, 256] fp32 query tile per program: not measured, so not taken)
@@ -3376,6 +3424,7 @@ def wavelet_attention_triton(
             D_CHUNK=d_chunk,
             ROWS=PROLOGUE_TILE_ROWS,
             num_warps=4,
+            **({"PDL": True} if pdl else {}),
         )
     else:
         launch(
@@ -3404,6 +3453,7 @@ def wavelet_attention_triton(
             BLOCK_M=block_m,
             D_CHUNK=d_chunk,
             num_warps=4,
+            **({"PDL": True} if pdl else {}),
         )
     # overlap_exact: the exact-token kernel's stream forks after the prologue and joins back
     # before the reduce; the kernel is enqueued after the split kernel, so the split's programs
@@ -3570,6 +3620,7 @@ def wavelet_attention_triton(
             CENTRE_IN_MMA=config.centre_in_mma,
             **split_options,
             **plan.constexprs,
+            **_dependent(pdl),
         )
     if v_rotation is not None:  # W, R and s as one matrix per kv head: the reduces apply no R
         inverse = value_transform(inverse, v_rotation, v_cs, v_channel_scale)
@@ -3595,6 +3646,7 @@ def wavelet_attention_triton(
         num_splits,
     )
     channel_flags = dict(OFFSET=v_offset is not None)
+    # the reduce waits in-kernel for the split kernel (PDL) unless a stream join comes between them
     if programs * block_m <= config.row_reduce_max_programs * _sm_count(device):
         # few (sequence, kv head) pairs and many splits: one program per query row
         launch(
@@ -3606,6 +3658,7 @@ def wavelet_attention_triton(
             SPLIT_CHUNK=config.reduce_split_chunk,
             num_warps=4,
             **channel_flags,
+            **_dependent(pdl and side is None),
         )
     else:
         launch(
@@ -3617,6 +3670,7 @@ def wavelet_attention_triton(
             D_CHUNK=min(d, 32),
             num_warps=4,
             **channel_flags,
+            **_dependent(pdl and side is None),
         )
     return out
 

@@ -344,9 +344,14 @@ if HAS_GLUON:
         CACHE_TILES: gl.constexpr,  # the ring's copies through L1 (see _issue_stage)
         P_ONCE: gl.constexpr,  # one layout conversion of p (scales applied in fp16 after it)
         LAZY_RESCALE: gl.constexpr,
+        PDL: gl.constexpr = False,  # launched with programmatic dependent launch: wait for the prologue
     ):
         """One (split, sequence, kv head, row block): online softmax over a range of compressed
         tokens in the coefficient domain; grid (num_splits, programs)."""
+        if PDL:  # the previous kernel's writes (the prologue's qw/qc) are visible after this
+            gl.inline_asm_elementwise(
+                "griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1
+            )
         split = gl.program_id(0)
         pid = gl.program_id(1)
         row_block = pid % n_row_blocks

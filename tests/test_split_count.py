@@ -1,4 +1,5 @@
-"""How the attention op cuts the compressed range into flash-decoding splits (CPU only).
+"""How the attention op cuts the compressed range into flash-decoding splits, and when it launches
+with programmatic dependent launch (CPU only).
 
 The split kernel's programs are all the same length at decode, so a launch whose last wave of
 resident programs is partly empty leaves SMs idle while it finishes. The tuned v3 config therefore
@@ -80,3 +81,15 @@ def test_without_whole_waves_the_count_rounds_to_ctas_per_sm():
 def test_whole_waves_needs_a_register_cap():
     with pytest.raises(ValueError, match="whole_waves needs maxnreg"):
         K.LaunchConfig(kernel="v3", num_stages=1, whole_waves=True)
+
+
+def test_programmatic_dependent_launch_only_where_it_can_run():
+    # LaunchConfig.pdl asks; the call uses it only compiled on a CUDA device of sm_90 or newer, and
+    # a kernel launched that way always gets the constexpr that makes it wait for its predecessor
+    import torch
+
+    asked = dataclasses.replace(TUNED, pdl=True)
+    assert not K._pdl(asked, torch.device("cpu"))
+    assert not K._pdl(TUNED, torch.device("cpu"))
+    assert K._dependent(True) == {"PDL": True, "launch_pdl": True}
+    assert K._dependent(False) == {}

@@ -519,6 +519,42 @@ def test_gpu_exact_tokens_on_a_side_stream_equal_the_in_order_launch_also_in_a_c
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize(
+    "batch, config",
+    [
+        (2, K.SMALL_LAUNCH_CONFIGS[(128, 4, "affine")]),  # v1 split, per-row reduce
+        (5, K.TUNED_CONFIGS[(128, 4, "affine")]),  # v3, exact kernel on the side stream
+        (17, K.TUNED_CONFIGS[(128, 4, "affine")]),  # v3 after the per-kv-head prologue
+        (5, dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], overlap_exact=False)),  # PDL reduce
+    ],
+)
+def test_gpu_programmatic_dependent_launch_equals_the_ordinary_launch_also_in_a_cuda_graph(batch, config):
+    # LaunchConfig.pdl launches the split kernel (and the reduce, unless a stream join precedes it)
+    # before the kernel ahead of it has finished; they wait for it in-kernel. A missing wait would
+    # read the prologue's (or the split kernel's) buffers early: the result must be bit-identical to
+    # the ordinary launch, eagerly and replayed from a CUDA graph whose query changed after capture
+    lens = [4096, 1, 1000, 2049, 133] * 4
+    codec, args = make_case(
+        UNIFORM_REAL, batch, 2, 4, 1, 128, lens[:batch], 4096, torch.bfloat16, "cuda", "full"
+    )
+    config = dataclasses.replace(config, pdl=False)  # the tuned configs launch with PDL
+    pdl = dataclasses.replace(config, pdl=True)
+    assert K._pdl(pdl, args[0].device), "the H200 has programmatic dependent launch"
+    ordinary = _run_triton(args, codec, 128**-0.5, config=config)
+    assert torch.equal(_run_triton(args, codec, 128**-0.5, config=pdl), ordinary)
+    assert rel_err(ordinary, dense_reference(codec, args, 128**-0.5)) <= 1e-2
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = _run_triton(args, codec, 128**-0.5, config=pdl)
+    for round_ in range(3):
+        args[0].copy_(torch.randn_like(args[0]))  # q: what the prologue reads and the split waits for
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(captured, _run_triton(args, codec, 128**-0.5, config=config)), round_
+    assert not K._V3_FAILURE, K._V3_FAILURE
+
+
+@pytest.mark.gpu
 def test_gpu_repeated_calls_reuse_compiled_kernels_and_stay_correct():
     # the second call of a shape launches the kept CompiledKernels (kernels/fast_launch.py): fresh
     # inputs of the same shapes and alignment must give results as correct as the first call's
