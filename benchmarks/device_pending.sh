@@ -6,6 +6,8 @@
 #   bash benchmarks/device_pending.sh attention   # the attention GPU tests, then bench_attention
 #   bash benchmarks/device_pending.sh decode      # bench_decode at the target shapes
 #                                                 # (8, 131072) and (32, 32768), every variant
+#   bash benchmarks/device_pending.sh decode_pdl  # the wmoe step with and without programmatic
+#                                                 # dependent launch in its Inductor kernels
 #   bash benchmarks/device_pending.sh profile     # the step's GPU time by part (profile_decode.py)
 #   bash benchmarks/device_pending.sh stalls [tuned|keys_ahead]
 #                                                 # where the v3 split kernel's warps wait, per SASS
@@ -13,9 +15,9 @@
 #                                                 # breakdown (Nsight Compute)
 set -u
 case "${1:-}" in
-attention | decode | profile | stalls) ;;
+attention | decode | decode_pdl | profile | stalls) ;;
 *)
-    echo "usage: bash benchmarks/device_pending.sh attention|decode|profile|stalls [tuned|keys_ahead]" >&2
+    echo "usage: bash benchmarks/device_pending.sh attention|decode|decode_pdl|profile|stalls [tuned|keys_ahead]" >&2
     exit 2
     ;;
 esac
@@ -53,6 +55,17 @@ attention)
     ;;
 decode)
     run 560 python3 -P benchmarks/bench_decode.py --codec default --shapes 8x131072,32x32768 --out "$OUT"
+    ;;
+decode_pdl)
+    # Inductor's own PDL switch (torch._inductor.config.triton.enable_pdl, off by default; vLLM turns
+    # it on under full CUDA graphs) for the wmoe graph's generated kernels, A/B/A in one call; the
+    # baselines stay default torch.compile. Not run yet (twelfth session: the attention op's own
+    # kernels launch with PDL, -0.5 to -3.7%).
+    for pdl in off on off; do
+        if [ "$pdl" = on ]; then extra=(--wmoe-inductor-config '{"triton.enable_pdl": true}'); else extra=(); fi
+        run 180 python3 -P benchmarks/bench_decode.py --codec default --shapes 8x131072,32x32768 \
+            --skip eager,inductor --out "$OUT/pdl_$pdl" "${extra[@]}"
+    done
     ;;
 profile)
     run 400 python3 -P benchmarks/profile_decode.py --batch 8 --context 131072
