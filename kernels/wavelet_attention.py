@@ -1231,22 +1231,28 @@ _SHARED_RESERVED_PER_PROGRAM = 1024  # the driver's per-block reservation
 _REG_ALLOC_UNIT = 256  # registers are allocated per warp in units of 256
 
 
-def resident_programs_per_sm(config: LaunchConfig, regs_per_sm: int = _REGS_PER_SM) -> int | None:
+def resident_programs_per_sm(
+    config: LaunchConfig,
+    regs_per_sm: int = _REGS_PER_SM,
+    warps_per_sm: int = _WARPS_PER_SM,
+    shared_per_sm: int = _SHARED_PER_SM,
+) -> int | None:
     """How many split-kernel programs one SM holds at once under ``config``'s register cap (None
     without a cap: the compiler's register count is not known before the launch). v3's shared
-    memory (its cp.async ring of code tiles) is counted too; v1/v2 configs count registers only."""
+    memory (its cp.async ring of code tiles) is counted too; v1/v2 configs count registers only.
+    The limits default to the H100 / H200's; choose_num_splits passes the device's."""
     if config.maxnreg is None:
         return None
     regs_per_warp = -(-config.maxnreg * 32 // _REG_ALLOC_UNIT) * _REG_ALLOC_UNIT
     resident = min(
         regs_per_sm // (regs_per_warp * config.num_warps),
-        _WARPS_PER_SM // config.num_warps,
+        warps_per_sm // config.num_warps,
         _PROGRAMS_PER_SM,
     )
     if config.kernel == "v3":
         tiles = 2 if config.keys_via_smem else 1  # value tiles, plus key tiles through the ring
         ring = config.num_stages * tiles * 2 * config.block_n * 16 * 2  # two bands, 16 int16 a row
-        resident = min(resident, _SHARED_PER_SM // (ring + _SHARED_RESERVED_PER_PROGRAM))
+        resident = min(resident, shared_per_sm // (ring + _SHARED_RESERVED_PER_PROGRAM))
     return max(resident, 1)
 
 
@@ -1277,11 +1283,19 @@ def choose_num_splits(
     min_split_tokens (and one block) per split, in whole waves if the config asks. From the
     capacity, so no host sync on seq_lens."""
     tokens = max(capacity - layout.n_exact, 1)
-    regs = _REGS_PER_SM
-    if device.type == "cuda":
+    limits = {}
+    if device.type == "cuda" and config.whole_waves:
         index = device.index if device.index is not None else torch.cuda.current_device()
-        regs = getattr(torch.cuda.get_device_properties(index), "regs_per_multiprocessor", regs)
-    resident = resident_programs_per_sm(config, regs)
+        props = torch.cuda.get_device_properties(index)
+        for name, prop, scale in (
+            ("regs_per_sm", "regs_per_multiprocessor", 1),
+            ("warps_per_sm", "max_threads_per_multi_processor", 32),
+            ("shared_per_sm", "shared_memory_per_multiprocessor", 1),
+        ):
+            value = getattr(props, prop, None)
+            if value:  # older torch lacks some: the sm_90 figure stands in
+                limits[name] = int(value) // scale
+    resident = resident_programs_per_sm(config, **limits)
     return split_count(programs, tokens, config, _sm_count(device), resident)
 
 

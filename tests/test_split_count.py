@@ -72,6 +72,16 @@ def test_whole_waves_fill_their_waves():
                 assert wave - launched < programs, (programs, context, splits)
 
 
+def test_residency_follows_the_device_limits():
+    # an A100 (sm_80): 64K registers, 64 warps, 164 KB of shared memory per SM; a GPU with half the
+    # register file holds half the programs
+    assert K.resident_programs_per_sm(TUNED, 65536, 64, 164 * 1024) == 12
+    assert K.resident_programs_per_sm(TUNED, 32768, 64, 164 * 1024) == 6
+    assert K.resident_programs_per_sm(TUNED, 65536, 8, 164 * 1024) == 8  # warp-limited
+    deep_ring = dataclasses.replace(TUNED, num_stages=4, keys_via_smem=True)
+    assert K.resident_programs_per_sm(deep_ring, 65536, 64, 100 * 1024) == 3  # 33 KB a program
+
+
 def test_without_whole_waves_the_count_rounds_to_ctas_per_sm():
     config = dataclasses.replace(TUNED, whole_waves=False, ctas_per_sm=32.0)
     assert K.split_count(64, 131072 - 132, config, H200_SMS, 12) == 66  # round(32 * 132 / 64)
