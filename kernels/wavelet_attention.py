@@ -1064,9 +1064,10 @@ class LaunchConfig:
     # v3: the exact-token kernel runs on a second stream, beside the split kernel
     # (it reads the raw query and writes its own partial slot; the reduce waits for both)
     overlap_exact: bool = False
-    # the split count rounded down so the launch is a whole number of waves of resident programs
-    # (residency from maxnreg and num_warps, so it needs maxnreg): a last, partial wave leaves SMs
-    # idle while its programs finish (twelfth session: 2 whole waves 3-4% faster than 2.6)
+    # the split count set so the launch fills a whole number of waves of resident programs
+    # (residency from maxnreg and num_warps, so it needs maxnreg; see split_count): a last, partial
+    # wave leaves SMs idle while its programs finish (twelfth session: 2 whole waves 2-3% faster
+    # than 2.6)
     whole_waves: bool = False
     # programmatic dependent launch (sm_90+): the split kernel and the reduce are launched while the
     # kernel before them finishes and wait for it in-kernel (griddepcontrol.wait), hiding the launch
@@ -3711,10 +3712,10 @@ __all__ = [
     "channel_scale_2d",
     "check_attention_inputs",
     "choose_num_splits",
-    "resident_programs_per_sm",
-    "split_count",
     "decode_coefficients",
     "default_config",
+    "resident_programs_per_sm",
+    "split_count",
     "split_kernel_choice",
     "triton_support",
     "tuned_config",
