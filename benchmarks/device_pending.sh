@@ -8,6 +8,8 @@
 #                                                 # (8, 131072) and (32, 32768), every variant
 #   bash benchmarks/device_pending.sh decode_pdl  # the wmoe step with and without programmatic
 #                                                 # dependent launch in its Inductor kernels
+#   bash benchmarks/device_pending.sh overlap     # the deferred cache writes' GPU tests, then the
+#                                                 # wmoe step with and without them
 #   bash benchmarks/device_pending.sh profile     # the step's GPU time by part (profile_decode.py)
 #   bash benchmarks/device_pending.sh stalls [tuned|keys_ahead]
 #                                                 # where the v3 split kernel's warps wait, per SASS
@@ -15,9 +17,9 @@
 #                                                 # breakdown (Nsight Compute)
 set -u
 case "${1:-}" in
-attention | decode | decode_pdl | profile | stalls) ;;
+attention | decode | decode_pdl | overlap | profile | stalls) ;;
 *)
-    echo "usage: bash benchmarks/device_pending.sh attention|decode|decode_pdl|profile|stalls [tuned|keys_ahead]" >&2
+    echo "usage: bash benchmarks/device_pending.sh attention|decode|decode_pdl|overlap|profile|stalls [tuned|keys_ahead]" >&2
     exit 2
     ;;
 esac
@@ -65,6 +67,17 @@ decode_pdl)
         if [ "$pdl" = on ]; then extra=(--wmoe-inductor-config '{"triton.enable_pdl": true}'); else extra=(); fi
         run 180 python3 -P benchmarks/bench_decode.py --codec default --shapes 8x131072,32x32768 \
             --skip eager,inductor --out "$OUT/pdl_$pdl" "${extra[@]}"
+    done
+    ;;
+overlap)
+    # CompileConfig.overlap_cache_writes (prepared in the twelfth session, not run): the decode
+    # step's KV cache writes on the attention's side stream. Tests first (bit-identical results,
+    # eagerly and in CUDA graphs), then the step A/B/A at the two target shapes.
+    run 240 python3 -P -m pytest -q -m gpu tests/test_overlap_cache_writes.py
+    for on in off on off; do
+        if [ "$on" = on ]; then extra=(--wmoe-on overlap_cache_writes); else extra=(); fi
+        run 180 python3 -P benchmarks/bench_decode.py --codec default --shapes 8x131072,32x32768 \
+            --skip eager,inductor --out "$OUT/overlap_$on" "${extra[@]}"
     done
     ;;
 profile)

@@ -76,6 +76,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from . import side_stream as _side
 from .fast_launch import interpreting as _interpreting
 from .fast_launch import launch
 from .kv_codec import channel_params as _codec_channel_params
@@ -3165,18 +3166,8 @@ def _dependent(pdl: bool) -> dict:
     return {"PDL": True, "launch_pdl": True} if pdl else {}
 
 
-_SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
-
-
-def _side_stream(device: torch.device) -> torch.cuda.Stream | None:
-    """The device's second stream for work that overlaps the split kernel (made on first use), or
-    None while a CUDA graph is being captured and none exists yet (a stream cannot be created then;
-    the work then runs in order on the current stream)."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    stream = _SIDE_STREAMS.get(index)
-    if stream is None and not torch.cuda.is_current_stream_capturing():
-        stream = _SIDE_STREAMS[index] = torch.cuda.Stream(device=index)
-    return stream
+_SIDE_STREAMS = _side.STREAMS  # the shared second stream (kernels/side_stream.py)
+_side_stream = _side.side_stream
 
 
 def _launch_exact(
@@ -3409,6 +3400,13 @@ def wavelet_attention_triton(
     v_offset = None if v_params.offset is None else _on(v_params.offset, device)
     q_transform, q_transform_stride_h = query_transform(slot_rows, k_rotation, k_channel_scale)
     pdl = _pdl(config, device)  # the prologue lets the split kernel launch early; see LaunchConfig.pdl
+    # overlap_exact: the exact-token kernel runs on the side stream (forked after the prologue);
+    # deferred cache writes of this step's tokens (kernels/side_stream.py) are queued there ahead of
+    # it. Without that ordering, the current stream waits for them before anything reads the caches.
+    side = _side_stream(device) if use_v3 and config.overlap_exact and q.is_cuda else None
+    caches = (k_codes, k_scales, v_codes, v_scales, k_exact, v_exact)
+    if q.is_cuda and side is None and any(_side.pending(c) for c in caches):
+        _side.join(device, caches)
     if n_row_blocks == 1 and batch * block_m >= PROLOGUE_HEADS_MIN_ROWS and d <= 128:
         # decode with many sequences: the rows that share a kv head's transform in one dot (head_dim
         # 256 would hold a [64, 256] fp32 query tile per program: not measured, so not taken)
@@ -3473,7 +3471,6 @@ def wavelet_attention_triton(
     # overlap_exact: the exact-token kernel's stream forks after the prologue and joins back
     # before the reduce; the kernel is enqueued after the split kernel, so the split's programs
     # take the SMs first and the exact ones fill the slots its last, partial wave leaves free
-    side = _side_stream(device) if use_v3 and config.overlap_exact and q.is_cuda else None
     if side is not None:
         side.wait_stream(torch.cuda.current_stream(device))
     # ptxas register cap for the split kernel (more resident programs per SM; GPU compile only)
@@ -3507,6 +3504,7 @@ def wavelet_attention_triton(
             finally:  # the reduce (or the fallback below) runs after the exact tokens' partial
                 if side is not None:
                     torch.cuda.current_stream(device).wait_stream(side)
+                    _side.forget(caches)  # deferred writes into them came before it
         except Exception as exc:  # noqa: BLE001 - any build or launch failure: run v1 instead
             global _V3_FAILURE
             _V3_FAILURE = f"v3 failed on this Triton ({type(exc).__name__}: {str(exc)[:300]})"

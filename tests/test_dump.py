@@ -24,6 +24,7 @@ PASS_FOLDERS = [
     "05_fuse_sibling_linears",
     "06_decompose_router_topk",
     "07_cleanup_graph",
+    "08_overlap_cache_writes",
 ]
 
 

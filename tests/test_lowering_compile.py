@@ -229,3 +229,29 @@ def test_graphed_decode_step_runs_prefill_and_cpu_calls_directly():
     assert torch.equal(step(decode, torch.tensor([5])), decode.float() * 2)
     assert calls == [((2, 5), [0, 1, 2, 3, 4]), ((2, 1), [5])]
     assert step.graph is None
+
+
+def test_overlapped_cache_writes_compile_in_place_and_generate_the_same_tokens():
+    # CompileConfig.overlap_cache_writes retargets the decode graph's cache writes to
+    # wmoe::kv_compress_into_cache_overlapped. Inductor must keep that op's writes in place (a
+    # functionalized copy would leave the cache unwritten and the next step would differ); on the
+    # CPU the op writes in order, so the generated tokens equal the ordinary compile's.
+    model = build_model("tiny", num_layers=1)
+    prompt = torch.randint(0, model.cfg.vocab_size, (1, 9))
+    options = {"codec": "default;window=4;sinks=1"}
+
+    def generate(extra: dict) -> torch.Tensor:
+        torch._dynamo.reset()
+        compiled = torch.compile(model, backend="wmoe", options={**options, **extra})
+        model.setup_cache(1, prompt.shape[1] + 6)
+        return model.generate(prompt, 6, step_fn=lambda tokens, positions: compiled(tokens, positions))
+
+    want = generate({})
+    got = generate({"overlap_cache_writes": True})
+    assert torch.equal(got, want)
+    decode_report = compile_backend.compile_reports()[-1]
+    notes = [n for p in decode_report.passes if p.name == "overlap_cache_writes" for n in p.notes]
+    assert any("2 cache writes overlapped" in n for n in notes), notes
+    state = compile_backend.compressed_state(model.layers[0].attn.v_cache)
+    written = prompt.shape[1] + 6 - 1
+    assert (state["scales"].float()[:, :, :written].abs().sum(-1) > 0).all(), "every position written"

@@ -79,6 +79,8 @@ class CompileConfig:
                      over their stacked weights
     decompose_topk   decompose_router_topk: a router's top-k (small k, <= 512 experts) -> k rounds
                      of max and mask, which Inductor fuses with the softmax and renormalisation
+    overlap_cache_writes  overlap_cache_writes: a decode step's KV cache writes run on the
+                     attention's side stream, beside its split kernel (off: not yet measured on a GPU)
     bypass_codec     make the codec an exact passthrough (see the module docstring)
     check_numerics   after every pass, run the graph on the sample inputs and compare with the
                      previous graph (needs sample inputs: export() has them)
@@ -102,6 +104,7 @@ class CompileConfig:
     replace_moe: bool = True
     fuse_linears: bool = True
     decompose_topk: bool = True
+    overlap_cache_writes: bool = False
     bypass_codec: bool = False
     check_numerics: bool = False
     codec_error_gain: float = 2.0
@@ -129,6 +132,7 @@ class CompileConfig:
             "replace_moe",
             "fuse_linears",
             "decompose_topk",
+            "overlap_cache_writes",
             "bypass_codec",
             "check_numerics",
         ):
@@ -167,6 +171,9 @@ class CompileConfig:
             "compress_kv": self.compress_kv,
             "swap_attention": self.swap_attention,
             "replace_moe": self.replace_moe,
+            "fuse_linears": self.fuse_linears,
+            "decompose_topk": self.decompose_topk,
+            "overlap_cache_writes": self.overlap_cache_writes,
             "bypass_codec": self.bypass_codec,
             "check_numerics": self.check_numerics,
             "codec_error_gain": self.codec_error_gain,

@@ -6,7 +6,8 @@
     print(report)                             # every site: rewritten, or skipped with the reason
 
 Pipeline (ordered): find_sites (analysis) -> insert_dwt_quantize -> swap_wavelet_attention ->
-replace_moe_dispatch -> fuse_sibling_linears -> decompose_router_topk -> cleanup_graph. After every
+replace_moe_dispatch -> fuse_sibling_linears -> decompose_router_topk -> cleanup_graph ->
+overlap_cache_writes (off by default). After every
 pass: graph lint, fake-tensor shape propagation (every input and module tensor converted into one
 FakeTensorMode, so nothing runs on real state), and (config.check_numerics) a numeric comparison
 with the previous graph on the sample inputs. A failure raises PassVerificationError naming the
@@ -39,6 +40,7 @@ from .passes import (
     find_sites,
     fuse_sibling_linears,
     insert_dwt_quantize,
+    overlap_cache_writes,
     replace_moe_dispatch,
     swap_wavelet_attention,
 )
@@ -53,6 +55,7 @@ DEFAULT_PASSES: tuple[ModuleType, ...] = (
     fuse_sibling_linears,
     decompose_router_topk,
     cleanup_graph,
+    overlap_cache_writes,
 )
 
 

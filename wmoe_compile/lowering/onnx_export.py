@@ -74,6 +74,11 @@ _MUTATING_TO_FUNCTIONAL: dict[str, tuple[Any, tuple[str, ...]]] = {
         torch.ops.wmoe_onnx.kv_compress_into_cache_functional.default,
         ("codes_cache", "scales_cache", "exact_cache"),
     ),
+    # the same write, which on a GPU may overlap the attention (a stream detail ONNX has no notion of)
+    "wmoe::kv_compress_into_cache_overlapped": (
+        torch.ops.wmoe_onnx.kv_compress_into_cache_functional.default,
+        ("codes_cache", "scales_cache", "exact_cache"),
+    ),
 }
 
 

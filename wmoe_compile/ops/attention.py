@@ -34,6 +34,7 @@ import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from ..codec import WaveletKVConfig, codec_layout, get_codec
+from ..kernels import side_stream as _side
 from ..kernels import wavelet_attention as _k
 
 _BACKENDS = ("auto", "reference", "triton")
@@ -142,14 +143,14 @@ def wavelet_attention(
         v_channel_scale,
     )
     _k.check_attention_inputs(*args, layout, check_values=_value_checks)
-    if _use_triton(q):
-        reason = _k.triton_support(layout)
-        if reason is None:
-            out = _k.wavelet_attention_triton(*args, layout, sm_scale, validate=False)
-        else:
-            _warn_once(f"the Triton kernel does not support {reason}")
-            out = _k.wavelet_attention_reference(*args, layout, sm_scale)
+    reason = _k.triton_support(layout) if _use_triton(q) else "the reference backend"
+    if reason is None:  # orders itself after deferred cache writes (kernels/side_stream.py)
+        out = _k.wavelet_attention_triton(*args, layout, sm_scale, validate=False)
     else:
+        if _use_triton(q):
+            _warn_once(f"the Triton kernel does not support {reason}")
+        if q.is_cuda:  # a cache write deferred to the side stream must land before the reference reads
+            _side.join(q.device, args[1:7])
         out = _k.wavelet_attention_reference(*args, layout, sm_scale)
     # The fake impl promises a contiguous [B, Hq, Tq, D]; Inductor asserts the strides.
     return out.contiguous()

@@ -1,4 +1,5 @@
-"""Ops wmoe::kv_compress, wmoe::kv_decompress, wmoe::kv_compress_into_cache (docs/CONTRACTS.md).
+"""Ops wmoe::kv_compress, wmoe::kv_decompress, wmoe::kv_compress_into_cache and its
+_overlapped variant (docs/CONTRACTS.md).
 
 The codec travels as its canonical spec string (WaveletKVConfig.to_spec(), or a preset name);
 the head dimension comes from the tensors. channel_scale is [Hkv, D] (also [1, D], [D], or an
@@ -15,6 +16,7 @@ import torch
 
 from ..codec import get_codec, get_layout
 from ..kernels import kv_codec as _k
+from ..kernels import side_stream as _side
 
 _BACKENDS = ("auto", "reference", "triton")
 _backend = "auto"
@@ -118,6 +120,59 @@ def kv_compress_into_cache(
 
 
 @kv_compress_into_cache.register_fake
+def _(
+    x: torch.Tensor,
+    codes_cache: torch.Tensor,
+    scales_cache: torch.Tensor,
+    exact_cache: torch.Tensor,
+    positions: torch.Tensor,
+    channel_scale: torch.Tensor,
+    codec: str,
+) -> None:
+    return None
+
+
+@torch.library.custom_op(
+    "wmoe::kv_compress_into_cache_overlapped",
+    mutates_args=("codes_cache", "scales_cache", "exact_cache"),
+    schema=(
+        "(Tensor x, Tensor(a!) codes_cache, Tensor(b!) scales_cache, Tensor(c!) exact_cache, "
+        "Tensor positions, Tensor channel_scale, str codec) -> ()"
+    ),
+)
+def kv_compress_into_cache_overlapped(
+    x: torch.Tensor,
+    codes_cache: torch.Tensor,
+    scales_cache: torch.Tensor,
+    exact_cache: torch.Tensor,
+    positions: torch.Tensor,
+    channel_scale: torch.Tensor,
+    codec: str,
+) -> None:
+    """kv_compress_into_cache whose write may still be running on the attention's side stream when
+    it returns (kernels/side_stream.py); only ``wmoe::wavelet_attention`` over these caches may read
+    them before it (the pass overlap_cache_writes checks that). Deferred on CUDA with the Triton
+    kernel when the chunk fits the exact window (the split kernel then never reads what this writes);
+    otherwise the ordinary in-order write."""
+    c = get_codec(codec, int(x.shape[-1]))
+    tokens = int(x.shape[-2])
+    if not (_use_triton(x) and x.is_cuda and 0 < tokens <= c.config.window):
+        kv_compress_into_cache(x, codes_cache, scales_cache, exact_cache, positions, channel_scale, codec)
+        return
+    side = _side.side_stream(x.device)
+    if side is None:  # first use inside a graph capture: no stream can be made now
+        kv_compress_into_cache(x, codes_cache, scales_cache, exact_cache, positions, channel_scale, codec)
+        return
+    side.wait_stream(torch.cuda.current_stream(x.device))  # x was made on the current stream
+    with torch.cuda.stream(side):
+        _k.compress_into_cache_triton(c, x, codes_cache, scales_cache, exact_cache, positions, channel_scale)
+    _side.defer(
+        (codes_cache, scales_cache, exact_cache),
+        (x, codes_cache, scales_cache, exact_cache, positions, channel_scale),
+    )
+
+
+@kv_compress_into_cache_overlapped.register_fake
 def _(
     x: torch.Tensor,
     codes_cache: torch.Tensor,
