@@ -66,18 +66,18 @@ decode_pdl)
     for pdl in off on off; do
         if [ "$pdl" = on ]; then extra=(--wmoe-inductor-config '{"triton.enable_pdl": true}'); else extra=(); fi
         run 180 python3 -P benchmarks/bench_decode.py --codec default --shapes 8x131072,32x32768 \
-            --skip eager,inductor --out "$OUT/pdl_$pdl" "${extra[@]}"
+            --skip eager,inductor --out "$OUT/pdl_$pdl" ${extra[@]+"${extra[@]}"}
     done
     ;;
 overlap)
     # CompileConfig.overlap_cache_writes (prepared in the twelfth session, not run): the decode
     # step's KV cache writes on the attention's side stream. Tests first (bit-identical results,
     # eagerly and in CUDA graphs), then the step A/B/A at the two target shapes.
-    run 240 python3 -P -m pytest -q -m gpu tests/test_overlap_cache_writes.py
+    run 150 python3 -P -m pytest -q -m gpu tests/test_overlap_cache_writes.py
     for on in off on off; do
         if [ "$on" = on ]; then extra=(--wmoe-on overlap_cache_writes); else extra=(); fi
-        run 180 python3 -P benchmarks/bench_decode.py --codec default --shapes 8x131072,32x32768 \
-            --skip eager,inductor --out "$OUT/overlap_$on" "${extra[@]}"
+        run 130 python3 -P benchmarks/bench_decode.py --codec default --shapes 8x131072,32x32768 \
+            --skip eager,inductor --out "$OUT/overlap_$on" ${extra[@]+"${extra[@]}"}
     done
     ;;
 profile)
