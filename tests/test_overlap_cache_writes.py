@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_passes_find_sites import CachedAttention, attention_inputs, capture
+from test_passes_find_sites import CachedAttention, attention_inputs
+from test_passes_rewrites import run_fresh, transform_module
 from wmoe_compile.kernels import side_stream
 from wmoe_compile.passes import overlap_cache_writes
 from wmoe_compile.passes._context import PassContext
@@ -36,17 +37,8 @@ def _targets(gm) -> list[str]:
 
 def _transform(config, module=None):
     inputs = attention_inputs("plain")
-    gm = capture(module or CachedAttention("plain"), *inputs)
-    rewritten, report = wc.transform(gm, config, example_inputs=inputs)
+    _, rewritten, report = transform_module(module or CachedAttention("plain"), config, inputs)
     return rewritten, report, inputs
-
-
-def _fresh(gm, inputs):
-    for name, buffer in gm.named_buffers():
-        if "cache" in name and "channel_scale" not in name:
-            buffer.zero_()
-    with torch.no_grad():
-        return gm(*inputs)
 
 
 def _notes(report) -> str:
@@ -62,7 +54,7 @@ def test_both_writes_of_a_swapped_attention_are_overlapped_and_outputs_are_uncha
     assert "2 cache writes overlapped" in _notes(report)
     assert _targets(ordered).count(IN_ORDER) == 2 and OVERLAPPED not in _targets(ordered)
     # on the CPU the overlapped op writes in order: the same caches, the same output
-    assert torch.equal(_fresh(overlapped, inputs), _fresh(ordered, inputs))
+    assert torch.equal(run_fresh(overlapped, inputs), run_fresh(ordered, inputs))
 
 
 def test_off_by_default():

@@ -155,12 +155,10 @@ def kv_compress_into_cache_overlapped(
     kernel when the chunk fits the exact window (the split kernel then never reads what this writes);
     otherwise the ordinary in-order write."""
     c = get_codec(codec, int(x.shape[-1]))
-    tokens = int(x.shape[-2])
-    if not (_use_triton(x) and x.is_cuda and 0 < tokens <= c.config.window):
-        kv_compress_into_cache(x, codes_cache, scales_cache, exact_cache, positions, channel_scale, codec)
-        return
-    side = _side.side_stream(x.device)
-    if side is None:  # first use inside a graph capture: no stream can be made now
+    deferrable = _use_triton(x) and x.is_cuda and 0 < int(x.shape[-2]) <= c.config.window
+    # None also on first use inside a graph capture (no stream can be made then)
+    side = _side.side_stream(x.device) if deferrable else None
+    if side is None:
         kv_compress_into_cache(x, codes_cache, scales_cache, exact_cache, positions, channel_scale, codec)
         return
     side.wait_stream(torch.cuda.current_stream(x.device))  # x was made on the current stream
