@@ -48,8 +48,7 @@ DEFAULT_SHAPES = "8x131072,32x32768,1x32768,8x32768"
 EAGER_REPEATS = 3
 # CompileConfig switches of passes that only change speed (the step computes the same function),
 # so a run with one off times that pass.
-PASS_SWITCHES = ("fuse_linears", "decompose_topk")
-OPT_IN_SWITCHES = ("overlap_cache_writes",)  # off by default in CompileConfig
+PASS_SWITCHES = ("fuse_linears", "decompose_topk", "overlap_cache_writes")
 
 
 def bench_ms(fn, rep_ms: int = 200) -> float:
@@ -339,7 +338,6 @@ def run_shape(args, B: int, N: int, row: dict) -> None:
                     "channel_params": random_channel_params(model, gen),
                     "inductor_config": args.wmoe_inductor_config,
                     **{switch: False for switch in args.wmoe_off},
-                    **{switch: True for switch in args.wmoe_on},
                 },
             )
             t0 = time.perf_counter()
@@ -397,7 +395,6 @@ def render(env: dict, rows: list[dict], capacity: dict) -> str:
         f"Decode step, reference model with Mixtral-8x7B shapes, {env['layers']} layers, bf16, "
         f"{env['gpu']}, torch {env['torch']}, triton {env['triton']}, {env['date']}; codec `{env['codec']}`"
         + (f"; wmoe with {', '.join(env['wmoe_off'])} off" if env.get("wmoe_off") else "")
-        + (f"; wmoe with {', '.join(env['wmoe_on'])} on" if env.get("wmoe_on") else "")
         + (f"; wmoe inductor_config {env['wmoe_inductor_config']}" if env.get("wmoe_inductor_config") else "")
         + ".",
         "",
@@ -495,11 +492,6 @@ def main(argv: list[str] | None = None) -> int:
         default="",
         help=f"comma list of wmoe pass switches to turn off (to time a pass): {', '.join(PASS_SWITCHES)}",
     )
-    parser.add_argument(
-        "--wmoe-on",
-        default="",
-        help=f"comma list of opt-in wmoe switches to turn on: {', '.join(OPT_IN_SWITCHES)}",
-    )
     parser.add_argument("--no-fuse-linears", action="store_true", help="same as --wmoe-off fuse_linears")
     parser.add_argument("--out", default=os.environ.get("OUT", "benchmarks/out"))
     args = parser.parse_args(argv)
@@ -511,9 +503,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.wmoe_off - set(PASS_SWITCHES):
         parser.error(f"--wmoe-off takes {', '.join(PASS_SWITCHES)}; got {sorted(args.wmoe_off)}")
-    args.wmoe_on = set(filter(None, args.wmoe_on.split(",")))
-    if args.wmoe_on - set(OPT_IN_SWITCHES):
-        parser.error(f"--wmoe-on takes {', '.join(OPT_IN_SWITCHES)}; got {sorted(args.wmoe_on)}")
     if not isinstance(args.wmoe_inductor_config, dict):
         parser.error("--wmoe-inductor-config must be a JSON object")
     shapes = parse_shapes(args.shapes)
@@ -538,7 +527,6 @@ def main(argv: list[str] | None = None) -> int:
         "layers": args.layers,
         "codec": args.codec,
         "wmoe_off": sorted(args.wmoe_off),
-        "wmoe_on": sorted(args.wmoe_on),
         "wmoe_inductor_config": args.wmoe_inductor_config,
     }
     env["copy_TBps"] = copy_rate_tbps()

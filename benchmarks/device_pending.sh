@@ -6,8 +6,9 @@
 #   bash benchmarks/device_pending.sh attention   # the attention GPU tests, then bench_attention
 #   bash benchmarks/device_pending.sh decode      # bench_decode at the issue's target shapes
 #                                                 # (8, 131072) and (32, 32768), every variant
-#   bash benchmarks/device_pending.sh decode_pdl  # the wmoe step with and without programmatic
-#                                                 # dependent launch in its Inductor kernels
+#   bash benchmarks/device_pending.sh inductor PATCH...
+#                                                 # the wmoe step with Inductor config patches
+#                                                 # (JSON) against the default
 #   bash benchmarks/device_pending.sh overlap     # the deferred cache writes' GPU tests, then the
 #                                                 # wmoe step with and without them
 #   bash benchmarks/device_pending.sh profile     # the step's GPU time by part (profile_decode.py)
@@ -17,20 +18,23 @@
 #                                                 # breakdown (Nsight Compute)
 set -u
 case "${1:-}" in
-attention | decode | decode_pdl | overlap | profile | stalls) ;;
+attention | decode | inductor | overlap | profile | stalls) ;;
 *)
-    echo "usage: bash benchmarks/device_pending.sh attention|decode|decode_pdl|overlap|profile|stalls [tuned|keys_ahead]" >&2
+    echo "usage: bash benchmarks/device_pending.sh attention|decode|inductor|overlap|profile|stalls [tuned|keys_ahead]" >&2
     exit 2
     ;;
 esac
-variant=${2:-tuned}
-case "$variant" in
-tuned | keys_ahead) ;;
-*)
-    echo "stalls variant must be tuned or keys_ahead, got '$variant'" >&2
-    exit 2
-    ;;
-esac
+variant=tuned
+if [ "$1" = stalls ]; then
+    variant=${2:-tuned}
+    case "$variant" in
+    tuned | keys_ahead) ;;
+    *)
+        echo "stalls variant must be tuned or keys_ahead, got '$variant'" >&2
+        exit 2
+        ;;
+    esac
+fi
 OUT=${OUT:-benchmarks/out}
 mkdir -p "$OUT"
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$PWD/build/triton_cache}
@@ -58,24 +62,26 @@ attention)
 decode)
     run 560 python3 -P benchmarks/bench_decode.py --codec default --shapes 8x131072,32x32768 --out "$OUT"
     ;;
-decode_pdl)
-    # Inductor's own PDL switch (torch._inductor.config.triton.enable_pdl, off by default; vLLM turns
-    # it on under full CUDA graphs) for the wmoe graph's generated kernels, A/B/A in one call; the
-    # baselines stay default torch.compile. Not run yet (twelfth session: the attention op's own
-    # kernels launch with PDL, -0.5 to -3.7%).
-    for pdl in off on off; do
-        if [ "$pdl" = on ]; then extra=(--wmoe-inductor-config '{"triton.enable_pdl": true}'); else extra=(); fi
-        run 180 python3 -P benchmarks/bench_decode.py --codec default --shapes 8x131072,32x32768 \
-            --skip eager,inductor --out "$OUT/pdl_$pdl" ${extra[@]+"${extra[@]}"}
+inductor)
+    # The wmoe step under Inductor config patches for the wmoe graph's generated code (the
+    # baselines stay default torch.compile), in the order given, with the default first and last:
+    #   bash benchmarks/device_pending.sh inductor '{"max_autotune_gemm": true}' ...
+    # Measured (thirteenth session): triton.enable_pdl within noise (-0.2% / +0.3%), not kept.
+    shift
+    i=0
+    for patch in '{}' "$@" '{}'; do
+        run 200 python3 -P benchmarks/bench_decode.py --codec default --shapes 8x131072,32x32768 \
+            --skip eager,inductor --out "$OUT/inductor_$i" --wmoe-inductor-config "$patch"
+        i=$((i + 1))
     done
     ;;
 overlap)
-    # CompileConfig.overlap_cache_writes (prepared in the twelfth session, not run): the decode
-    # step's KV cache writes on the attention's side stream. Tests first (bit-identical results,
-    # eagerly and in CUDA graphs), then the step A/B/A at the two target shapes.
+    # CompileConfig.overlap_cache_writes (on by default since the thirteenth session, -0.5 to
+    # -0.9% a step): the decode step's KV cache writes on the attention's side stream. Tests first
+    # (bit-identical results, eagerly and in CUDA graphs), then the step on / off / on.
     run 150 python3 -P -m pytest -q -m gpu tests/test_overlap_cache_writes.py
-    for on in off on off; do
-        if [ "$on" = on ]; then extra=(--wmoe-on overlap_cache_writes); else extra=(); fi
+    for on in on off on; do
+        if [ "$on" = off ]; then extra=(--wmoe-off overlap_cache_writes); else extra=(); fi
         run 130 python3 -P benchmarks/bench_decode.py --codec default --shapes 8x131072,32x32768 \
             --skip eager,inductor --out "$OUT/overlap_$on" ${extra[@]+"${extra[@]}"}
     done

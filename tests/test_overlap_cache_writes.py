@@ -48,8 +48,8 @@ def _notes(report) -> str:
 def test_both_writes_of_a_swapped_attention_are_overlapped_and_outputs_are_unchanged():
     config = wc.CompileConfig(codec="default;window=4;sinks=1")
     module = CachedAttention("plain")
-    ordered, _, inputs = _transform(config, module)
-    overlapped, report, _ = _transform(config.replace(overlap_cache_writes=True), module)
+    ordered, _, inputs = _transform(config.replace(overlap_cache_writes=False), module)
+    overlapped, report, _ = _transform(config, module)
     assert _targets(overlapped).count(OVERLAPPED) == 2 and IN_ORDER not in _targets(overlapped)
     assert "2 cache writes overlapped" in _notes(report)
     assert _targets(ordered).count(IN_ORDER) == 2 and OVERLAPPED not in _targets(ordered)
@@ -57,22 +57,23 @@ def test_both_writes_of_a_swapped_attention_are_overlapped_and_outputs_are_uncha
     assert torch.equal(run_fresh(overlapped, inputs), run_fresh(ordered, inputs))
 
 
-def test_off_by_default():
-    _, report, _ = _transform(wc.CompileConfig(codec="default;window=4;sinks=1"))
+def test_on_by_default_and_switched_off_by_its_option():
+    config = wc.CompileConfig(codec="default;window=4;sinks=1")
+    assert config.overlap_cache_writes
+    _, report, _ = _transform(config.replace(overlap_cache_writes=False))
     assert "overlap_cache_writes=False" in _notes(report)
 
 
 def test_writes_no_wavelet_attention_reads_stay_in_order():
     config = wc.CompileConfig(
-        codec="default;window=4;sinks=1", swap_attention=False, overlap_cache_writes=True
-    )
+        codec="default;window=4;sinks=1", swap_attention=False)
     rewritten, report, _ = _transform(config)
     assert OVERLAPPED not in _targets(rewritten)
     assert "no wavelet_attention reads these caches" in _notes(report)
 
 
 def test_another_reader_between_the_write_and_the_attention_keeps_that_write_in_order():
-    rewritten, _, _ = _transform(wc.CompileConfig(codec="default;window=4;sinks=1"))
+    rewritten, _, _ = _transform(wc.CompileConfig(codec="default;window=4;sinks=1", overlap_cache_writes=False))
     graph = rewritten.graph
     attention = next(n for n in graph.nodes if n.target == torch.ops.wmoe.wavelet_attention.default)
     k_codes = attention.args[1]

@@ -80,7 +80,8 @@ class CompileConfig:
     decompose_topk   decompose_router_topk: a router's top-k (small k, <= 512 experts) -> k rounds
                      of max and mask, which Inductor fuses with the softmax and renormalisation
     overlap_cache_writes  overlap_cache_writes: a decode step's KV cache writes run on the
-                     attention's side stream, beside its split kernel (off: not yet measured on a GPU)
+                     attention's side stream, beside its split kernel (-0.5 to -0.9% a step on the
+                     H200, benchmarks/RESULTS.md)
     bypass_codec     make the codec an exact passthrough (see the module docstring)
     check_numerics   after every pass, run the graph on the sample inputs and compare with the
                      previous graph (needs sample inputs: export() has them)
@@ -104,7 +105,7 @@ class CompileConfig:
     replace_moe: bool = True
     fuse_linears: bool = True
     decompose_topk: bool = True
-    overlap_cache_writes: bool = False
+    overlap_cache_writes: bool = True
     bypass_codec: bool = False
     check_numerics: bool = False
     codec_error_gain: float = 2.0

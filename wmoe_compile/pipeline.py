@@ -7,7 +7,7 @@
 
 Pipeline (ordered): find_sites (analysis) -> insert_dwt_quantize -> swap_wavelet_attention ->
 replace_moe_dispatch -> fuse_sibling_linears -> decompose_router_topk -> cleanup_graph ->
-overlap_cache_writes (off by default). After every
+overlap_cache_writes. After every
 pass: graph lint, fake-tensor shape propagation (every input and module tensor converted into one
 FakeTensorMode, so nothing runs on real state), and (config.check_numerics) a numeric comparison
 with the previous graph on the sample inputs. A failure raises PassVerificationError naming the
