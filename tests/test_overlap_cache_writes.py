@@ -65,15 +65,16 @@ def test_on_by_default_and_switched_off_by_its_option():
 
 
 def test_writes_no_wavelet_attention_reads_stay_in_order():
-    config = wc.CompileConfig(
-        codec="default;window=4;sinks=1", swap_attention=False)
+    config = wc.CompileConfig(codec="default;window=4;sinks=1", swap_attention=False)
     rewritten, report, _ = _transform(config)
     assert OVERLAPPED not in _targets(rewritten)
     assert "no wavelet_attention reads these caches" in _notes(report)
 
 
 def test_another_reader_between_the_write_and_the_attention_keeps_that_write_in_order():
-    rewritten, _, _ = _transform(wc.CompileConfig(codec="default;window=4;sinks=1", overlap_cache_writes=False))
+    rewritten, _, _ = _transform(
+        wc.CompileConfig(codec="default;window=4;sinks=1", overlap_cache_writes=False)
+    )
     graph = rewritten.graph
     attention = next(n for n in graph.nodes if n.target == torch.ops.wmoe.wavelet_attention.default)
     k_codes = attention.args[1]
