@@ -119,15 +119,20 @@ def fill_compressed_history(model, compile_backend, spec_by_cache: dict, n_hist:
     return total
 
 
-def experts_hit(model, tokens: torch.Tensor, positions: torch.Tensor) -> list[int]:
-    """Distinct experts each layer's router picks for this step (a forward of the eager model with
-    hooks on the routers). The wmoe graph computes the same routing up to near-ties: its compressed
-    attention moves the hidden states of later layers slightly."""
-    hit: list[int] = []
+def router_choices(
+    model, tokens: torch.Tensor, positions: torch.Tensor
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per layer, the experts its router picks for this step and their renormalised weights,
+    ([tokens, k] ids, [tokens, k] weights in the model's dtype), Mixtral's routing applied to the
+    router logits of an eager forward (hooks on the routers). The wmoe graph computes the same
+    routing up to near-ties: its compressed attention moves the hidden states of later layers
+    slightly."""
+    choices: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     def record(module, inputs, logits):
         probs = torch.softmax(logits.float(), dim=-1)
-        hit.append(int(probs.topk(model.cfg.experts_per_token, dim=-1).indices.unique().numel()))
+        weights, ids = probs.topk(model.cfg.experts_per_token, dim=-1)
+        choices.append((ids, (weights / weights.sum(-1, keepdim=True)).to(inputs[0].dtype)))
 
     hooks = [layer.moe.gate.register_forward_hook(record) for layer in model.layers]
     try:
@@ -135,7 +140,12 @@ def experts_hit(model, tokens: torch.Tensor, positions: torch.Tensor) -> list[in
     finally:
         for hook in hooks:
             hook.remove()
-    return hit
+    return choices
+
+
+def experts_hit(model, tokens: torch.Tensor, positions: torch.Tensor) -> list[int]:
+    """Distinct experts each layer's router picks for this step (see router_choices)."""
+    return [int(ids.unique().numel()) for ids, _ in router_choices(model, tokens, positions)]
 
 
 def step_read_bytes(model, batch: int, experts_hit_per_layer: list[int], kv_bytes: int) -> dict:
@@ -191,42 +201,51 @@ def random_channel_params(model, gen: torch.Generator) -> dict:
     return {i: {"k": one(), "v": one()} for i in range(len(model.layers))}
 
 
-def breakdown(model, compile_backend, spec: str, B: int, N: int) -> dict:
-    """Time the wmoe attention and MoE ops alone at the step's shapes (x layers)."""
+def breakdown(model, compile_backend, spec: str, B: int, N: int, routing: list | None = None) -> dict:
+    """Time each layer's wmoe attention and MoE op alone at the step's shapes, summed over the
+    layers. routing: per layer (ids, weights) as router_choices gives them, so each layer's MoE
+    reads as many experts as in the step (random routing when None)."""
     from wmoe_compile import pack_expert_weights
 
     cfg = model.cfg
-    layer = model.layers[0]
-    k = compile_backend.compressed_state(layer.attn.k_cache)
-    v = compile_backend.compressed_state(layer.attn.v_cache)
     q = torch.randn(B, cfg.num_q_heads, 1, cfg.head_dim, device="cuda", dtype=torch.bfloat16)
     seq_lens = torch.full((B,), N, device="cuda", dtype=torch.int64)
-
-    def attention():
-        return torch.ops.wmoe.wavelet_attention(
-            q,
-            k["codes"],
-            k["scales"],
-            v["codes"],
-            v["scales"],
-            k["exact"],
-            v["exact"],
-            seq_lens,
-            k["channel_scale"],
-            v["channel_scale"],
-            spec,
-            cfg.head_dim**-0.5,
-        )
-
-    packed = pack_expert_weights(list(layer.moe.experts))
     hidden = torch.randn(B, cfg.hidden_size, device="cuda", dtype=torch.bfloat16)
-    probs = torch.softmax(torch.randn(B, cfg.num_experts, device="cuda"), -1)
-    topk_w, topk_ids = probs.topk(cfg.experts_per_token, -1)
-    topk_w = (topk_w / topk_w.sum(-1, keepdim=True)).to(torch.bfloat16)
-    out = {}
-    for name, fn in (("attention", attention), ("moe", lambda: packed(hidden, topk_ids, topk_w))):
-        ms = graph_ms(fn)
-        out[f"wmoe_{name}_ms"] = (ms if ms is not None else bench_ms(fn)) * cfg.num_layers
+    out = {"wmoe_attention_ms": 0.0, "wmoe_moe_ms": 0.0}
+    for index, layer in enumerate(model.layers):
+        k = compile_backend.compressed_state(layer.attn.k_cache)
+        v = compile_backend.compressed_state(layer.attn.v_cache)
+
+        def attention(k=k, v=v):
+            return torch.ops.wmoe.wavelet_attention(
+                q,
+                k["codes"],
+                k["scales"],
+                v["codes"],
+                v["scales"],
+                k["exact"],
+                v["exact"],
+                seq_lens,
+                k["channel_scale"],
+                v["channel_scale"],
+                spec,
+                cfg.head_dim**-0.5,
+            )
+
+        if routing is not None:
+            topk_ids, topk_w = (t.reshape(B, -1) for t in routing[index])
+        else:
+            probs = torch.softmax(torch.randn(B, cfg.num_experts, device="cuda"), -1)
+            topk_w, topk_ids = probs.topk(cfg.experts_per_token, -1)
+            topk_w = (topk_w / topk_w.sum(-1, keepdim=True)).to(torch.bfloat16)
+        packed = pack_expert_weights(list(layer.moe.experts))
+
+        def moe(packed=packed, ids=topk_ids, weights=topk_w):
+            return packed(hidden, ids, weights)
+
+        for name, fn in (("attention", attention), ("moe", moe)):
+            ms = graph_ms(fn)
+            out[f"wmoe_{name}_ms"] += ms if ms is not None else bench_ms(fn)
     return out
 
 
@@ -300,7 +319,8 @@ def run_shape(args, B: int, N: int, row: dict) -> None:
             row["eager-dense-graph_ms"] = graph_ms(step(model))
             print(f"B={B} N={N} eager-dense in a CUDA graph: {row['eager-dense-graph_ms']} ms", flush=True)
         reference_logits = model(tokens, positions).float()
-        row["experts_hit"] = experts_hit(model, tokens, positions)
+        routing = router_choices(model, tokens, positions)
+        row["experts_hit"] = [int(ids.unique().numel()) for ids, _ in routing]
 
         if "inductor" not in args.skip:
             best = None
@@ -381,7 +401,7 @@ def run_shape(args, B: int, N: int, row: dict) -> None:
                 flush=True,
             )
             spec = next(iter(spec_by_cache.values()))
-            row.update(breakdown(model, compile_backend, spec, B, N))
+            row.update(breakdown(model, compile_backend, spec, B, N, routing))
     del model
     torch._dynamo.reset()
     torch.cuda.empty_cache()

@@ -76,6 +76,39 @@ def test_step_read_bytes_counts_the_routed_experts_and_every_other_weight():
         bench.step_read_bytes(model, 3, [2], kv_bytes=0)
 
 
+def test_router_choices_are_the_models_own_routing():
+    # the breakdown times each layer's MoE with the step's routing: per layer the top-k ids the
+    # model's MoE computes and their renormalised weights
+    import torch
+
+    from wmoe_compile.models import build_model
+
+    bench = load_benchmark("bench_decode")
+    model = build_model("tiny", num_layers=2)
+    cfg = model.cfg
+    model.setup_cache(3, 16)
+    tokens = torch.randint(0, cfg.vocab_size, (3, 1))
+    seen = []
+    hooks = [
+        layer.moe.register_forward_hook(lambda m, inputs, out: seen.append(inputs[0]))
+        for layer in model.layers
+    ]
+    choices = bench.router_choices(model, tokens, torch.tensor([5]))
+    for hook in hooks:
+        hook.remove()
+    assert len(choices) == 2
+    for (ids, weights), x in zip(choices, seen, strict=True):
+        assert ids.shape == weights.shape == (3, cfg.experts_per_token)
+        assert weights.dtype == x.dtype
+        torch.testing.assert_close(weights.float().sum(-1), torch.ones(3))
+    for layer, (ids, _), x in zip(model.layers, choices, seen, strict=True):
+        want = torch.softmax(layer.moe.gate(x.reshape(3, -1)).float(), -1).topk(cfg.experts_per_token, -1)
+        assert torch.equal(ids, want.indices)
+    assert bench.experts_hit(model, tokens, torch.tensor([5])) == [
+        int(i.unique().numel()) for i, _ in choices
+    ]
+
+
 def test_floor_table_divides_each_baseline_by_the_floor():
     bench = load_benchmark("bench_decode")
     row = dict(
