@@ -3,6 +3,7 @@
 # 10-minute device call (RESULTS.md has what each earlier run found; rerun after a change to the
 # kernels or passes it covers). Every command has its own time limit; results go under $OUT.
 #
+#   bash benchmarks/device_pending.sh tests       # every GPU test (pytest -m gpu tests/), six workers
 #   bash benchmarks/device_pending.sh attention   # the attention GPU tests, then bench_attention
 #   bash benchmarks/device_pending.sh decode      # bench_decode at the target shapes
 #                                                 # (8, 131072) and (32, 32768), every variant
@@ -18,9 +19,9 @@
 #                                                 # breakdown (Nsight Compute)
 set -u
 case "${1:-}" in
-attention | decode | inductor | overlap | profile | stalls) ;;
+tests | attention | decode | inductor | overlap | profile | stalls) ;;
 *)
-    echo "usage: bash benchmarks/device_pending.sh attention|decode|inductor|overlap|profile|stalls [tuned|keys_ahead]" >&2
+    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|stalls [tuned|keys_ahead]" >&2
     exit 2
     ;;
 esac
@@ -52,6 +53,14 @@ run() {
 }
 
 case "${1:-}" in
+tests)
+    # six xdist workers share the GPU (the tests are small; their time is mostly compiling): the
+    # attention suite's 91 GPU tests took 113 s this way (thirteenth session), over 10 minutes in
+    # one process
+    workers=()
+    python3 -c "import xdist" 2>/dev/null && workers=(-n 6)
+    run 560 python3 -P -m pytest -q -m gpu tests/ ${workers[@]+"${workers[@]}"}
+    ;;
 attention)
     # the whole attention suite takes more than one call's 10 minutes with bench_attention: the
     # suite's decode-shaped half here, bench_attention (about 40 s) after it
