@@ -143,9 +143,14 @@ def router_choices(
     return choices
 
 
+def distinct_experts(routing: list[tuple[torch.Tensor, torch.Tensor]]) -> list[int]:
+    """Per layer, how many distinct experts a routing (router_choices) sends tokens to."""
+    return [int(ids.unique().numel()) for ids, _ in routing]
+
+
 def experts_hit(model, tokens: torch.Tensor, positions: torch.Tensor) -> list[int]:
     """Distinct experts each layer's router picks for this step (see router_choices)."""
-    return [int(ids.unique().numel()) for ids, _ in router_choices(model, tokens, positions)]
+    return distinct_experts(router_choices(model, tokens, positions))
 
 
 def step_read_bytes(model, batch: int, experts_hit_per_layer: list[int], kv_bytes: int) -> dict:
@@ -320,7 +325,7 @@ def run_shape(args, B: int, N: int, row: dict) -> None:
             print(f"B={B} N={N} eager-dense in a CUDA graph: {row['eager-dense-graph_ms']} ms", flush=True)
         reference_logits = model(tokens, positions).float()
         routing = router_choices(model, tokens, positions)
-        row["experts_hit"] = [int(ids.unique().numel()) for ids, _ in routing]
+        row["experts_hit"] = distinct_experts(routing)
 
         if "inductor" not in args.skip:
             best = None
