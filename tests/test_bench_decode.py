@@ -104,9 +104,8 @@ def test_router_choices_are_the_models_own_routing():
     for layer, (ids, _), x in zip(model.layers, choices, seen, strict=True):
         want = torch.softmax(layer.moe.gate(x.reshape(3, -1)).float(), -1).topk(cfg.experts_per_token, -1)
         assert torch.equal(ids, want.indices)
-    assert bench.experts_hit(model, tokens, torch.tensor([5])) == [
-        int(i.unique().numel()) for i, _ in choices
-    ]
+    assert bench.experts_hit(model, tokens, torch.tensor([5])) == bench.distinct_experts(choices)
+    assert bench.distinct_experts([(torch.tensor([[0, 3], [3, 1]]), None)]) == [3]
 
 
 def test_floor_table_divides_each_baseline_by_the_floor():
