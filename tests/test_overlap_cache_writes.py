@@ -185,3 +185,83 @@ def test_gpu_a_chunk_longer_than_the_window_is_written_in_order():
         x, *caches, torch.arange(200, device="cuda") + 2800, args[8], codec.spec
     )
     assert not any(side_stream.pending(c) for c in caches)
+
+
+def _channel_params(model) -> dict:
+    """Fixed channel parameters per layer (full form [Hkv, D + 2, D]: rotation, scale, offset), so
+    two compiles share them instead of calibrating each."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    hkv, d = model.cfg.num_kv_heads, model.cfg.head_dim
+
+    def one() -> torch.Tensor:
+        rotation = torch.linalg.qr(torch.randn(hkv, d, d, device="cuda", generator=gen, dtype=torch.float64))[
+            0
+        ]
+        scale = torch.rand(hkv, 1, d, device="cuda", generator=gen) + 0.5
+        offset = torch.randn(hkv, 1, d, device="cuda", generator=gen) * 0.1
+        return torch.cat([rotation.float(), scale, offset], dim=1).contiguous()
+
+    return {i: {"k": one(), "v": one()} for i in range(len(model.layers))}
+
+
+@pytest.mark.gpu
+def test_gpu_compiled_model_generates_the_same_tokens_and_caches_with_overlapped_writes():
+    # The default compile (overlap_cache_writes on) against the in-order one: Mixtral attention
+    # shapes, batch 3 (24 programs: the v3 split kernel with the exact-token kernel and the
+    # deferred writes on the side stream), a prompt longer than the exact window so the split
+    # kernel reads compressed positions. Tokens and every byte of the compressed caches must be
+    # equal, uncaptured and replayed from a CUDA graph. replace_moe off: the MoE op's split-K sums
+    # need not be bitwise repeatable, and the MoE is not under test.
+    from wmoe_compile.lowering import GraphedDecodeStep, compile_backend
+    from wmoe_compile.models import build_model
+
+    model = build_model(
+        "mixtral-8x7b",
+        num_layers=2,
+        ffn_size=256,
+        num_experts=4,
+        vocab_size=512,
+        max_seq_len=1152,
+        dtype=torch.bfloat16,
+        device="cuda",
+    )
+    params = _channel_params(model)
+    prompt = torch.randint(0, model.cfg.vocab_size, (3, 1100), device="cuda")
+
+    def run(overlap: bool, graphed: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        torch._dynamo.reset()
+        options = {"channel_params": params, "replace_moe": False, "overlap_cache_writes": overlap}
+        compiled = torch.compile(model, backend="wmoe", options=options)
+        step = GraphedDecodeStep(compiled) if graphed else compiled
+        model.setup_cache(3, 1120)
+        tokens = model.generate(prompt, 12, step_fn=step)
+        torch.cuda.synchronize()
+        caches = [
+            t.clone()
+            for layer in model.layers
+            for cache in (layer.attn.k_cache, layer.attn.v_cache)
+            for t in compile_backend.compressed_state(cache).values()
+        ]
+        return tokens, caches
+
+    want_tokens, want_caches = run(overlap=False, graphed=False)
+    notes = [
+        n
+        for p in compile_backend.compile_reports()[-1].passes
+        if p.name == "overlap_cache_writes"
+        for n in p.notes
+    ]
+    assert any("overlap_cache_writes=False" in n for n in notes), notes
+    for graphed in (False, True):
+        tokens, caches = run(overlap=True, graphed=graphed)
+        notes = [
+            n
+            for p in compile_backend.compile_reports()[-1].passes
+            if p.name == "overlap_cache_writes"
+            for n in p.notes
+        ]
+        assert any("cache writes overlapped" in n for n in notes), notes
+        assert torch.equal(tokens, want_tokens), graphed
+        assert len(caches) == len(want_caches)
+        for got, want in zip(caches, want_caches, strict=True):
+            assert torch.equal(got, want), graphed
