@@ -4,6 +4,7 @@ before anything runs, and its table renders rows whose eager variants were skipp
 from __future__ import annotations
 
 import pytest
+import torch
 from bench_scripts import load_benchmark
 
 
@@ -46,18 +47,20 @@ def test_rows_without_eager_render_with_dashes_and_the_options_in_the_header():
     assert cells[10] == "1.89x"  # vs inductor still computed
 
 
-def test_step_read_bytes_counts_the_routed_experts_and_every_other_weight():
-    # the read floor's byte count, by hand on the tiny model: experts of the hit count per layer,
-    # every other weight in full, the embedding only at the step's token rows, plus the KV bytes
-    import torch
-
+def _tiny_decode_step():
+    """bench_decode, the tiny 2-layer model with a cache for 3 sequences, and one decode step's tokens."""
     from wmoe_compile.models import build_model
 
     bench = load_benchmark("bench_decode")
     model = build_model("tiny", num_layers=2)
-    cfg = model.cfg
     model.setup_cache(3, 16)
-    tokens = torch.randint(0, cfg.vocab_size, (3, 1))
+    return bench, model, model.cfg, torch.randint(0, model.cfg.vocab_size, (3, 1))
+
+
+def test_step_read_bytes_counts_the_routed_experts_and_every_other_weight():
+    # the read floor's byte count, by hand on the tiny model: experts of the hit count per layer,
+    # every other weight in full, the embedding only at the step's token rows, plus the KV bytes
+    bench, model, cfg, tokens = _tiny_decode_step()
     hit = bench.experts_hit(model, tokens, torch.tensor([5]))
     assert len(hit) == 2 and all(
         cfg.experts_per_token <= n <= min(cfg.num_experts, 3 * cfg.experts_per_token) for n in hit
@@ -79,15 +82,7 @@ def test_step_read_bytes_counts_the_routed_experts_and_every_other_weight():
 def test_router_choices_are_the_models_own_routing():
     # the breakdown times each layer's MoE with the step's routing: per layer the top-k ids the
     # model's MoE computes and their renormalised weights
-    import torch
-
-    from wmoe_compile.models import build_model
-
-    bench = load_benchmark("bench_decode")
-    model = build_model("tiny", num_layers=2)
-    cfg = model.cfg
-    model.setup_cache(3, 16)
-    tokens = torch.randint(0, cfg.vocab_size, (3, 1))
+    bench, model, cfg, tokens = _tiny_decode_step()
     seen = []
     hooks = [
         layer.moe.register_forward_hook(lambda m, inputs, out: seen.append(inputs[0]))

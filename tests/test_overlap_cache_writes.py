@@ -244,23 +244,14 @@ def test_gpu_compiled_model_generates_the_same_tokens_and_caches_with_overlapped
         ]
         return tokens, caches
 
+    def last_compile_notes() -> str:
+        return _notes(compile_backend.compile_reports()[-1])
+
     want_tokens, want_caches = run(overlap=False, graphed=False)
-    notes = [
-        n
-        for p in compile_backend.compile_reports()[-1].passes
-        if p.name == "overlap_cache_writes"
-        for n in p.notes
-    ]
-    assert any("overlap_cache_writes=False" in n for n in notes), notes
+    assert "overlap_cache_writes=False" in last_compile_notes()
     for graphed in (False, True):
         tokens, caches = run(overlap=True, graphed=graphed)
-        notes = [
-            n
-            for p in compile_backend.compile_reports()[-1].passes
-            if p.name == "overlap_cache_writes"
-            for n in p.notes
-        ]
-        assert any("cache writes overlapped" in n for n in notes), notes
+        assert "cache writes overlapped" in last_compile_notes()
         assert torch.equal(tokens, want_tokens), graphed
         assert len(caches) == len(want_caches)
         for got, want in zip(caches, want_caches, strict=True):
