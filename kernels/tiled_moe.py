@@ -278,10 +278,6 @@ class MoEConfig:
     down_stages: int
     group_m: int = 8  # M tiles per program-order group (L2 reuse of weight tiles across M tiles)
     fused: bool = False  # gate_up: gate and up as one dot of 2 * up_n columns (else two dots)
-    # gate_up zeroes down's fp32 sums and its arrival counters, and the last down program of each
-    # column block writes those columns in the hidden dtype: no zero-fill and no cast launch (two
-    # small kernels of a decode step's MoE). For small T only: that program copies every token row.
-    finish_in_kernel: bool = False
 
     def fitted(self, ffn_pad: int, hidden_pad: int) -> MoEConfig:
         """Shrink block sizes that do not divide the padded dims (weight loads are unmasked)."""
@@ -444,10 +440,6 @@ def _gate_up_kernel(
     ffn_pad,
     hidden_pad,
     top_k,
-    sums_ptr,  # ZERO: down's [T, H] fp32 sums, zeroed here
-    sums_numel,
-    counts_ptr,  # ZERO: down's [H_PAD / down BLOCK_N] int32 arrival counters, zeroed here
-    counts_numel,
     TILED: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -457,14 +449,8 @@ def _gate_up_kernel(
     FUSED: tl.constexpr,
     DOT_FP32: tl.constexpr,
     PRECISION: tl.constexpr,
-    ZERO: tl.constexpr = False,  # MoEConfig.finish_in_kernel
-    ZERO_BLOCK: tl.constexpr = 16,  # elements each program zeroes (grid x ZERO_BLOCK covers both)
 ):
     pid = tl.program_id(0)
-    if ZERO:  # before any early return: every program zeroes its share
-        z = pid * ZERO_BLOCK + tl.arange(0, ZERO_BLOCK)
-        tl.store(sums_ptr + z, tl.zeros([ZERO_BLOCK], tl.float32), mask=z < sums_numel)
-        tl.store(counts_ptr + z, tl.zeros([ZERO_BLOCK], tl.int32), mask=z < counts_numel)
     pid_m, pid_n = _tile_coords(pid, n_slots, ffn_pad // BLOCK_N, GROUP_M)
     expert = tl.load(tiles_ptr + pid_m)
     if expert < 0:  # slot past the real tile count (the grid is a bound, see moe_align)
@@ -534,43 +520,7 @@ def _gate_up_kernel(
     tl.store(h_ptrs, h.to(h_ptr.dtype.element_ty), mask=row_in[:, None])
 
 
-@triton.jit
-def _arrive_and_finish(
-    out_ptr,
-    stride_out,
-    final_ptr,
-    stride_final,
-    counts_ptr,
-    pid_n,
-    cols,
-    contributors,
-    n_tokens,
-    hidden_size,
-    TOKEN_BLOCK: tl.constexpr,
-):
-    """Count this program's arrival at column block pid_n; the last of its `contributors` programs
-    (every M tile x K split of the grid, dead slots included) writes the block's columns of every
-    token in final's dtype."""
-    tl.debug_barrier()  # every thread's atomic adds are issued before the release below
-    arrived = tl.atomic_add(counts_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
-    if arrived == contributors - 1:
-        col_in = cols < hidden_size
-        for t0 in range(0, n_tokens, TOKEN_BLOCK):
-            t = t0 + tl.arange(0, TOKEN_BLOCK)
-            mask = (t < n_tokens)[:, None] & col_in[None, :]
-            rows = t.to(tl.int64)[:, None]
-            # .cg: from L2, where the other programs' atomic adds were performed
-            sums = tl.load(
-                out_ptr + rows * stride_out + cols[None, :], mask=mask, other=0.0, cache_modifier=".cg"
-            )
-            tl.store(
-                final_ptr + rows * stride_final + cols[None, :],
-                sums.to(final_ptr.dtype.element_ty),
-                mask=mask,
-            )
-
-
-@triton.jit(do_not_specialize=["n_slots", "top_k", "n_tokens"])
+@triton.jit(do_not_specialize=["n_slots", "top_k"])
 def _down_kernel(
     h_ptr,  # [P, F_PAD]
     w_ptr,  # packed w_down
@@ -584,10 +534,6 @@ def _down_kernel(
     ffn_pad,
     hidden_pad,
     top_k,
-    counts_ptr,  # FINISH: [H_PAD / BLOCK_N] int32 arrival counters, zeroed by gate_up
-    final_ptr,  # FINISH: [T, H] out in the hidden dtype
-    stride_final,
-    n_tokens,
     TILED: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -596,29 +542,12 @@ def _down_kernel(
     GROUP_M: tl.constexpr,
     DOT_FP32: tl.constexpr,
     PRECISION: tl.constexpr,
-    FINISH: tl.constexpr = False,  # MoEConfig.finish_in_kernel
-    TOKEN_BLOCK: tl.constexpr = 16,  # token rows per step of the finishing copy
 ):
     pid = tl.program_id(0)
     split = tl.program_id(1)
     pid_m, pid_n = _tile_coords(pid, n_slots, hidden_pad // BLOCK_N, GROUP_M)
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # hidden columns of this program
     expert = tl.load(tiles_ptr + pid_m)
     if expert < 0:
-        if FINISH:  # a dead slot still counts as arrived
-            _arrive_and_finish(
-                out_ptr,
-                stride_out,
-                final_ptr,
-                stride_final,
-                counts_ptr,
-                pid_n,
-                cols,
-                n_slots * SPLIT_K,
-                n_tokens,
-                hidden_size,
-                TOKEN_BLOCK,
-            )
         return
     row_start = tl.load(tiles_ptr + n_slots + pid_m)
     row_end = tl.load(tiles_ptr + 2 * n_slots + pid_m)
@@ -634,6 +563,7 @@ def _down_kernel(
     ks = kb_begin * BLOCK_K + tl.arange(0, BLOCK_K)
     a_ptrs = h_ptr + rows.to(tl.int64)[:, None] * ffn_pad + ks[None, :]
 
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # hidden columns of this program
     w_base = w_ptr + expert.to(tl.int64) * hidden_pad * ffn_pad
     if TILED:
         tile_index = (cols[None, :] // 64) * (ffn_pad // 64) + ks[:, None] // 64
@@ -660,20 +590,6 @@ def _down_kernel(
     out_ptrs = out_ptr + tokens.to(tl.int64)[:, None] * stride_out + cols[None, :]
     out_mask = row_in[:, None] & (cols < hidden_size)[None, :]
     tl.atomic_add(out_ptrs, acc, mask=out_mask, sem="relaxed")
-    if FINISH:
-        _arrive_and_finish(
-            out_ptr,
-            stride_out,
-            final_ptr,
-            stride_final,
-            counts_ptr,
-            pid_n,
-            cols,
-            n_slots * SPLIT_K,
-            n_tokens,
-            hidden_size,
-            TOKEN_BLOCK,
-        )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -885,16 +801,10 @@ def launch_gate_up(
     dims: PackedDims,
     top_k: int,
     cfg: MoEConfig,
-    zero: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """h = silu(x W_gate) * (x W_up) per sorted pair; zero: (down's fp32 sums, its arrival
-    counters) for this launch to zero (MoEConfig.finish_in_kernel)."""
     num_pairs = grouping.sorted_pairs.numel()
     h = torch.empty(num_pairs, dims.ffn_pad, dtype=hidden.dtype, device=hidden.device)
-    programs = grouping.max_tiles * (dims.ffn_pad // cfg.up_n)
-    grid = (programs,)
-    sums, counts = zero if zero is not None else (h, h)  # unused placeholders when not zeroing
-    zero_numel = max(sums.numel(), counts.numel()) if zero is not None else 0
+    grid = (grouping.max_tiles * (dims.ffn_pad // cfg.up_n),)
     launch(
         _gate_up_kernel,
         grid,
@@ -909,10 +819,6 @@ def launch_gate_up(
         dims.ffn_pad,
         dims.hidden_pad,
         top_k,
-        sums,
-        sums.numel() if zero is not None else 0,
-        counts,
-        counts.numel() if zero is not None else 0,
         TILED=dims.layout == "tiles64",
         BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.up_n,
@@ -922,8 +828,6 @@ def launch_gate_up(
         FUSED=cfg.fused,
         DOT_FP32=interpreting(),
         PRECISION=_precision(hidden.dtype),
-        ZERO=zero is not None,
-        ZERO_BLOCK=max(16, triton.next_power_of_2(triton.cdiv(zero_numel, programs))) if zero_numel else 16,
         num_warps=cfg.up_warps,
         num_stages=cfg.up_stages,
     )
@@ -939,13 +843,8 @@ def launch_down(
     dims: PackedDims,
     top_k: int,
     cfg: MoEConfig,
-    finish: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
-    """out32 += the routing-weighted down projection of every pair (atomics); finish: (the arrival
-    counters gate_up zeroed, out) for the last program of each column block to write out in its
-    dtype (MoEConfig.finish_in_kernel)."""
     grid = (grouping.max_tiles * (dims.hidden_pad // cfg.down_n), cfg.down_split)
-    counts, final = finish if finish is not None else (out32, out32)  # placeholders when not finishing
     launch(
         _down_kernel,
         grid,
@@ -961,10 +860,6 @@ def launch_down(
         dims.ffn_pad,
         dims.hidden_pad,
         top_k,
-        counts,
-        final,
-        final.stride(0),
-        out32.shape[0],
         TILED=dims.layout == "tiles64",
         BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.down_n,
@@ -973,7 +868,6 @@ def launch_down(
         GROUP_M=cfg.group_m,
         DOT_FP32=interpreting(),
         PRECISION=_precision(h.dtype),
-        FINISH=finish is not None,
         num_warps=cfg.down_warps,
         num_stages=cfg.down_stages,
     )
@@ -1195,15 +1089,7 @@ def tiled_moe_triton(
         cfg = _fitted(config, dims.ffn_pad, dims.hidden_pad)
     hidden = hidden if hidden.stride(1) == 1 else hidden.contiguous()
     grouping = group_by_expert(topk_ids, dims.num_experts, cfg.block_m)
-    route = topk_weights.reshape(-1).contiguous()
-    if cfg.finish_in_kernel:  # no zero-fill, no cast: gate_up zeroes, down's last programs write out
-        out32 = torch.empty(num_tokens, hidden_size, dtype=torch.float32, device=hidden.device)
-        counts = torch.empty(dims.hidden_pad // cfg.down_n, dtype=torch.int32, device=hidden.device)
-        out = torch.empty(num_tokens, hidden_size, dtype=hidden.dtype, device=hidden.device)
-        h = launch_gate_up(hidden, w_gate_up, grouping, dims, top_k, cfg, zero=(out32, counts))
-        launch_down(h, w_down, out32, route, grouping, dims, top_k, cfg, finish=(counts, out))
-        return out
     h = launch_gate_up(hidden, w_gate_up, grouping, dims, top_k, cfg)
     out32 = torch.zeros(num_tokens, hidden_size, dtype=torch.float32, device=hidden.device)
-    launch_down(h, w_down, out32, route, grouping, dims, top_k, cfg)
+    launch_down(h, w_down, out32, topk_weights.reshape(-1).contiguous(), grouping, dims, top_k, cfg)
     return out32.to(hidden.dtype)

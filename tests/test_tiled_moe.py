@@ -297,58 +297,10 @@ def test_experts_without_tokens_and_all_tokens_on_one_expert():
         (tm.MoEConfig(32, 128, 64, 4, 2, 64, 64, 1, 4, 2, fused=True), "tiles64"),
         (tm.MoEConfig(16, 64, 128, 4, 2, 64, 64, 1, 4, 2, fused=True), "rows"),
         (tm.MoEConfig(16, 32, 64, 4, 2, 32, 64, 3, 4, 2, fused=True), "tiles64"),
-        # the output written by down's last program per column block (gate_up zeroes the sums and
-        # the counters): split-K 3, uneven splits, one K split, both layouts
-        (tm.MoEConfig(16, 32, 64, 4, 2, 32, 64, 3, 4, 2, finish_in_kernel=True), "tiles64"),
-        (tm.MoEConfig(16, 64, 128, 4, 2, 64, 64, 2, 4, 2, group_m=1, finish_in_kernel=True), "rows"),
-        (tm.MoEConfig(32, 128, 64, 4, 2, 128, 128, 1, 4, 2, finish_in_kernel=True), "tiles64"),
     ],
 )
 def test_explicit_launch_configs(config, layout):
     run_case(37, 2, 8, 128, 192, torch.float32, layout, config=config)
-
-
-def test_finish_in_kernel_with_dead_slots_and_stale_buffers():
-    # The two launches by hand, on buffers full of garbage (as torch.empty may return them): gate_up
-    # must zero down's sums and counters, every program of down's grid must arrive exactly once (3
-    # of 8 experts hit: the grid bound has dead M-tile slots, which still count), and the last
-    # arrival at each column block writes those columns of every token.
-    num_tokens, top_k, num_experts, hidden, ffn = 23, 2, 8, 64, 128
-    config = tm.MoEConfig(16, 32, 64, 4, 2, 32, 64, 3, 4, 2, finish_in_kernel=True)
-    gate, up, down = random_experts(num_experts, hidden, ffn, device=DEVICE)
-    x = torch.randn(num_tokens, hidden, device=DEVICE)
-    ids, weights = random_routing(num_tokens, top_k, num_experts, device=DEVICE, allowed=[0, 3, 6])
-    packed = pack_expert_weights(w1=gate, w3=up, w2=down, layout="rows", dtype=torch.float32)
-    dims = tm.packed_dims(packed.w_gate_up, packed.w_down)
-    cfg = tm._fitted(config, dims.ffn_pad, dims.hidden_pad)
-    grouping = moe_align.group_by_expert(ids, num_experts, cfg.block_m)
-    assert int((grouping.tiles[0] < 0).sum()) > 0, "the case needs dead slots"
-    sums = torch.full((num_tokens, hidden), 7.0, device=DEVICE)
-    counts = torch.full((dims.hidden_pad // cfg.down_n,), 5, dtype=torch.int32, device=DEVICE)
-    out = torch.full((num_tokens, hidden), float("nan"), device=DEVICE)
-    h = tm.launch_gate_up(x, packed.w_gate_up, grouping, dims, top_k, cfg, zero=(sums, counts))
-    tm.launch_down(
-        h,
-        packed.w_down,
-        sums,
-        weights.reshape(-1).contiguous(),
-        grouping,
-        dims,
-        top_k,
-        cfg,
-        finish=(counts, out),
-    )
-    assert counts.tolist() == [grouping.max_tiles * cfg.down_split] * counts.numel()
-    ref = tm.moe_reference(x, ids, weights, gate, up, down)
-    assert not out.isnan().any()
-    assert rel_err(out, ref) < REL_TOL[torch.float32]
-    assert torch.equal(out, sums)  # fp32 out: the copy is the sums themselves
-
-
-def test_op_path_with_finish_in_kernel_returns_the_hidden_dtype():
-    config = tm.MoEConfig(16, 32, 64, 4, 2, 32, 64, 3, 4, 2, finish_in_kernel=True)
-    got, _ = run_case(5, 2, 8, 64, 128, torch.float16, "tiles64", config=config)
-    assert got.dtype == torch.float16
 
 
 def test_blocked_grouping_route_for_large_batches(monkeypatch):
