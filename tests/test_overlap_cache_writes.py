@@ -52,6 +52,11 @@ def test_both_writes_of_a_swapped_attention_are_overlapped_and_outputs_are_uncha
     overlapped, report, _ = _transform(config, module)
     assert _targets(overlapped).count(OVERLAPPED) == 2 and IN_ORDER not in _targets(overlapped)
     assert "2 cache writes overlapped" in _notes(report)
+    # the node count stays; the printed pass table names the retargeted ops
+    line = next(x for x in str(report).splitlines() if " overlap_cache_writes " in x)
+    assert (
+        "(+0)" in line and "-2 wmoe.kv_compress_into_cache, +2 wmoe.kv_compress_into_cache_overlapped" in line
+    )
     assert _targets(ordered).count(IN_ORDER) == 2 and OVERLAPPED not in _targets(ordered)
     # on the CPU the overlapped op writes in order: the same caches, the same output
     assert torch.equal(run_fresh(overlapped, inputs), run_fresh(ordered, inputs))

@@ -86,6 +86,19 @@ class PassRecord:
     def to_dict(self) -> dict:
         return dict(self.__dict__)
 
+    def op_changes(self, most: int = 3) -> str:
+        """What this pass changed, as op counts: the project's own ops first, then the largest
+        changes, e.g. "-4 wmoe.kv_compress_into_cache, +4 wmoe.kv_compress_into_cache_overlapped"
+        (a pass that retargets nodes keeps the node count), "and N more ops" past `most`;
+        "unchanged" when the pass changed nothing."""
+        if not self.changed:
+            return "unchanged"
+        deltas = [(n, op) for op, n in self.added.items()] + [(-n, op) for op, n in self.removed.items()]
+        deltas.sort(key=lambda d: (not d[1].startswith("wmoe."), -abs(d[0]), d[1]))
+        shown = ", ".join(f"{n:+d} {op}" for n, op in deltas[:most])
+        rest = len(deltas) - most
+        return (shown or "same op counts") + (f", and {rest} more ops" if rest > 0 else "")
+
 
 @dataclass
 class TransformReport:
@@ -127,7 +140,7 @@ class TransformReport:
                 num = f"  numeric rel.err {p.numeric['relative_error']:.2e} (bound {p.numeric['bound']:.2e})"
             lines.append(
                 f"  {p.index:02d} {p.name:<24} {p.nodes_before:>5} -> {p.nodes_after:<5} ({delta:+d})"
-                f" {p.seconds * 1e3:7.1f} ms{num}"
+                f" {p.seconds * 1e3:7.1f} ms  {p.op_changes()}{num}"
             )
         lines.append("sites:")
         for s in self.sites:
