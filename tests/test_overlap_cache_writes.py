@@ -199,9 +199,8 @@ def _channel_params(model) -> dict:
     hkv, d = model.cfg.num_kv_heads, model.cfg.head_dim
 
     def one() -> torch.Tensor:
-        rotation = torch.linalg.qr(torch.randn(hkv, d, d, device="cuda", generator=gen, dtype=torch.float64))[
-            0
-        ]
+        g = torch.randn(hkv, d, d, device="cuda", generator=gen, dtype=torch.float64)
+        rotation = torch.linalg.qr(g)[0]
         scale = torch.rand(hkv, 1, d, device="cuda", generator=gen) + 0.5
         offset = torch.randn(hkv, 1, d, device="cuda", generator=gen) * 0.1
         return torch.cat([rotation.float(), scale, offset], dim=1).contiguous()
