@@ -103,3 +103,14 @@ def test_programmatic_dependent_launch_only_where_it_can_run():
     assert not K._pdl(TUNED, torch.device("cpu"))
     assert K._dependent(True) == {"PDL": True, "launch_pdl": True}
     assert K._dependent(False) == {}
+
+
+@pytest.mark.parametrize(
+    ("chunk", "splits", "merged"),
+    [(64, 12, 16), (64, 49, 64), (64, 64, 64), (64, 65, 64), (64, 1, 1), (64, 2, 2), (16, 12, 16), (8, 12, 8)],
+)
+def test_reduce_merges_no_more_splits_per_load_than_the_launch_has(chunk, splits, merged):
+    # (32, 32768) runs 12 splits: a 64-wide load would carry 52 masked rows (twelfth session: 16
+    # per load measured faster there); 49 splits at (8, 131072) keep the tuned 64
+    config = K.LaunchConfig(reduce_split_chunk=chunk)
+    assert K.reduce_split_chunk(config, splits) == merged
