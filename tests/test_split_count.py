@@ -107,7 +107,16 @@ def test_programmatic_dependent_launch_only_where_it_can_run():
 
 @pytest.mark.parametrize(
     ("chunk", "splits", "merged"),
-    [(64, 12, 16), (64, 49, 64), (64, 64, 64), (64, 65, 64), (64, 1, 1), (64, 2, 2), (16, 12, 16), (8, 12, 8)],
+    [
+        (64, 12, 16),
+        (64, 49, 64),
+        (64, 64, 64),
+        (64, 65, 64),
+        (64, 1, 1),
+        (64, 2, 2),
+        (16, 12, 16),
+        (8, 12, 8),
+    ],
 )
 def test_reduce_merges_no_more_splits_per_load_than_the_launch_has(chunk, splits, merged):
     # (32, 32768) runs 12 splits: a 64-wide load would carry 52 masked rows (twelfth session: 16
