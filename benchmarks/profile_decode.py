@@ -36,7 +36,8 @@ PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
         + ("_block_histogram_kernel", "_block_scatter_kernel"),
     ),
     ("KV compress", ("_kv_compress_kernel",)),
-    ("dense GEMMs", ("gemm", "gemv", "splitkreduce", "cutlass", "xmma", "triton_tem")),
+    # cuBLAS's Hopper kernels as torch 2.11 (CUDA 13) names them: nvjet_sm90_tst_...
+    ("dense GEMMs", ("gemm", "gemv", "splitkreduce", "cutlass", "xmma", "triton_tem", "nvjet")),
     ("router top-k", ("topk", "bitonicsort", "radix", "kth")),
 )
 

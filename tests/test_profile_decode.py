@@ -30,6 +30,9 @@ from bench_scripts import load_benchmark
             "dense GEMMs",
         ),
         ("void cublasLt::splitKreduce_kernel<32, 16, int, float, __nv_bfloat16>", "dense GEMMs"),
+        # the H200 profile of 2026-12-01 (torch 2.11, CUDA 13): lm_head and the q/k/v projections
+        ("nvjet_sm90_tst_256x8_64x6_2x1_v_bz_TNT", "dense GEMMs"),
+        ("nvjet_sm90_tst_64x8_64x16_2x1_v_bz_splitK_TNT", "dense GEMMs"),
         ("void at::native::sbtopk::gatherTopK<float, unsigned int, 2, false>", "router top-k"),
         ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float>>", "other"),
         ("triton_poi_fused__to_copy_add_cat_0", "other"),
