@@ -1054,6 +1054,12 @@ class LaunchConfig:
     # per-row reduce: split partials merged per wide load (power of 2); a launch with fewer splits
     # merges the next power of two above its count (a wider load would only carry masked lanes)
     reduce_split_chunk: int = 16
+    # decode (one row block per sequence and kv head) with the per-row reduce and at least this many
+    # query rows: merge per row, then the inverse transform as one dot per kv head over the rows of
+    # all sequences (_transform_heads_kernel), instead of every row's program reading the whole
+    # transform; 0: never
+    reduce_gemm_min_rows: int = 0
+    reduce_warps: int = 4  # warps per program of the per-row reduce (and of its merge)
     maxnreg: int | None = None  # split kernel register cap: 168 -> 12 one-warp programs per SM
     # affine value fields centred through the MMA's accumulator input (see _band_values) instead of
     # one packed subtract per operand pair
@@ -1132,6 +1138,10 @@ class LaunchConfig:
 # 0.0971 / 0.0951 -> 0.0953 / 0.0928; 1, 3 or 4 whole waves were slower than 2, partial ones more so.
 # 11:54 UTC: programmatic dependent launch (pdl) 0.2830 / 0.2805 -> 0.2802 / 0.2783 ms, 0.2928 /
 # 0.2930 -> 0.2936 / 0.2919, 0.0932 / 0.0930 -> 0.0926 / 0.0920.
+# Fourteenth session (2026-12-01 14:19-14:23 UTC, same grid): at >= 512 query rows the reduce merges
+# per row and runs the inverse transform as one dot per kv head (reduce_gemm_min_rows): (32, 32768)
+# 0.2965 / 0.2916 / 0.2900 / 0.2919 / 0.2925 -> 0.2874 / 0.2856 / 0.2882 / 0.2895 / 0.2870 ms (the
+# reduce 14.1 -> 5.7 + 4.0 us); at B = 8 (256 rows) it was 1-2% slower, and 6% at one sequence.
 # Where v3 cannot run (no Gluon, the interpreter) this entry runs v1 with these settings.
 TUNED_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
     (128, 4, "affine"): LaunchConfig(
@@ -1148,6 +1158,7 @@ TUNED_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
         maxnreg=168,
         row_reduce_max_programs=64.0,
         reduce_split_chunk=64,
+        reduce_gemm_min_rows=512,
     ),
     (128, 4, "table"): LaunchConfig(
         block_n=32, num_stages=3, ctas_per_sm=32.0, min_split_tokens=512, kernel="v1"
@@ -3089,10 +3100,14 @@ if HAS_TRITON:
         SPLIT_CHUNK: tl.constexpr,
         OFFSET: tl.constexpr,
         PDL: tl.constexpr = False,  # launched with programmatic dependent launch (see _pdl)
+        MERGE_ONLY: tl.constexpr = False,  # leave the transform to _transform_heads_kernel
     ):
         """_reduce_kernel with one program per query row, for launches with few (sequence, kv head)
         pairs: SPLIT_CHUNK splits merged per step (one wide load, not a serial chain of small
-        ones), then the inverse transform as a [D] x [D, D] product."""
+        ones), then the inverse transform as a [D] x [D, D] product. MERGE_ONLY: no transform; the
+        row's merged coefficient sums, divided by the softmax denominator, replace its split-0
+        partial, and its exact part, weighted likewise, replaces the exact partial (only this
+        program reads either)."""
         if PDL:  # the previous kernel's writes are visible after this, none before it
             tl.extra.cuda.gdc_wait()
         pid = tl.program_id(0)
@@ -3128,6 +3143,11 @@ if HAS_TRITON:
             alpha = tl.exp2(m_i - m_f)
             beta = tl.exp2(m_e - m_f)
             denom = l_i * alpha + l_e * beta
+            if MERGE_ONLY:
+                acc_e = tl.load(acc_ptr + exact * D + d)
+                tl.store(acc_ptr + (base * BLOCK_M + row_local) * D + d, acc * (alpha / denom))
+                tl.store(acc_ptr + exact * D + d, acc_e * (beta / denom))
+                return
             c = tl.arange(0, D)
             w_t = tl.load(
                 transform_ptr + kv_head * transform_stride_h + c[:, None] * D + d[None, :]
@@ -3141,6 +3161,70 @@ if HAS_TRITON:
             token = row % n_new
             out_row = out_ptr + batch * out_stride_b + head * out_stride_h + token * out_stride_t
             tl.store(out_row + d, o.to(out_ptr.dtype.element_ty))
+
+    @triton.jit
+    def _transform_heads_kernel(
+        acc_ptr,
+        transform_ptr,
+        transform_stride_h,
+        v_channel_scale_ptr,
+        v_scale_stride_h,
+        v_offset_ptr,
+        v_offset_stride_h,
+        out_ptr,
+        out_stride_b,
+        out_stride_h,
+        out_stride_t,
+        n_kv_heads,
+        group,
+        n_new,
+        n_seqs,
+        num_splits,
+        D: tl.constexpr,
+        BLOCK_M: tl.constexpr,  # query rows of one (sequence, kv head): one row block (decode)
+        TILE: tl.constexpr,  # rows per program, all of one kv head (sequences side by side)
+        D_CHUNK: tl.constexpr,  # output channels per program
+        OFFSET: tl.constexpr,
+        PDL: tl.constexpr = False,  # launched with programmatic dependent launch (see _pdl)
+    ):
+        """The inverse transform after _reduce_rows_kernel(MERGE_ONLY): TILE rows of one kv head,
+        from all sequences, times the head's [D, D_CHUNK] slice of W R s in one dot, so a program
+        reads the transform once for TILE rows (the per-row reduce read it for each row: 162
+        registers, 3 programs per SM and 15 us at (32, 32768) on the H200, latency-bound). Adds
+        the weighted exact part and the value offset, writes out. grid: (n_kv_heads * row tiles,
+        D // D_CHUNK)."""
+        if PDL:  # the merge's writes are visible after this, none before it
+            tl.extra.cuda.gdc_wait()
+        pid = tl.program_id(0)
+        kv_head = pid % n_kv_heads
+        r = (pid // n_kv_heads) * TILE + tl.arange(0, TILE)
+        seq = r // BLOCK_M
+        local = r % BLOCK_M
+        row_ok = (seq < n_seqs) & (local < group * n_new)
+        base = (seq * n_kv_heads + kv_head) * (num_splits + 1)
+        d = tl.arange(0, D)
+        cols = tl.program_id(1) * D_CHUNK + tl.arange(0, D_CHUNK)
+        merged = tl.load(
+            acc_ptr + (base * BLOCK_M + local)[:, None] * D + d[None, :], mask=row_ok[:, None], other=0.0
+        )
+        w_t = tl.load(
+            transform_ptr + kv_head * transform_stride_h + d[:, None] * D + cols[None, :]
+        )  # [D slots, D_CHUNK channels]
+        values = tl.dot(merged, w_t, input_precision="tf32x3")
+        values = (
+            values * tl.load(v_channel_scale_ptr + kv_head * v_scale_stride_h + cols).to(tl.float32)[None, :]
+        )
+        exact = ((base + num_splits) * BLOCK_M + local) * D
+        o = values + tl.load(acc_ptr + exact[:, None] + cols[None, :], mask=row_ok[:, None], other=0.0)
+        if OFFSET:
+            o = o + tl.load(v_offset_ptr + kv_head * v_offset_stride_h + cols).to(tl.float32)[None, :]
+        head = kv_head * group + local // n_new
+        token = local % n_new
+        out_rows = out_ptr + seq * out_stride_b + head * out_stride_h + token * out_stride_t
+        tl.store(out_rows[:, None] + cols[None, :], o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+
+
+REDUCE_GEMM_TILE = 16  # rows per _transform_heads_kernel program (the dot's M)
 
 
 # query rows per program of _prologue_heads_kernel (the dot's M): 16 sequences' 4-row blocks. It runs
@@ -3157,6 +3241,13 @@ def reduce_split_chunk(config: LaunchConfig, num_splits: int) -> int:
     16 per load 0.2904 / 0.2888 ms against 64's 0.2916 / 0.2916; at B = 8 (49 splits) 16 was 1-2.5%
     slower than 64, and this keeps 64 there."""
     return min(config.reduce_split_chunk, 1 << max(num_splits - 1, 0).bit_length())
+
+
+def uses_reduce_gemm(config: LaunchConfig, rows: int, n_row_blocks: int) -> bool:
+    """Whether a launch of `rows` query rows (sequences x kv heads x row block) ends in the merge
+    and the per-kv-head transform (LaunchConfig.reduce_gemm_min_rows): decode launches (one row
+    block per sequence and kv head, the transform kernel's row mapping) with enough rows."""
+    return n_row_blocks == 1 and 0 < config.reduce_gemm_min_rows <= rows
 
 
 def _pdl(config: LaunchConfig, device: torch.device) -> bool:
@@ -3672,6 +3763,7 @@ def wavelet_attention_triton(
     # the reduce waits in-kernel for the split kernel (PDL) unless a stream join comes between them
     if programs * block_m <= config.row_reduce_max_programs * _sm_count(device):
         # few (sequence, kv head) pairs and many splits: one program per query row
+        gemm = uses_reduce_gemm(config, programs * block_m, n_row_blocks)
         launch(
             _reduce_rows_kernel,
             (programs * block_m,),
@@ -3679,10 +3771,31 @@ def wavelet_attention_triton(
             D=d,
             BLOCK_M=block_m,
             SPLIT_CHUNK=reduce_split_chunk(config, num_splits),
-            num_warps=4,
+            num_warps=config.reduce_warps,
             **channel_flags,
             **_dependent(pdl and side is None),
+            **({"MERGE_ONLY": True} if gemm else {}),
         )
+        if gemm:
+            tile = REDUCE_GEMM_TILE
+            launch(
+                _transform_heads_kernel,
+                (hkv * -(-batch * block_m // tile), d // min(d, 32)),
+                acc_part,
+                *reduce_args[3:13],  # the transform, channel scale and offset, out and its strides
+                hkv,
+                group,
+                tq,
+                batch,
+                num_splits,
+                D=d,
+                BLOCK_M=block_m,
+                TILE=tile,
+                D_CHUNK=min(d, 32),
+                num_warps=4,
+                **channel_flags,
+                **_dependent(pdl),
+            )
     else:
         launch(
             _reduce_kernel,

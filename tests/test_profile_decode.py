@@ -17,6 +17,7 @@ from bench_scripts import load_benchmark
         ("_prologue_kernel", "attention"),
         ("_prologue_heads_kernel", "attention"),
         ("_exact_kernel", "attention"),
+        ("_transform_heads_kernel", "attention"),
         ("_gate_up_direct_kernel", "MoE"),
         ("_down_kernel", "MoE"),
         ("_align_kernel", "MoE"),

@@ -123,3 +123,15 @@ def test_reduce_merges_no_more_splits_per_load_than_the_launch_has(chunk, splits
     # per load measured faster there); 49 splits at (8, 131072) keep the tuned 64
     config = K.LaunchConfig(reduce_split_chunk=chunk)
     assert K.reduce_split_chunk(config, splits) == merged
+
+
+@pytest.mark.parametrize(
+    ("batch", "n_row_blocks", "gemm"),
+    [(32, 1, True), (16, 1, True), (8, 1, False), (1, 1, False), (32, 2, False)],
+)
+def test_reduce_gemm_where_many_decode_rows_share_each_kv_heads_transform(batch, n_row_blocks, gemm):
+    # tuned v3, 8 kv heads x 4 query rows per sequence: the merge + per-kv-head transform from 512
+    # rows (fourteenth session: -1.3 to -1.9% at (32, 32768), 1-2% slower at B = 8); a launch with
+    # several row blocks per (sequence, kv head) is not what the transform kernel's rows map to
+    assert K.uses_reduce_gemm(TUNED, batch * 8 * 4, n_row_blocks) is gemm
+    assert not K.uses_reduce_gemm(K.LaunchConfig(), 4096, 1)  # off unless a config asks

@@ -225,6 +225,24 @@ def test_full_channel_params(spec, row_reduce):
     assert rel_err(K.wavelet_attention_reference(*args, ref, 0.125), want) <= 1e-2
 
 
+@pytest.mark.parametrize("channel,splits", [("full", 3), ("scale", 5), ("full", 1)])
+def test_reduce_gemm_equals_the_per_row_reduce(channel, splits):
+    # merge per row, then the transform as one dot per kv head over 16 rows of 4 sequences: 5
+    # sequences leave the second tile part padding; ragged lengths down to 1 (all splits empty);
+    # two kv heads with their own rotation, offset and scale ("full"), or one shared transform
+    lens = [70, 1, 33, 64, 9]
+    codec, args = make_case(UNIFORM_SPEC, 5, 2, 4, 1, 64, lens, 70, torch.float16, channel=channel)
+    want = dense_reference(codec, args, 0.125)
+    rows = K.LaunchConfig(block_n=16, row_reduce_max_programs=1e9)
+    per_row = _run_triton(args, codec, 0.125, config=rows, num_splits=splits)
+    got = _run_triton(
+        args, codec, 0.125, config=dataclasses.replace(rows, reduce_gemm_min_rows=1), num_splits=splits
+    )
+    assert torch.isfinite(got).all()
+    assert rel_err(got, want) <= 1e-2
+    assert rel_err(got, per_row) <= 1e-5
+
+
 def test_query_transform_cache_follows_the_channel_tensor():
     # the kernel caches W_slots R per channel tensor: an in-place update of the tensor (new rotation)
     # and a fresh tensor must both be seen, else attention would silently use a stale rotation
@@ -526,6 +544,8 @@ def test_gpu_exact_tokens_on_a_side_stream_equal_the_in_order_launch_also_in_a_c
         (5, K.TUNED_CONFIGS[(128, 4, "affine")]),  # v3, exact kernel on the side stream
         (17, K.TUNED_CONFIGS[(128, 4, "affine")]),  # v3 after the per-kv-head prologue
         (5, dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], overlap_exact=False)),  # PDL reduce
+        # the merge, then the per-kv-head transform launched as its dependent
+        (17, dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], reduce_gemm_min_rows=1)),
     ],
 )
 def test_gpu_programmatic_dependent_launch_equals_the_ordinary_launch_also_in_a_cuda_graph(batch, config):
