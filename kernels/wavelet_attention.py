@@ -1059,7 +1059,6 @@ class LaunchConfig:
     # all sequences (_transform_heads_kernel), instead of every row's program reading the whole
     # transform; 0: never
     reduce_gemm_min_rows: int = 0
-    reduce_warps: int = 4  # warps per program of the per-row reduce (and of its merge)
     maxnreg: int | None = None  # split kernel register cap: 168 -> 12 one-warp programs per SM
     # affine value fields centred through the MMA's accumulator input (see _band_values) instead of
     # one packed subtract per operand pair
@@ -3739,10 +3738,8 @@ def wavelet_attention_triton(
     if v_rotation is not None:  # W, R and s as one matrix per kv head: the reduces apply no R
         inverse = value_transform(inverse, v_rotation, v_cs, v_channel_scale)
         v_cs = _ones(hkv, d, device)
-    reduce_args = (
-        m_part,
-        l_part,
-        acc_part,
+    # the way back to channels and out: what the reduces and _transform_heads_kernel all take
+    output_args = (
         inverse,
         inverse.stride(0) if inverse.dim() == 3 else 0,
         v_cs,
@@ -3753,12 +3750,8 @@ def wavelet_attention_triton(
         out.stride(0),
         out.stride(1),
         out.stride(2),
-        hkv,
-        group,
-        tq,
-        n_row_blocks,
-        num_splits,
     )
+    reduce_args = (m_part, l_part, acc_part, *output_args, hkv, group, tq, n_row_blocks, num_splits)
     channel_flags = dict(OFFSET=v_offset is not None)
     # the reduce waits in-kernel for the split kernel (PDL) unless a stream join comes between them
     if programs * block_m <= config.row_reduce_max_programs * _sm_count(device):
@@ -3771,7 +3764,7 @@ def wavelet_attention_triton(
             D=d,
             BLOCK_M=block_m,
             SPLIT_CHUNK=reduce_split_chunk(config, num_splits),
-            num_warps=config.reduce_warps,
+            num_warps=4,
             **channel_flags,
             **_dependent(pdl and side is None),
             **({"MERGE_ONLY": True} if gemm else {}),
@@ -3782,7 +3775,7 @@ def wavelet_attention_triton(
                 _transform_heads_kernel,
                 (hkv * -(-batch * block_m // tile), d // min(d, 32)),
                 acc_part,
-                *reduce_args[3:13],  # the transform, channel scale and offset, out and its strides
+                *output_args,
                 hkv,
                 group,
                 tq,
