@@ -215,9 +215,19 @@ def test_gpu_compiled_model_generates_the_same_tokens_and_caches_with_overlapped
     # deferred writes on the side stream), a prompt longer than the exact window so the split
     # kernel reads compressed positions. Tokens and every byte of the compressed caches must be
     # equal, uncaptured and replayed from a CUDA graph. replace_moe off: the MoE op's split-K sums
-    # need not be bitwise repeatable, and the MoE is not under test.
+    # need not be bitwise repeatable, and the MoE is not under test. Inductor's deterministic mode:
+    # each run compiles anew, and Inductor otherwise picks among its reduction kernels' configs by
+    # timing them, so two compiles of the same graph may sum in different orders. Without it this
+    # test failed with WMOE_TEST_SEED=3830984124 with the thirteenth session's kernels too, once in the
+    # uncaptured run and once in the replayed one, with equal tokens and some cache bytes not; that
+    # autotuning is the suspected cause, not yet confirmed on the GPU (fourteenth session).
+    import torch._inductor.config as inductor_config
+
     from wmoe_compile.lowering import GraphedDecodeStep, compile_backend
     from wmoe_compile.models import build_model
+
+    if not hasattr(inductor_config, "deterministic"):
+        pytest.skip("this torch's Inductor has no deterministic mode: two compiles need not sum alike")
 
     model = build_model(
         "mixtral-8x7b",
@@ -235,10 +245,11 @@ def test_gpu_compiled_model_generates_the_same_tokens_and_caches_with_overlapped
     def run(overlap: bool, graphed: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
         torch._dynamo.reset()
         options = {"channel_params": params, "replace_moe": False, "overlap_cache_writes": overlap}
-        compiled = torch.compile(model, backend="wmoe", options=options)
-        step = GraphedDecodeStep(compiled) if graphed else compiled
-        model.setup_cache(3, 1120)
-        tokens = model.generate(prompt, 12, step_fn=step)
+        with inductor_config.patch(deterministic=True):
+            compiled = torch.compile(model, backend="wmoe", options=options)
+            step = GraphedDecodeStep(compiled) if graphed else compiled
+            model.setup_cache(3, 1120)
+            tokens = model.generate(prompt, 12, step_fn=step)
         torch.cuda.synchronize()
         caches = [
             t.clone()
