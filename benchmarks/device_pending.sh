@@ -49,7 +49,8 @@ run() {
     local limit=$1
     shift
     echo "== $(date -u +%H:%M:%S) $*"
-    timeout "$limit" "$@" 2>&1 | grep -v -i "warning" | tail -40
+    # drop Python's warning lines, keep pytest's summary ("N passed, M warnings in ...")
+    timeout "$limit" "$@" 2>&1 | grep -v -E "Warning: |warnings\.warn\(" | tail -40
 }
 
 case "${1:-}" in
@@ -88,7 +89,10 @@ overlap)
     # CompileConfig.overlap_cache_writes (on by default since the thirteenth session, -0.5 to
     # -0.9% a step): the decode step's KV cache writes on the attention's side stream. Tests first
     # (bit-identical results, eagerly and in CUDA graphs), then the step on / off / on.
-    run 150 python3 -P -m pytest -q -m gpu tests/test_overlap_cache_writes.py
+    # with the seed that failed the compiled-model comparison in the fourteenth session (before its
+    # compiles ran in Inductor's deterministic mode), then with a fresh one
+    run 240 env WMOE_TEST_SEED=3830984124 python3 -P -m pytest -q -m gpu tests/test_overlap_cache_writes.py
+    run 240 python3 -P -m pytest -q -m gpu tests/test_overlap_cache_writes.py -k compiled
     for on in on off on; do
         if [ "$on" = off ]; then extra=(--wmoe-off overlap_cache_writes); else extra=(); fi
         run 130 python3 -P benchmarks/bench_decode.py --codec default --shapes 8x131072,32x32768 \
