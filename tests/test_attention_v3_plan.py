@@ -19,6 +19,27 @@ from wmoe_compile.kernels.wavelet_attention_gluon import field_centre
 from wmoe_compile.ops import attention as ops
 
 
+def _run_sm90_tool(script: str, tmp_path, *options: str) -> str:
+    """stdout of benchmarks/<script> compiling for sm_90 into tmp_path (skips without a Gluon that
+    builds v3). In a subprocess: with TRITON_INTERPRET=1 (this suite's setting) Gluon kernels do
+    not compile."""
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    from wmoe_compile.kernels.wavelet_attention_gluon import gluon_reason
+
+    if gluon_reason() is not None:
+        pytest.skip(gluon_reason())
+    tool = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / script
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    command = [sys.executable, str(tool), "--out", str(tmp_path), *options]
+    run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return run.stdout
+
+
 def _kernel_slot(band: int, slot_in_band: int) -> tuple[int, int]:
     """(int16 element within the band, field) the kernel puts in a slot (see the module docstring)."""
     operand, j = divmod(slot_in_band, 16)
@@ -160,57 +181,27 @@ def test_v3_compiles_for_sm90_on_this_triton(tmp_path, options):
     # Gluon's API moves between Triton releases (3.9 renamed the cp.async copy, which broke v3's
     # first version there): compile the kernel for an H100/H200 target here, no GPU needed, so
     # CI's Triton proves it builds, without spills at the tuned register cap, at about the
-    # measured instruction count (969 per 64-token step on Triton 3.6, 972 on 3.9). In a
-    # subprocess: with TRITON_INTERPRET=1 (this suite's setting) Gluon kernels do not compile.
-    import os
-    import pathlib
+    # measured instruction count (969 per 64-token step on Triton 3.6, 972 on 3.9).
     import re
-    import subprocess
-    import sys
 
-    from wmoe_compile.kernels.wavelet_attention_gluon import gluon_reason
-
-    if gluon_reason() is not None:
-        pytest.skip(gluon_reason())
-    tool = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "sass_attention_v3.py"
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    command = [sys.executable, str(tool), "--out", str(tmp_path), *options]
-    run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
+    out = _run_sm90_tool("sass_attention_v3.py", tmp_path, *options)
     if not options:  # keys_ahead holds 24 more registers: at the cap a few bytes may spill
-        assert "STACK:0" in run.stdout, run.stdout
-    step = int(re.search(r"full-step loop: (\d+) instructions", run.stdout).group(1))
-    hmma = int(re.search(r"(\d+)\s+HMMA", run.stdout).group(1))
-    assert hmma >= 64, run.stdout  # 32 key + 32 value field MMAs at least
-    assert 600 < step < 1100, run.stdout
+        assert "STACK:0" in out, out
+    step = int(re.search(r"full-step loop: (\d+) instructions", out).group(1))
+    hmma = int(re.search(r"(\d+)\s+HMMA", out).group(1))
+    assert hmma >= 64, out  # 32 key + 32 value field MMAs at least
+    assert 600 < step < 1100, out
 
 
 def test_band_warps_spike_compiles_for_sm90(tmp_path):
     # benchmarks/spike_band_warps.py measures a two-warp step offline (one band per warp); its
     # batched MMAs, movmatrix transposes and trivial layout restatements must keep compiling
-    import os
-    import pathlib
     import re
-    import subprocess
-    import sys
 
-    from wmoe_compile.kernels.wavelet_attention_gluon import gluon_reason
-
-    if gluon_reason() is not None:
-        pytest.skip(gluon_reason())
-    tool = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "spike_band_warps.py"
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run(
-        [sys.executable, str(tool), "--out", str(tmp_path)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert "STACK:0" in run.stdout, run.stdout
-    assert int(re.search(r"(\d+)\s+HMMA", run.stdout).group(1)) == 40, run.stdout  # 16 key, 16 value, 8 sums
-    assert int(re.search(r"(\d+)\s+MOVM", run.stdout).group(1)) == 16, run.stdout  # p and p * scale
+    out = _run_sm90_tool("spike_band_warps.py", tmp_path)
+    assert "STACK:0" in out, out
+    assert int(re.search(r"(\d+)\s+HMMA", out).group(1)) == 40, out  # 16 key, 16 value, 8 sums
+    assert int(re.search(r"(\d+)\s+MOVM", out).group(1)) == 16, out  # p and p * scale
 
 
 @pytest.mark.parametrize("tq,group", [(1, 4), (2, 4)])
@@ -266,28 +257,11 @@ def test_key_value_warps_spike_compiles_for_sm90(tmp_path):
     # size a warp-specialized v3. Both halves reuse v3's helpers, so they must keep compiling with
     # them. The numbers docs/ATTENTION.md quotes hold on this Triton: the step's MMAs split 32 / 44,
     # and each half fits well under v3's 168-register cap without spilling.
-    import os
-    import pathlib
     import re
-    import subprocess
-    import sys
 
-    from wmoe_compile.kernels.wavelet_attention_gluon import gluon_reason
-
-    if gluon_reason() is not None:
-        pytest.skip(gluon_reason())
-    tool = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "spike_kv_warps.py"
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run(
-        [sys.executable, str(tool), "--out", str(tmp_path)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    halves = dict(re.findall(r"(key_half|value_half): REG:(\d+) STACK:0 ", run.stdout))
-    assert set(halves) == {"key_half", "value_half"}, run.stdout  # both compiled, neither spills
-    assert all(int(regs) <= 128 for regs in halves.values()), run.stdout
-    mmas = re.findall(r"HMMA\.16816\.F32 (\d+)", run.stdout)
-    assert mmas == ["32", "44"], run.stdout  # key fields; value fields and the three token sums
+    out = _run_sm90_tool("spike_kv_warps.py", tmp_path)
+    halves = dict(re.findall(r"(key_half|value_half): REG:(\d+) STACK:0 ", out))
+    assert set(halves) == {"key_half", "value_half"}, out  # both compiled, neither spills
+    assert all(int(regs) <= 128 for regs in halves.values()), out
+    mmas = re.findall(r"HMMA\.16816\.F32 (\d+)", out)
+    assert mmas == ["32", "44"], out  # key fields; value fields and the three token sums
