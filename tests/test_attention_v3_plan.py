@@ -254,9 +254,10 @@ def test_exact_kernel_writes_the_exact_tokens_partial(tq, group):
 
 def test_key_value_warps_spike_compiles_for_sm90(tmp_path):
     # benchmarks/spike_kv_warps.py cuts the v3 step into a key half and a value half, offline, to
-    # size a warp-specialized v3. Both halves reuse v3's helpers, so they must keep compiling with
-    # them. The numbers docs/ATTENTION.md quotes hold on this Triton: the step's MMAs split 32 / 44,
-    # and each half fits well under v3's 168-register cap without spilling.
+    # size a warp-specialized v3, and builds them as one such kernel. Both halves reuse v3's
+    # helpers, so they must keep compiling with them. The numbers docs/ATTENTION.md quotes hold on
+    # this Triton: the step's MMAs split 32 / 44, and each half fits well under v3's 168-register
+    # cap without spilling.
     import re
 
     out = _run_sm90_tool("spike_kv_warps.py", tmp_path)
@@ -265,3 +266,5 @@ def test_key_value_warps_spike_compiles_for_sm90(tmp_path):
     assert all(int(regs) <= 128 for regs in halves.values()), out
     mmas = re.findall(r"HMMA\.16816\.F32 (\d+)", out)
     assert mmas == ["32", "44"], out  # key fields; value fields and the three token sums
+    # and both as the partitions of one kernel: 4 key warps and 4 value warps under warp_specialize
+    assert re.search(r"specialized_kernel \(8 warps: .*\): REG:84 ", out), out
