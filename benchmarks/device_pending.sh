@@ -13,15 +13,18 @@
 #   bash benchmarks/device_pending.sh overlap     # the deferred cache writes' GPU tests, then the
 #                                                 # wmoe step with and without them
 #   bash benchmarks/device_pending.sh profile     # the step's GPU time by part (profile_decode.py)
+#   bash benchmarks/device_pending.sh kvwarps     # go / no-go for a warp-specialized v3: the
+#                                                 # compile-only spike's kernel timed against
+#                                                 # v3's split kernel (probe_kv_warps.py)
 #   bash benchmarks/device_pending.sh stalls [tuned|keys_ahead]
 #                                                 # where the v3 split kernel's warps wait, per SASS
 #                                                 # instruction, plus the memory-throughput
 #                                                 # breakdown (Nsight Compute)
 set -u
 case "${1:-}" in
-tests | attention | decode | inductor | overlap | profile | stalls) ;;
+tests | attention | decode | inductor | overlap | profile | stalls | kvwarps) ;;
 *)
-    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|stalls [tuned|keys_ahead]" >&2
+    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|stalls [tuned|keys_ahead]" >&2
     exit 2
     ;;
 esac
@@ -101,6 +104,10 @@ overlap)
     ;;
 profile)
     run 400 python3 -P benchmarks/profile_decode.py --batch 8 --context 131072
+    ;;
+kvwarps)
+    # never launched before the fifteenth session: a hang is the untested mbarrier protocol
+    run 300 python3 -P benchmarks/probe_kv_warps.py
     ;;
 stalls)
     # One launch of the v3 split kernel at (8, 131072), tuned or with keys_ahead (RESULTS.md, tenth

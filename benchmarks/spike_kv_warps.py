@@ -228,19 +228,19 @@ def _arange3(n: gl.constexpr, dim: gl.constexpr, layout: gl.constexpr):
 
 
 @gluon.jit
-def _scale_pair3(scales_ptr, start, BLOCK_N: gl.constexpr):
+def _scale_pair3(scales_ptr, stride, start, BLOCK_N: gl.constexpr):
     """The band scales of every stream's BLOCK_N tokens, as two [streams, tokens] fp32 tensors in the
-    scores' token layout (stream s reads its own rows: stream stride BLOCK_N x 2 here)."""
-    s3 = _arange3(STREAMS, 0, _PAIRS3)
+    scores' token layout (program p's stream s is stream 4 p + s, `stride` tokens each)."""
+    s3 = gl.program_id(0) * STREAMS + _arange3(STREAMS, 0, _PAIRS3)
     t3 = _arange3(BLOCK_N, 1, _PAIRS3)
     b3 = _arange3(2, 2, _PAIRS3)
-    pair = gl.load(scales_ptr + (s3 * 65536 + start + t3) * 2 + b3).to(gl.float32)
+    pair = gl.load(scales_ptr + (s3 * stride + start + t3) * 2 + b3).to(gl.float32)
     lo, hi = gl.split(pair)
     return gl.convert_layout(lo, _TOKENS3), gl.convert_layout(hi, _TOKENS3)
 
 
 @gluon.jit
-def _key_partition(qw_ptr, qc_ptr, kc_ptr, ks_ptr, m_ptr, exchange, n_tokens, BLOCK_N: gl.constexpr):
+def _key_partition(qw_ptr, qc_ptr, kc_ptr, ks_ptr, m_ptr, exchange, stride, n_tokens, BLOCK_N: gl.constexpr):
     """Default partition, 4 warps: warp s runs stream s's keys, scores and online softmax, and hands p
     and the rescale factors to the value partition stage by stage."""
     p_ring, alpha_ring, full, empty = exchange
@@ -261,7 +261,7 @@ def _key_partition(qw_ptr, qc_ptr, kc_ptr, ks_ptr, m_ptr, exchange, n_tokens, BL
     rr = gl.arange(0, 8, layout=gl.SliceLayout(0, _ROWS3))[None, :]
     qc0 = gl.load(qc_ptr + rs * 16 + rr)
     qc1 = gl.load(qc_ptr + rs * 16 + 8 + rr)
-    ks3 = _arange3(STREAMS, 0, _A3)
+    ks3 = gl.program_id(0) * STREAMS + _arange3(STREAMS, 0, _A3)
     kt3 = _arange3(BLOCK_N, 1, _A3)
     kj3 = _arange3(16, 2, _A3)
     upper = (kj3 >= 8) & (ks3 >= 0)
@@ -270,8 +270,8 @@ def _key_partition(qw_ptr, qc_ptr, kc_ptr, ks_ptr, m_ptr, exchange, n_tokens, BL
     for start in range(0, n_tokens, BLOCK_N):
         step = start // BLOCK_N
         stage = step % 2
-        k0, k1 = _scale_pair3(ks_ptr, start, BLOCK_N)
-        rows = kc_ptr + (ks3 * 65536 + start + kt3) * 24
+        k0, k1 = _scale_pair3(ks_ptr, stride, start, BLOCK_N)
+        rows = kc_ptr + (ks3 * stride + start + kt3) * 24
         raw4 = gl.load(rows + kj3)
         raw2 = gl.load(rows + 16 + kj3 % 8)
         o0, o1, o2, o3, o4, o5, o6, o7 = v3._band_operands(raw4, raw2, upper)
@@ -292,14 +292,14 @@ def _key_partition(qw_ptr, qc_ptr, kc_ptr, ks_ptr, m_ptr, exchange, n_tokens, BL
         p_ring.index(stage).store(p)
         alpha_ring.index(stage).store(alpha)
         mbarrier.arrive(full.index(stage), count=1)
-    gl.store(m_ptr + rs * 8 + rr, m_i)
+    gl.store(m_ptr + (gl.program_id(0) * STREAMS + rs) * 8 + rr, m_i)
 
 
 @gluon.jit
-def _value_partition(vc_ptr, vs_ptr, acc_ptr, exchange, n_tokens, BLOCK_N: gl.constexpr):
+def _value_partition(vc_ptr, vs_ptr, acc_ptr, exchange, stride, n_tokens, BLOCK_N: gl.constexpr):
     """Worker partition, 4 warps: warp s runs stream s's value tiles, token sums and value MMAs."""
     p_ring, alpha_ring, full, empty, v4s, v2s = exchange
-    cs3 = _arange3(STREAMS, 0, _COPY3)
+    cs3 = gl.program_id(0) * STREAMS + _arange3(STREAMS, 0, _COPY3)
     ct3 = _arange3(BLOCK_N, 1, _COPY3)
     ce3 = _arange3(16, 2, _COPY3)
     ones = gl.full([STREAMS, 16, BLOCK_N], 1.0, gl.float16, layout=_A3)
@@ -320,11 +320,11 @@ def _value_partition(vc_ptr, vs_ptr, acc_ptr, exchange, n_tokens, BLOCK_N: gl.co
     for start in range(0, n_tokens, BLOCK_N):
         step = start // BLOCK_N
         stage = step % 2
-        rows = vc_ptr + (cs3 * 65536 + start + ct3) * 24
+        rows = vc_ptr + (cs3 * stride + start + ct3) * 24
         _async_load(v4s, rows + ce3, cache_modifier=".ca")
         _async_load(v2s, rows + 16 + ce3 % 8, cache_modifier=".ca")
         async_copy.commit_group()
-        w0, w1 = _scale_pair3(vs_ptr, start, BLOCK_N)
+        w0, w1 = _scale_pair3(vs_ptr, stride, start, BLOCK_N)
         mbarrier.wait(full.index(stage), step // 2 & 1)
         p16 = p_ring.index(stage).load(_B3)
         alpha = alpha_ring.index(stage).load(_ROWS3)
@@ -360,9 +360,8 @@ def _value_partition(vc_ptr, vs_ptr, acc_ptr, exchange, n_tokens, BLOCK_N: gl.co
         a5 = mma_v2(o5, pb, a5 - v3._centre(upper_rows, v3._C2_2, v3._C2_3) * step_b)
         a6 = mma_v2(o6, pb, a6 - v3._centre(upper_rows, v3._C2_4, v3._C2_5) * step_b)
         a7 = mma_v2(o7, pb, a7 - v3._centre(upper_rows, v3._C2_6, v3._C2_7) * step_b)
-    out = (
-        acc_ptr + _arange3(STREAMS, 0, _MMA3) * 11 * 128 + _arange3(16, 1, _MMA3) * 8 + _arange3(8, 2, _MMA3)
-    )
+    stream = gl.program_id(0) * STREAMS + _arange3(STREAMS, 0, _MMA3)
+    out = acc_ptr + stream * 11 * 128 + _arange3(16, 1, _MMA3) * 8 + _arange3(8, 2, _MMA3)
     gl.store(out + 0 * 128, a0)
     gl.store(out + 1 * 128, a1)
     gl.store(out + 2 * 128, a2)
@@ -378,15 +377,16 @@ def _value_partition(vc_ptr, vs_ptr, acc_ptr, exchange, n_tokens, BLOCK_N: gl.co
 
 @gluon.jit
 def specialized_kernel(
-    qw_ptr,  # fp16 [4 streams, 4 rows, 128]
-    qc_ptr,  # fp32 [4 streams, 16]
-    kc_ptr,  # int16 code rows [4 streams, 65536 tokens, 24]
-    ks_ptr,  # fp16 [4 streams, 65536 tokens, 2]
+    qw_ptr,  # fp16 [4, 4 rows, 128]: one query per stream of a program, the same in every program
+    qc_ptr,  # fp32 [4, 16]
+    kc_ptr,  # int16 code rows [streams, stride tokens, 24]: program p runs streams 4 p .. 4 p + 3
+    ks_ptr,  # fp16 [streams, stride tokens, 2]
     vc_ptr,
     vs_ptr,
-    m_ptr,  # fp32 [4 streams, 8]
-    acc_ptr,  # fp32 [4 streams, 11, 16, 8]
-    n_tokens,
+    m_ptr,  # fp32 [streams, 8]
+    acc_ptr,  # fp32 [streams, 11, 16, 8]
+    stride,  # tokens per stream in the buffers
+    n_tokens,  # tokens each stream runs (a multiple of BLOCK_N: no tail step)
     BLOCK_N: gl.constexpr,
     VALUE_REGS: gl.constexpr,
 ):
@@ -407,11 +407,29 @@ def specialized_kernel(
         [
             (
                 _key_partition,
-                (qw_ptr, qc_ptr, kc_ptr, ks_ptr, m_ptr, (p_ring, alpha_ring, full, empty), n_tokens, BLOCK_N),
+                (
+                    qw_ptr,
+                    qc_ptr,
+                    kc_ptr,
+                    ks_ptr,
+                    m_ptr,
+                    (p_ring, alpha_ring, full, empty),
+                    stride,
+                    n_tokens,
+                    BLOCK_N,
+                ),
             ),
             (
                 _value_partition,
-                (vc_ptr, vs_ptr, acc_ptr, (p_ring, alpha_ring, full, empty, v4s, v2s), n_tokens, BLOCK_N),
+                (
+                    vc_ptr,
+                    vs_ptr,
+                    acc_ptr,
+                    (p_ring, alpha_ring, full, empty, v4s, v2s),
+                    stride,
+                    n_tokens,
+                    BLOCK_N,
+                ),
             ),
         ],
         [STREAMS],
