@@ -1,12 +1,17 @@
-"""Compile-only spike: the v3 split step cut into a key half and a value half, one warp each.
+"""Spike: the v3 split step cut into a key half and a value half.
 
-    python benchmarks/spike_kv_warps.py [--out build/spike_kv_warps]
+    python benchmarks/spike_kv_warps.py [--value-regs 96] [--maxnreg 84] [--out build/spike_kv_warps]
 
-Not a kernel: never launched and checked numerically by nothing. It answers the questions a
-warp-specialized v3 depends on, offline: how many registers and SASS instructions per 64-token step
-does each half need (each half compiled alone, one warp), and does Gluon build both halves as the
-partitions of one kernel with 4 streams each (`specialized_kernel`: the stream a batch dimension on
-the warps, `gl.warp_specialize`, an artificial cache layout of 65,536 tokens per stream, no tails)?
+Not a kernel: checked numerically by nothing. This script compiles, offline, and answers the
+questions a warp-specialized v3 depends on:
+
+- how many registers and SASS instructions per 64-token step each half needs (each half compiled
+  alone, one warp);
+- whether Gluon builds both halves as the partitions of one kernel (`specialized_kernel`).
+
+`specialized_kernel` runs 4 streams per partition inside `gl.warp_specialize`, the stream a batch
+dimension on the warps. Its cache layout is artificial (each stream's tokens contiguous, `stride`
+apart) and it has no tail step. `benchmarks/probe_kv_warps.py` times it on a GPU.
 
 - The key half: key words, scores, the online softmax. It hands p (fp16, [tokens, rows]) and the
   step's rescale factors to the value half through a two-stage shared-memory ring guarded by
