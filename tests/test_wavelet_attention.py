@@ -240,7 +240,9 @@ def test_reduce_gemm_equals_the_per_row_reduce(channel, splits):
     )
     assert torch.isfinite(got).all()
     assert rel_err(got, want) <= 1e-2
-    assert rel_err(got, per_row) <= 1e-5
+    # the same sums in another order (scaled before the transform, a tf32x3 dot): fp32-close, but
+    # the fp16 outputs may round one ulp (2^-11) apart; a wrong row or scale is far beyond this
+    assert rel_err(got, per_row) <= 1e-3
 
 
 def test_query_transform_cache_follows_the_channel_tensor():
