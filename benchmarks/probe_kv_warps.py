@@ -9,8 +9,10 @@ A go / no-go answer before anyone builds the real kernel.
 - The defaults match (8, 131072): 3,120 streams of 2,688 tokens, as v3's 64 kv heads x 49 splits.
 - The baseline: the tuned op's `split_kernel_v3` at (8, 131072), timed in the same process
   (torch.profiler). The ratio of their rates is the answer.
-- What it does not check: numbers. The spike computes the v3 step's operations but has never been
-  compared with it. It only has to finish, and write finite values, to be timed.
+- First it checks numbers. The spike runs one split of a real cache at (8, 2820): 42 full steps, no
+  tail. Its running max, denominator and coefficient sums, mapped to v3's partial format with v3's
+  slot plan, are compared with v3's own partial for that split. Both runs get the same query
+  transform from v3's prologue.
 
 A deadlock (the halves' mbarrier protocol is untested) shows as a run past --limit seconds. Run it
 under `timeout`.
@@ -19,6 +21,7 @@ under `timeout`.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import pathlib
 import sys
 import time
@@ -28,6 +31,86 @@ import bench_attention as ba  # noqa: E402
 import spike_kv_warps as spike  # noqa: E402
 import torch  # noqa: E402
 from wmoe_compile.kernels import wavelet_attention as wa  # noqa: E402
+
+
+def launch(grid: int, qw, qc, kc, ks, vc, vs, m, acc, stride: int, first: int, n_tokens: int, a) -> None:
+    spike.specialized_kernel[(grid,)](
+        qw,
+        qc,
+        kc,
+        ks,
+        vc,
+        vs,
+        m,
+        acc,
+        stride,
+        first,
+        n_tokens,
+        BLOCK_N=64,
+        VALUE_REGS=a.value_regs,
+        num_warps=4,
+        maxnreg=a.maxnreg,
+    )
+
+
+def check_against_v3(a) -> bool:
+    """The spike's partials of one split against v3's partial of the same split, same inputs."""
+    batch, seq_len = 8, 132 + 64 * 42  # sinks + window + 42 full steps
+    setup = ba.Setup(batch, seq_len, ba.HQ, ba.HKV, "cuda", smoke=True)
+    setup.use_codec(ba.CODECS["default"])
+    layout = setup.layout
+    captured = {}
+    original = wa._launch_v3
+
+    def spy(*args, **kwargs):  # keep v3's query transform, slot plan and partials
+        original(*args, **kwargs)
+        captured["plan"], captured["parts"] = args[7], args[8]
+
+    wa._launch_v3 = spy
+    try:
+        config = dataclasses.replace(wa.tuned_config(layout, ba.HEAD_DIM, 4), overlap_exact=False)
+        wa.wavelet_attention_triton(*setup.args(0), layout, setup.sm_scale, config=config, num_splits=1)
+    finally:
+        wa._launch_v3 = original
+    torch.cuda.synchronize()
+    if "parts" not in captured:
+        print("v3 did not run here (no Gluon?): nothing to compare with", flush=True)
+        return False
+    qw, qc, m_part, l_part, acc_part = captured["parts"]
+    plan = captured["plan"]
+    streams = batch * ba.HKV
+    q, kc, ks, vc, vs = setup.copies[0][:5]
+    qc_sum = qc.sum(1)  # [streams, 4 rows, 4 bands]: the prologue's chunk shares added up
+    qc_spike = torch.zeros(streams, 16, device="cuda")
+    qc_spike[:, 0:4] = qc_sum[:, :, 0]
+    qc_spike[:, 8:12] = qc_sum[:, :, 1]
+    m = torch.full((streams, 8), float("nan"), device="cuda")
+    acc = torch.full((streams, 11, 16, 8), float("nan"), device="cuda")
+    n_tokens = seq_len - layout.sinks - layout.window
+    kc16, vc16 = kc.view(torch.int16), vc.view(torch.int16)
+    launch(streams // 4, qw, qc_spike, kc16, ks, vc16, vs, m, acc, seq_len, layout.sinks, n_tokens, a)
+    torch.cuda.synchronize()
+    # v3's partial format: coefficient sums (acc + shift x sum(p x scale)) x step, in coefficient
+    # order (its _store_operand); the denominator is any row of ones @ p
+    shift = plan.v_shift.view(8, 16)[None, :, :, None]
+    step = plan.v_step.view(8, 16)[None, :, :, None]
+    sums = torch.stack([acc[:, 9]] * 4 + [acc[:, 10]] * 4, dim=1)  # [streams, 8 operands, 16, 8]
+    values = ((acc[:, :8] + shift * sums) * step).reshape(streams, 128, 8)
+    got = torch.zeros(streams, 8, 128, device="cuda")
+    ok = plan.slot_coef >= 0
+    got[:, :, plan.slot_coef[ok].long()] = values[:, ok].transpose(1, 2)
+    want_acc, want_m, want_l = acc_part[:, 0], m_part[:, 0], l_part[:, 0]
+    m_diff = (m[:, :4] - want_m).abs().max().item()
+    l_err = ((acc[:, 8].amax(dim=1)[:, :4] - want_l).norm() / want_l.norm()).item()
+    acc_err = ((got[:, :4] - want_acc).norm() / want_acc.norm()).item()
+    good = m_diff <= 1e-3 and l_err <= 1e-3 and acc_err <= 1e-3
+    print(
+        f"numbers against v3's partial ({streams} streams x {n_tokens} tokens): max |m diff| {m_diff:.2e}, "
+        f"denominator rel err {l_err:.2e}, coefficient sums rel err {acc_err:.2e}: "
+        f"{'agree' if good else 'DIFFER'}",
+        flush=True,
+    )
+    return good
 
 
 def main() -> None:
@@ -50,29 +133,17 @@ def main() -> None:
     def scales() -> torch.Tensor:
         return (torch.rand(streams, a.tokens, 2, device=dev, generator=g) + 0.5).half()
 
+    t0 = time.time()
+    check_against_v3(a)
+    print(f"check {time.time() - t0:.1f} s (compiles included)", flush=True)
     kc, ks, vc, vs = codes(), scales(), codes(), scales()
-    qw = (torch.randn(4, 4, 128, device=dev, generator=g) * 0.01).half()
-    qc = torch.zeros(4, 16, device=dev)
+    qw = (torch.randn(streams, 4, 128, device=dev, generator=g) * 0.01).half()
+    qc = torch.zeros(streams, 16, device=dev)
     m = torch.full((streams, 8), float("nan"), device=dev)
     acc = torch.full((streams, 11, 16, 8), float("nan"), device=dev)
 
     def run() -> None:
-        spike.specialized_kernel[(a.programs,)](
-            qw,
-            qc,
-            kc,
-            ks,
-            vc,
-            vs,
-            m,
-            acc,
-            a.tokens,
-            a.tokens,
-            BLOCK_N=64,
-            VALUE_REGS=a.value_regs,
-            num_warps=4,
-            maxnreg=a.maxnreg,
-        )
+        launch(a.programs, qw, qc, kc, ks, vc, vs, m, acc, a.tokens, 0, a.tokens, a)
 
     t0 = time.time()
     run()

@@ -245,13 +245,15 @@ def _scale_pair3(scales_ptr, stride, start, BLOCK_N: gl.constexpr):
 
 
 @gluon.jit
-def _key_partition(qw_ptr, qc_ptr, kc_ptr, ks_ptr, m_ptr, exchange, stride, n_tokens, BLOCK_N: gl.constexpr):
+def _key_partition(
+    qw_ptr, qc_ptr, kc_ptr, ks_ptr, m_ptr, exchange, stride, first, n_tokens, BLOCK_N: gl.constexpr
+):
     """Default partition, 4 warps: warp s runs stream s's keys, scores and online softmax, and hands p
     and the rescale factors to the value partition stage by stage."""
     p_ring, alpha_ring, full, empty = exchange
     qs = _arange3(16, 1, _B3)
     qr = _arange3(8, 2, _B3)
-    qst = _arange3(STREAMS, 0, _B3)
+    qst = gl.program_id(0) * STREAMS + _arange3(STREAMS, 0, _B3)
     q_rows = qw_ptr + qst * 512 + qr * 128 + qs
     q_ok = qr < 4
     q0 = gl.load(q_rows + 0 * 16, mask=q_ok, other=0.0)
@@ -264,8 +266,8 @@ def _key_partition(qw_ptr, qc_ptr, kc_ptr, ks_ptr, m_ptr, exchange, stride, n_to
     q7 = gl.load(q_rows + 7 * 16, mask=q_ok, other=0.0)
     rs = gl.arange(0, STREAMS, layout=gl.SliceLayout(1, _ROWS3))[:, None]
     rr = gl.arange(0, 8, layout=gl.SliceLayout(0, _ROWS3))[None, :]
-    qc0 = gl.load(qc_ptr + rs * 16 + rr)
-    qc1 = gl.load(qc_ptr + rs * 16 + 8 + rr)
+    qc0 = gl.load(qc_ptr + (gl.program_id(0) * STREAMS + rs) * 16 + rr)
+    qc1 = gl.load(qc_ptr + (gl.program_id(0) * STREAMS + rs) * 16 + 8 + rr)
     ks3 = gl.program_id(0) * STREAMS + _arange3(STREAMS, 0, _A3)
     kt3 = _arange3(BLOCK_N, 1, _A3)
     kj3 = _arange3(16, 2, _A3)
@@ -275,8 +277,8 @@ def _key_partition(qw_ptr, qc_ptr, kc_ptr, ks_ptr, m_ptr, exchange, stride, n_to
     for start in range(0, n_tokens, BLOCK_N):
         step = start // BLOCK_N
         stage = step % 2
-        k0, k1 = _scale_pair3(ks_ptr, stride, start, BLOCK_N)
-        rows = kc_ptr + (ks3 * stride + start + kt3) * 24
+        k0, k1 = _scale_pair3(ks_ptr, stride, first + start, BLOCK_N)
+        rows = kc_ptr + (ks3 * stride + first + start + kt3) * 24
         raw4 = gl.load(rows + kj3)
         raw2 = gl.load(rows + 16 + kj3 % 8)
         o0, o1, o2, o3, o4, o5, o6, o7 = v3._band_operands(raw4, raw2, upper)
@@ -301,7 +303,7 @@ def _key_partition(qw_ptr, qc_ptr, kc_ptr, ks_ptr, m_ptr, exchange, stride, n_to
 
 
 @gluon.jit
-def _value_partition(vc_ptr, vs_ptr, acc_ptr, exchange, stride, n_tokens, BLOCK_N: gl.constexpr):
+def _value_partition(vc_ptr, vs_ptr, acc_ptr, exchange, stride, first, n_tokens, BLOCK_N: gl.constexpr):
     """Worker partition, 4 warps: warp s runs stream s's value tiles, token sums and value MMAs."""
     p_ring, alpha_ring, full, empty, v4s, v2s = exchange
     cs3 = gl.program_id(0) * STREAMS + _arange3(STREAMS, 0, _COPY3)
@@ -325,11 +327,11 @@ def _value_partition(vc_ptr, vs_ptr, acc_ptr, exchange, stride, n_tokens, BLOCK_
     for start in range(0, n_tokens, BLOCK_N):
         step = start // BLOCK_N
         stage = step % 2
-        rows = vc_ptr + (cs3 * stride + start + ct3) * 24
+        rows = vc_ptr + (cs3 * stride + first + start + ct3) * 24
         _async_load(v4s, rows + ce3, cache_modifier=".ca")
         _async_load(v2s, rows + 16 + ce3 % 8, cache_modifier=".ca")
         async_copy.commit_group()
-        w0, w1 = _scale_pair3(vs_ptr, stride, start, BLOCK_N)
+        w0, w1 = _scale_pair3(vs_ptr, stride, first + start, BLOCK_N)
         mbarrier.wait(full.index(stage), step // 2 & 1)
         p16 = p_ring.index(stage).load(_B3)
         alpha = alpha_ring.index(stage).load(_ROWS3)
@@ -382,16 +384,17 @@ def _value_partition(vc_ptr, vs_ptr, acc_ptr, exchange, stride, n_tokens, BLOCK_
 
 @gluon.jit
 def specialized_kernel(
-    qw_ptr,  # fp16 [4, 4 rows, 128]: one query per stream of a program, the same in every program
-    qc_ptr,  # fp32 [4, 16]
+    qw_ptr,  # fp16 [streams, 4 rows, 128]: the prologue's query in v3 slot order
+    qc_ptr,  # fp32 [streams, 16]: per row, the 4-bit band's score offset (0-7), the 2-bit band's (8-15)
     kc_ptr,  # int16 code rows [streams, stride tokens, 24]: program p runs streams 4 p .. 4 p + 3
     ks_ptr,  # fp16 [streams, stride tokens, 2]
     vc_ptr,
     vs_ptr,
     m_ptr,  # fp32 [streams, 8]
     acc_ptr,  # fp32 [streams, 11, 16, 8]
-    stride,  # tokens per stream in the buffers
-    n_tokens,  # tokens each stream runs (a multiple of BLOCK_N: no tail step)
+    stride,  # tokens per stream in the buffers (a cache's capacity)
+    first,  # each stream's first token
+    n_tokens,  # tokens each stream runs from `first` (a multiple of BLOCK_N: no tail step)
     BLOCK_N: gl.constexpr,
     VALUE_REGS: gl.constexpr,
 ):
@@ -420,6 +423,7 @@ def specialized_kernel(
                     m_ptr,
                     (p_ring, alpha_ring, full, empty),
                     stride,
+                    first,
                     n_tokens,
                     BLOCK_N,
                 ),
@@ -432,6 +436,7 @@ def specialized_kernel(
                     acc_ptr,
                     (p_ring, alpha_ring, full, empty, v4s, v2s),
                     stride,
+                    first,
                     n_tokens,
                     BLOCK_N,
                 ),
