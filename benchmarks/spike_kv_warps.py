@@ -447,10 +447,9 @@ def specialized_kernel(
     )
 
 
-def compile_specialized(out: pathlib.Path, value_regs: int, maxnreg: int) -> tuple[str, int, int]:
-    """(ptxas resource line, warps, shared bytes) of the warp-specialized kernel for sm_90."""
-    fn = specialized_kernel
-    constexprs = dict(BLOCK_N=64, VALUE_REGS=value_regs)
+def _compile_sm90(fn, constexprs: dict, options: dict):
+    """fn compiled for sm_90: its pointers typed by name (int16 code rows, fp16 queries and scales,
+    fp32 otherwise), 16-byte aligned as the JIT specialises them, other arguments i32."""
     pointers = dict(qw_ptr="*fp16", kc_ptr="*i16", vc_ptr="*i16", ks_ptr="*fp16", vs_ptr="*fp16")
     signature = {
         n: "constexpr" if n in constexprs else pointers.get(n, "*fp32" if n.endswith("_ptr") else "i32")
@@ -465,8 +464,16 @@ def compile_specialized(out: pathlib.Path, value_regs: int, maxnreg: int) -> tup
         constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()},
         attrs=aligned,
     )
-    options = dict(num_warps=STREAMS.value, maxnreg=maxnreg)
-    kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+
+
+def compile_specialized(out: pathlib.Path, value_regs: int, maxnreg: int) -> tuple[str, int, int]:
+    """(ptxas resource line, warps, shared bytes) of the warp-specialized kernel for sm_90."""
+    kernel = _compile_sm90(
+        specialized_kernel,
+        dict(BLOCK_N=64, VALUE_REGS=value_regs),
+        dict(num_warps=STREAMS.value, maxnreg=maxnreg),
+    )
     usage, _ = disassemble(kernel, out, "specialized_kernel")
     return usage, kernel.metadata.num_warps, kernel.metadata.shared
 
@@ -474,22 +481,7 @@ def compile_specialized(out: pathlib.Path, value_regs: int, maxnreg: int) -> tup
 def compile_half(fn, out: pathlib.Path, name: str) -> tuple[str, int, object]:
     """(ptxas resource line, loop instructions, opcode mix) of one half for sm_90, one warp, the
     default codec's code rows (24 int16: the 4-bit band's 16, then the 2-bit band's 8)."""
-    constexprs = dict(CODE_ROW=24, E4=0, E2=16, BLOCK_N=64)
-    pointers = dict(qw_ptr="*fp16", kc_ptr="*i16", vc_ptr="*i16", ks_ptr="*fp16", vs_ptr="*fp16")
-    signature = {
-        n: "constexpr" if n in constexprs else pointers.get(n, "*fp32" if n.endswith("_ptr") else "i32")
-        for n in fn.arg_names
-    }
-    aligned = {
-        (i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if signature[n].startswith("*")
-    }
-    source = GluonASTSource(
-        fn=fn,
-        signature=signature,
-        constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()},
-        attrs=aligned,
-    )
-    kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=1))
+    kernel = _compile_sm90(fn, dict(CODE_ROW=24, E4=0, E2=16, BLOCK_N=64), dict(num_warps=1))
     usage, sass = disassemble(kernel, out, name)
     mix = loop_mix(sass)
     return usage, sum(mix.values()), mix
