@@ -2,19 +2,28 @@
 where the host time of an uncaptured call goes (self CPU time per op).
 
 python benchmarks/profile_decode.py [--batch 1] [--context 32768] [--layers 2] [--codec SPEC]
+    [--graph [--trace-dir DIR]]
 
 First it prints the step's GPU time by part (attention, MoE, dense GEMMs, KV compress, router
 top-k, other), summed from the CUDA kernels by name (PARTS), with the largest kernels of "other"
 named so nothing hides there; then the profiler's own tables.
+
+--graph profiles replays of the step's CUDA graph instead (how it is timed and served) and adds
+its timeline: per replay the span from the first kernel's start to the last one's end, the time
+no kernel ran on any stream (the launch gaps a faster kernel chain could take back), and the
+largest of those gaps with the kernels either side.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import pathlib
+import statistics
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -97,6 +106,102 @@ def breakdown(kernels: Mapping[str, tuple[float, int]], steps: int, top_other: i
     return "\n".join(lines)
 
 
+@dataclass(frozen=True)
+class KernelSpan:
+    """One kernel execution from a trace: start and end in microseconds, its stream."""
+
+    name: str
+    start_us: float
+    end_us: float
+    stream: int
+
+
+def trace_kernels(trace: Mapping) -> list[KernelSpan]:
+    """The CUDA kernels of a Chrome trace (torch.profiler's export_chrome_trace), by start time."""
+    spans = [
+        KernelSpan(
+            e["name"], float(e["ts"]), float(e["ts"]) + float(e["dur"]), int(e["args"].get("stream", -1))
+        )
+        for e in trace.get("traceEvents", [])
+        if e.get("cat") == "kernel" and "dur" in e
+    ]
+    return sorted(spans, key=lambda k: k.start_us)
+
+
+def split_replays(kernels: Sequence[KernelSpan], min_gap_us: float) -> list[list[KernelSpan]]:
+    """Kernels grouped into replays: a new replay starts after min_gap_us with no kernel running
+    (the profiled replays are separated by host syncs and sleeps far longer than any gap inside a
+    step)."""
+    replays: list[list[KernelSpan]] = []
+    busy_until = float("-inf")
+    for k in sorted(kernels, key=lambda k: k.start_us):
+        if k.start_us - busy_until > min_gap_us or not replays:
+            replays.append([])
+        replays[-1].append(k)
+        busy_until = max(busy_until, k.end_us)
+    return replays
+
+
+@dataclass(frozen=True)
+class ReplayTimeline:
+    span_us: float  # first kernel start to last kernel end
+    busy_us: float  # union of every stream's kernel time
+    kernel_us: float  # sum of kernel durations (more than busy_us where streams overlap)
+    kernels: int
+    gaps: tuple[tuple[float, str, str], ...]  # (idle us, kernel before, kernel after), largest first
+
+    @property
+    def idle_us(self) -> float:
+        return self.span_us - self.busy_us
+
+
+def replay_timeline(kernels: Sequence[KernelSpan]) -> ReplayTimeline:
+    """Span, busy time and idle gaps of one replay: a gap is time in which no kernel runs on any
+    stream; it is named by the kernel that ended last before it and the one that starts after."""
+    if not kernels:
+        raise ValueError("a replay needs at least one kernel")
+    ordered = sorted(kernels, key=lambda k: k.start_us)
+    busy = 0.0
+    gaps = []
+    cur_start, cur_end, cur_last = ordered[0].start_us, ordered[0].end_us, ordered[0].name
+    for k in ordered[1:]:
+        if k.start_us > cur_end:
+            busy += cur_end - cur_start
+            gaps.append((k.start_us - cur_end, cur_last, k.name))
+            cur_start, cur_end, cur_last = k.start_us, k.end_us, k.name
+        elif k.end_us > cur_end:
+            cur_end, cur_last = k.end_us, k.name
+    busy += cur_end - cur_start
+    return ReplayTimeline(
+        span_us=max(k.end_us for k in ordered) - ordered[0].start_us,
+        busy_us=busy,
+        kernel_us=sum(k.end_us - k.start_us for k in ordered),
+        kernels=len(ordered),
+        gaps=tuple(sorted(gaps, reverse=True)),
+    )
+
+
+def timeline_report(replays: Sequence[ReplayTimeline], top_gaps: int = 12) -> str:
+    """Medians over the replays, then the largest gaps of the median-span replay."""
+    if not replays:
+        raise ValueError("no replay to report (the trace held no kernels)")
+    med = sorted(replays, key=lambda r: r.span_us)[len(replays) // 2]
+
+    def median(attr: str) -> float:
+        return statistics.median(getattr(r, attr) for r in replays)
+
+    lines = [
+        f"replays: {len(replays)}; kernels per replay: {med.kernels}",
+        f"span {median('span_us'):.1f} us, busy (any stream) {median('busy_us'):.1f} us, "
+        f"idle {median('idle_us'):.1f} us in {len(med.gaps)} gaps, kernel time summed "
+        f"{median('kernel_us'):.1f} us (medians over replays)",
+        f"largest gaps of the median replay (span {med.span_us:.1f} us):",
+    ]
+    for gap, before, after in med.gaps[:top_gaps]:
+        lines.append(f"  {gap:6.2f} us  {before[:50]}  ->  {after[:50]}")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=1)
@@ -104,6 +209,8 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--codec", default="default")
     parser.add_argument("--rows", type=int, default=25)
+    parser.add_argument("--graph", action="store_true", help="profile CUDA-graph replays, add the timeline")
+    parser.add_argument("--trace-dir", default="build/profile_decode", help="where --graph writes its trace")
     args = parser.parse_args()
     import wmoe_compile.ops  # noqa: F401
     from wmoe_compile.ops import attention as attention_op
@@ -126,9 +233,27 @@ def main() -> None:
         for _ in range(5):
             compiled(tokens, positions)
         torch.cuda.synchronize()
+        if args.graph:  # as bench_decode.graph_ms captures it: warmed on a side stream first
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(3):
+                    compiled(tokens, positions)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                compiled(tokens, positions)
+            for _ in range(3):
+                graph.replay()
+            torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
             for _ in range(PROFILED_STEPS):
-                compiled(tokens, positions)
+                if args.graph:
+                    graph.replay()
+                    torch.cuda.synchronize()
+                    time.sleep(0.002)  # replays apart in the trace (split_replays)
+                else:
+                    compiled(tokens, positions)
             torch.cuda.synchronize()
         t0 = time.perf_counter()
         for _ in range(20):
@@ -143,6 +268,18 @@ def main() -> None:
     print()
     print(averages.table(sort_by="device_time_total", row_limit=args.rows, max_name_column_width=70))
     print(f"host time to enqueue one uncaptured step: {host_ms:.3f} ms")
+    if args.graph:
+        trace_dir = pathlib.Path(args.trace_dir)
+        trace_dir.mkdir(parents=True, exist_ok=True)
+        trace_path = trace_dir / f"graph_trace_B{B}_N{N}.json"
+        prof.export_chrome_trace(str(trace_path))
+        kernels = trace_kernels(json.loads(trace_path.read_text()))
+        replays = [replay_timeline(r) for r in split_replays(kernels, min_gap_us=500.0)]
+        print(f"\nCUDA-graph replay timeline ({trace_path}):")
+        try:
+            print(timeline_report(replays))
+        except ValueError as exc:
+            print(f"no timeline: {exc}")
     print(averages.table(sort_by="self_cpu_time_total", row_limit=args.rows, max_name_column_width=70))
 
 

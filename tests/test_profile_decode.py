@@ -80,3 +80,61 @@ def test_kernel_times_reads_the_profilers_rows():
     times = load_benchmark("profile_decode").kernel_times(prof.key_averages(), DeviceType.CPU)
     us, calls = times["aten::topk"]
     assert calls == 3 and us > 0
+
+
+def _span(pd, name, start, end, stream=7):
+    return pd.KernelSpan(name, start, end, stream)
+
+
+def test_trace_kernels_reads_only_kernel_events_in_start_order():
+    pd = load_benchmark("profile_decode")
+    trace = {
+        "traceEvents": [
+            {"cat": "kernel", "name": "b", "ts": 20.0, "dur": 5.0, "args": {"stream": 7}},
+            {"cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": 1.0, "dur": 3.0, "args": {}},
+            {"cat": "kernel", "name": "a", "ts": 10.0, "dur": 4.0, "args": {"stream": 9}},
+            {"ph": "M", "name": "process_name"},  # metadata rows have no category or duration
+        ]
+    }
+    assert pd.trace_kernels(trace) == [_span(pd, "a", 10.0, 14.0, 9), _span(pd, "b", 20.0, 25.0, 7)]
+
+
+def test_split_replays_cuts_only_at_long_idle_gaps():
+    pd = load_benchmark("profile_decode")
+    # a long kernel covers the short gap after the second one: the first replay is three kernels
+    kernels = [
+        _span(pd, "a", 0, 100),
+        _span(pd, "b", 10, 20),
+        _span(pd, "c", 90, 110),
+        _span(pd, "d", 2000, 2010),
+    ]
+    replays = pd.split_replays(kernels, min_gap_us=500)
+    assert [[k.name for k in r] for r in replays] == [["a", "b", "c"], ["d"]]
+
+
+def test_replay_timeline_counts_idle_time_only_where_no_stream_runs():
+    pd = load_benchmark("profile_decode")
+    kernels = [
+        _span(pd, "prologue", 0, 4),
+        _span(pd, "split", 6, 30),  # 2 us idle before it
+        _span(pd, "exact", 8, 12, stream=9),  # beside split on a second stream: no idle
+        _span(pd, "reduce", 31, 35),  # 1 us idle after split
+        _span(pd, "gemm", 38, 40),  # 3 us idle after reduce
+    ]
+    t = pd.replay_timeline(kernels)
+    assert t.span_us == 40
+    assert t.busy_us == 4 + 24 + 4 + 2
+    assert t.idle_us == 6
+    assert t.kernel_us == 4 + 24 + 4 + 4 + 2
+    assert t.gaps == ((3, "reduce", "gemm"), (2, "prologue", "split"), (1, "split", "reduce"))
+    report = pd.timeline_report([t, t, t])
+    assert "idle 6.0 us in 3 gaps" in report
+    assert report.index("reduce  ->  gemm") < report.index("prologue  ->  split")
+
+
+def test_timeline_refuses_empty_input():
+    pd = load_benchmark("profile_decode")
+    with pytest.raises(ValueError, match="at least one kernel"):
+        pd.replay_timeline([])
+    with pytest.raises(ValueError, match="no replay"):
+        pd.timeline_report([])
