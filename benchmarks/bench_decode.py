@@ -16,16 +16,17 @@ N - 1 tokens of random history and one decode step (B tokens at position N - 1) 
                    tiled MoE
 
 Eager variants are host-bound and their do_bench medians moved up to 2x between runs: each eager
-figure is the median of three do_bench medians (all three in the JSON). Compiled variants are
-timed two ways: calling the compiled module (launch overhead included) and
-replaying one CUDA graph of the step (launch overhead removed); the table uses the faster of the
-two for every compiled variant alike. The history is written straight into the caches (a 131k
-token prefill would dominate the run): random dense K/V, and for wmoe the same K/V compressed by
-the codec op, with the exact sinks and window filled as the cache-writing op would. So the wmoe
-logits can be compared with the eager logits of the same step: that relative error is a column.
-The wmoe step is broken down by timing its attention and MoE ops alone at the same shapes (x
+figure is the median of three do_bench medians (all three in the JSON). Compiled variants are timed
+two ways: calling the compiled module (launch overhead included) and replaying one CUDA graph of the
+step (launch overhead removed); the table uses the faster of the two for every compiled variant
+alike. Every CUDA graph is also replayed back to back, as a decode loop runs it (a second table):
+do_bench flushes a 256 MB buffer before each timed call. The history is written straight into the
+caches (a 131k token prefill would dominate the run): random dense K/V, and for wmoe the same K/V
+compressed by the codec op, with the exact sinks and window filled as the cache-writing op would. So
+the wmoe logits can be compared with the eager logits of the same step: that relative error is a
+column. The wmoe step is broken down by timing its attention and MoE ops alone at the same shapes (x
 layers); "rest" is the remainder (projections, norms, router, lm_head, KV writes).
-A second table gives each shape's read floor: the bytes the wmoe step must read (the experts its
+A third table gives each shape's read floor: the bytes the wmoe step must read (the experts its
 router picks, measured by hooks on an eager forward; every other weight; the compressed cache) at
 the copy rate measured at the start of the run, and so the most any step could gain over the
 baselines as measured.
@@ -55,8 +56,38 @@ def bench_ms(fn, rep_ms: int = 200) -> float:
     return triton.testing.do_bench(fn, warmup=25, rep=rep_ms, return_mode="median")
 
 
-def graph_ms(fn) -> float | None:
-    """Median time of replaying one CUDA graph of fn; None if fn cannot be captured."""
+BACK_TO_BACK_REPLAYS = 20
+BACK_TO_BACK_REPEATS = 7
+
+
+def back_to_back_ms(
+    replay, replays: int = BACK_TO_BACK_REPLAYS, repeats: int = BACK_TO_BACK_REPEATS
+) -> float:
+    """Median over `repeats` of the mean time per replay of `replays` back-to-back replays.
+
+    How a decode loop runs the step: one step after another, nothing in between. do_bench (the
+    table's main columns) instead zeroes a 256 MB buffer before every timed call, so each call
+    starts with L2 full of dirty lines to write back and pays its own launch latency."""
+    times = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(replays):
+            replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / replays)
+    return statistics.median(times)
+
+
+# back-to-back replay times of the last graph_ms calls, by the label they were given
+BACK_TO_BACK: dict[str, float] = {}
+
+
+def graph_ms(fn, label: str | None = None) -> float | None:
+    """Median time of replaying one CUDA graph of fn (do_bench); None if fn cannot be captured.
+    With a label, the graph's back-to-back replay time goes to BACK_TO_BACK[label] too."""
     try:
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
@@ -67,7 +98,10 @@ def graph_ms(fn) -> float | None:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             fn()
-        return bench_ms(graph.replay)
+        ms = bench_ms(graph.replay)
+        if label is not None:
+            BACK_TO_BACK[label] = back_to_back_ms(graph.replay)
+        return ms
     except Exception as exc:  # noqa: BLE001 - report, don't abort the benchmark
         print(f"  (CUDA graph capture failed: {type(exc).__name__}: {str(exc)[:160]})", flush=True)
         return None
@@ -321,8 +355,13 @@ def run_shape(args, B: int, N: int, row: dict) -> None:
             # the eager kernels' own GPU time (the dense loop has static shapes, so it can be
             # captured): eager as users run it above is also host-bound, and its timing varied up
             # to 2x between runs
-            row["eager-dense-graph_ms"] = graph_ms(step(model))
-            print(f"B={B} N={N} eager-dense in a CUDA graph: {row['eager-dense-graph_ms']} ms", flush=True)
+            row["eager-dense-graph_ms"] = graph_ms(step(model), label="eager")
+            row["eager-dense-graph_b2b_ms"] = BACK_TO_BACK.pop("eager", None)
+            print(
+                f"B={B} N={N} eager-dense in a CUDA graph: {row['eager-dense-graph_ms']} ms, "
+                f"back to back {row['eager-dense-graph_b2b_ms']} ms",
+                flush=True,
+            )
         reference_logits = model(tokens, positions).float()
         routing = router_choices(model, tokens, positions)
         row["experts_hit"] = distinct_experts(routing)
@@ -338,8 +377,13 @@ def run_shape(args, B: int, N: int, row: dict) -> None:
                 torch.cuda.synchronize()
                 compile_s = time.perf_counter() - t0
                 call = bench_ms(step(compiled))
-                replay = graph_ms(step(compiled))
-                row[f"inductor-{dispatch}"] = {"call_ms": call, "graph_ms": replay, "compile_s": compile_s}
+                replay = graph_ms(step(compiled), label="inductor")
+                row[f"inductor-{dispatch}"] = {
+                    "call_ms": call,
+                    "graph_ms": replay,
+                    "graph_b2b_ms": BACK_TO_BACK.pop("inductor", None),
+                    "compile_s": compile_s,
+                }
                 ms = min(x for x in (call, replay) if x is not None)
                 print(
                     f"B={B} N={N} inductor-{dispatch}: call {call:.3f} ms, graph {replay} ms, "
@@ -397,8 +441,12 @@ def run_shape(args, B: int, N: int, row: dict) -> None:
                 (logits.argmax(-1) == reference_logits.argmax(-1)).float().mean().item()
             )
             call = bench_ms(step(compiled))
-            replay = graph_ms(step(compiled))
-            row["wmoe"] = {"call_ms": call, "graph_ms": replay}
+            replay = graph_ms(step(compiled), label="wmoe")
+            row["wmoe"] = {
+                "call_ms": call,
+                "graph_ms": replay,
+                "graph_b2b_ms": BACK_TO_BACK.pop("wmoe", None),
+            }
             row["wmoe_ms"] = min(x for x in (call, replay) if x is not None)
             print(
                 f"B={B} N={N} wmoe: call {call:.3f} ms, graph {replay} ms, "
@@ -452,6 +500,7 @@ def render(env: dict, rows: list[dict], capacity: dict) -> str:
             f"{f(r.get('wmoe_attention_ms'))} | {f(r.get('wmoe_moe_ms'))} | {f(rest)} | "
             f"{f(r.get('wmoe_logits_rel_err'), 4)} | {kv} |"
         )
+    lines += render_back_to_back(rows)
     lines += render_floor(rows)
     c = capacity
     lines += [
@@ -464,6 +513,40 @@ def render(env: dict, rows: list[dict], capacity: dict) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def render_back_to_back(rows: list[dict]) -> list[str]:
+    """Every CUDA graph replayed back to back, as a decode loop runs it (back_to_back_ms), beside
+    the same graph's do_bench time."""
+    rows = [r for r in rows if (r.get("wmoe") or {}).get("graph_b2b_ms")]
+    if not rows:
+        return []
+
+    def f(x):
+        return "-" if x is None else f"{x:.3f}"
+
+    def ratio(base, w):
+        return "-" if base is None or not w else f"{base / w:.2f}x"
+
+    lines = [
+        "",
+        f"CUDA graphs replayed back to back ({BACK_TO_BACK_REPLAYS} replays, median of "
+        f"{BACK_TO_BACK_REPEATS}; no cache flush between steps, as in a decode loop), beside the same "
+        "graphs' do_bench medians (a 256 MB flush before each call):",
+        "",
+        "| B | N | eager graph ms | inductor graph ms | wmoe graph ms | vs eager graph "
+        "| vs inductor | do_bench: eager graph / inductor graph / wmoe graph ms |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        ind = r.get("inductor-dense") or {}
+        eg, ig, wg = r.get("eager-dense-graph_b2b_ms"), ind.get("graph_b2b_ms"), r["wmoe"]["graph_b2b_ms"]
+        flushed = (r.get("eager-dense-graph_ms"), ind.get("graph_ms"), r["wmoe"].get("graph_ms"))
+        lines.append(
+            f"| {r['B']} | {r['N']} | {f(eg)} | {f(ig)} | {f(wg)} | {ratio(eg, wg)} | {ratio(ig, wg)} | "
+            f"{' / '.join(f(x) for x in flushed)} |"
+        )
+    return lines
 
 
 def _per(ms: float | None, floor_ms: float, unit: str = "") -> str:

@@ -121,3 +121,48 @@ def test_floor_table_divides_each_baseline_by_the_floor():
     assert cells[2:9] == ["8, 7", "4.00 / 0.40 / 1.60", "1.500", "1.800", "1.20", "2.20x", "-"]
     assert not any(x.startswith("| 1 | 8 |") for x in lines)  # a failed shape has no floor row
     assert bench.render_floor([dict(B=1, N=8, error="x")]) == []
+
+
+def test_back_to_back_table_compares_graph_replays_only_and_skips_rows_without_them():
+    bench = load_benchmark("bench_decode")
+    timed = dict(
+        B=8,
+        N=131072,
+        **{"eager-dense-graph_ms": 4.0, "eager-dense-graph_b2b_ms": 3.9},
+        **{"inductor-dense": {"call_ms": 3.0, "graph_ms": 3.6, "graph_b2b_ms": 3.5}},
+        wmoe={"call_ms": 4.0, "graph_ms": 1.85, "graph_b2b_ms": 1.75},
+    )
+    untimed = dict(B=32, N=32768, wmoe={"call_ms": 4.0, "graph_ms": 2.0})  # an older JSON row
+    lines = bench.render_back_to_back([timed, untimed])
+    rows = [x for x in lines if x.startswith("| 8 |") or x.startswith("| 32 |")]
+    assert len(rows) == 1
+    cells = [c.strip() for c in rows[0].strip("|").split("|")]
+    assert cells[2:7] == ["3.900", "3.500", "1.750", "2.23x", "2.00x"]  # 3.5 / 1.75, not 3.0 (a call)
+    assert cells[7] == "4.000 / 3.600 / 1.850"
+    assert bench.render_back_to_back([untimed]) == []
+
+
+def test_back_to_back_ms_is_the_median_of_mean_replay_times(monkeypatch):
+    bench = load_benchmark("bench_decode")
+    clock = {"now": 0.0}
+    durations = iter([1.0] * 5 + [2.0] * 5 + [9.0] * 5)  # ms per replay in three repeats
+
+    class FakeEvent:
+        def __init__(self, enable_timing):
+            self.at = None
+
+        def record(self):
+            self.at = clock["now"]
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, other):
+            return other.at - self.at
+
+    def replay():
+        clock["now"] += next(durations)
+
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    assert bench.back_to_back_ms(replay, replays=5, repeats=3) == 2.0
