@@ -255,6 +255,18 @@ def main() -> None:
                 else:
                     compiled(tokens, positions)
             torch.cuda.synchronize()
+        if args.graph:  # the same graph replayed back to back, as a decode loop runs it
+            with profile(activities=[ProfilerActivity.CUDA]) as back_to_back:
+                for _ in range(PROFILED_STEPS):
+                    graph.replay()
+                torch.cuda.synchronize()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(20):
+                graph.replay()
+            end.record()
+            end.synchronize()
+            events_ms = start.elapsed_time(end) / 20
         t0 = time.perf_counter()
         for _ in range(20):
             compiled(tokens, positions)
@@ -280,6 +292,18 @@ def main() -> None:
             print(timeline_report(replays))
         except ValueError as exc:
             print(f"no timeline: {exc}")
+        # back to back: the gaps now include those between one replay's last kernel and the next
+        # one's first
+        b2b_path = trace_dir / f"graph_trace_back_to_back_B{B}_N{N}.json"
+        back_to_back.export_chrome_trace(str(b2b_path))
+        run = replay_timeline(trace_kernels(json.loads(b2b_path.read_text())))
+        print(
+            f"\n{PROFILED_STEPS} replays back to back ({b2b_path}): {run.span_us / PROFILED_STEPS:.1f} us "
+            f"per replay from the first kernel's start to the last one's end, idle "
+            f"{run.idle_us / PROFILED_STEPS:.1f} us per replay; CUDA events around 20 replays: "
+            f"{events_ms * 1e3:.1f} us per replay"
+        )
+        print(timeline_report([run], top_gaps=2 * PROFILED_STEPS).split("\n", 2)[2])
     print(averages.table(sort_by="self_cpu_time_total", row_limit=args.rows, max_name_column_width=70))
 
 
