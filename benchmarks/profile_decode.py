@@ -161,6 +161,11 @@ def replay_timeline(kernels: Sequence[KernelSpan]) -> ReplayTimeline:
     if not kernels:
         raise ValueError("a replay needs at least one kernel")
     ordered = sorted(kernels, key=lambda k: k.start_us)
+    if all(k.end_us <= k.start_us for k in ordered):
+        raise ValueError(
+            f"none of the {len(ordered)} kernels has a duration: the trace holds no timing (a trace "
+            "exported after another profiler session started has its kernels at time 0)"
+        )
     busy = 0.0
     gaps = []
     cur_start, cur_end, cur_last = ordered[0].start_us, ordered[0].end_us, ordered[0].name
@@ -255,7 +260,14 @@ def main() -> None:
                 else:
                     compiled(tokens, positions)
             torch.cuda.synchronize()
-        if args.graph:  # the same graph replayed back to back, as a decode loop runs it
+        if args.graph:
+            # exported before the next profiler session starts (which clears this one's kernels)
+            trace_dir = pathlib.Path(args.trace_dir)
+            trace_dir.mkdir(parents=True, exist_ok=True)
+            trace_path = trace_dir / f"graph_trace_B{B}_N{N}.json"
+            prof.export_chrome_trace(str(trace_path))
+            averages = prof.key_averages()
+            # the same graph replayed back to back, as a decode loop runs it
             with profile(activities=[ProfilerActivity.CUDA]) as back_to_back:
                 for _ in range(PROFILED_STEPS):
                     graph.replay()
@@ -272,7 +284,8 @@ def main() -> None:
             compiled(tokens, positions)
         host_ms = (time.perf_counter() - t0) / 20 * 1e3  # enqueue time per call (no sync inside)
         torch.cuda.synchronize()
-    averages = prof.key_averages()
+    if not args.graph:
+        averages = prof.key_averages()
     try:
         print(breakdown(kernel_times(averages), steps=PROFILED_STEPS))
     except ValueError as exc:  # said, not a table of zeros
@@ -281,10 +294,6 @@ def main() -> None:
     print(averages.table(sort_by="device_time_total", row_limit=args.rows, max_name_column_width=70))
     print(f"host time to enqueue one uncaptured step: {host_ms:.3f} ms")
     if args.graph:
-        trace_dir = pathlib.Path(args.trace_dir)
-        trace_dir.mkdir(parents=True, exist_ok=True)
-        trace_path = trace_dir / f"graph_trace_B{B}_N{N}.json"
-        prof.export_chrome_trace(str(trace_path))
         kernels = trace_kernels(json.loads(trace_path.read_text()))
         replays = [replay_timeline(r) for r in split_replays(kernels, min_gap_us=500.0)]
         print(f"\nCUDA-graph replay timeline ({trace_path}):")

@@ -138,3 +138,6 @@ def test_timeline_refuses_empty_input():
         pd.replay_timeline([])
     with pytest.raises(ValueError, match="no replay"):
         pd.timeline_report([])
+    # what a trace exported after a second profiler session holds: every kernel at 0, no duration
+    with pytest.raises(ValueError, match="none of the 2 kernels has a duration"):
+        pd.replay_timeline([_span(pd, "a", 0, 0), _span(pd, "b", 0, 0)])
