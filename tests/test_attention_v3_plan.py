@@ -267,4 +267,6 @@ def test_key_value_warps_spike_compiles_for_sm90(tmp_path):
     mmas = re.findall(r"HMMA\.16816\.F32 (\d+)", out)
     assert mmas == ["32", "44"], out  # key fields; value fields and the three token sums
     # and both as the partitions of one kernel: 4 key warps and 4 value warps under warp_specialize
-    assert re.search(r"specialized_kernel \(8 warps: .*\): REG:84 ", out), out
+    # at 80 registers a thread, so three programs fit an SM (84 fits two: registers go per warp in
+    # units of 256)
+    assert re.search(r"specialized_kernel \(8 warps: .*\): REG:80 ", out), out
