@@ -12,10 +12,11 @@
 #                                                 # (JSON) against the default
 #   bash benchmarks/device_pending.sh overlap     # the deferred cache writes' GPU tests, then the
 #                                                 # wmoe step with and without them
-#   bash benchmarks/device_pending.sh profile     # the step's GPU time by part (profile_decode.py)
-#   bash benchmarks/device_pending.sh kvwarps     # go / no-go for a warp-specialized v3: the
-#                                                 # compile-only spike's kernel timed against
-#                                                 # v3's split kernel (probe_kv_warps.py)
+#   bash benchmarks/device_pending.sh profile     # the replayed step's GPU time by part and its
+#                                                 # timeline (profile_decode.py --graph)
+#   bash benchmarks/device_pending.sh kvwarps     # the warp-specialized spike's kernel checked and
+#                                                 # timed against v3's split kernel
+#                                                 # (probe_kv_warps.py)
 #   bash benchmarks/device_pending.sh stalls [tuned|keys_ahead]
 #                                                 # where the v3 split kernel's warps wait, per SASS
 #                                                 # instruction, plus the memory-throughput
@@ -103,10 +104,12 @@ overlap)
     done
     ;;
 profile)
-    run 400 python3 -P benchmarks/profile_decode.py --batch 8 --context 131072
+    # from CUDA-graph replays, with the replayed step's timeline (idle gaps, back-to-back replays);
+    # the traces go to $OUT
+    run 400 python3 -P benchmarks/profile_decode.py --batch 8 --context 131072 --graph --trace-dir "$OUT"
     ;;
 kvwarps)
-    # never launched before the fifteenth session: a hang is the untested mbarrier protocol
+    # fifteenth session: partials bit-identical to v3's, 0.79x its token rate (RESULTS.md, issue 3)
     run 300 python3 -P benchmarks/probe_kv_warps.py
     ;;
 stalls)
