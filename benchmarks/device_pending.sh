@@ -106,7 +106,13 @@ overlap)
 profile)
     # from CUDA-graph replays, with the replayed step's timeline (idle gaps, back-to-back replays);
     # the traces go to $OUT
-    run 400 python3 -P benchmarks/profile_decode.py --batch 8 --context 131072 --graph --trace-dir "$OUT"
+    # the whole report in $OUT/profile.txt; here the breakdown and the timeline
+    echo "== $(date -u +%H:%M:%S) profile_decode.py --batch 8 --context 131072 --graph"
+    timeout 400 python3 -P benchmarks/profile_decode.py --batch 8 --context 131072 --graph \
+        --trace-dir "$OUT" > "$OUT/profile.txt" 2>&1
+    echo "rc=$?"
+    grep -A 12 "^| part" "$OUT/profile.txt"
+    sed -n '/replay timeline/,$p' "$OUT/profile.txt" | head -45
     ;;
 kvwarps)
     # fifteenth session: partials bit-identical to v3's, 0.79x its token rate (RESULTS.md, issue 3)
