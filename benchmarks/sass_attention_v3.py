@@ -2,8 +2,8 @@
 costs: registers, spills, shared memory and the SASS instruction mix of the full-step loop.
 
     python benchmarks/sass_attention_v3.py [--stages 1] [--block-n 64] [--maxnreg 168]
-        [--keys-via-smem] [--keys-ahead] [--no-cache-tiles] [--no-convert-p-once] [--block-m 4]
-        [--pdl] [--out build/sass_v3]
+        [--keys-via-smem] [--keys-ahead] [--no-cache-tiles] [--no-convert-p-once] [--lazy-rescale]
+        [--block-m 4] [--pdl] [--out build/sass_v3]
 
 No GPU needed (triton.compile builds for a named target, interpreter setting or not; the CUDA tools
 Triton ships disassemble). Why: the
@@ -63,7 +63,7 @@ def compile_v3(args: argparse.Namespace) -> tuple[str, str, int]:
         KEYS_AHEAD=args.keys_ahead,
         CACHE_TILES=not args.no_cache_tiles,
         P_ONCE=not args.no_convert_p_once,
-        LAZY_RESCALE=True,
+        LAZY_RESCALE=args.lazy_rescale,
         PDL=args.pdl,
     )
     pointer_types = dict(qw_ptr="*fp16", kc_ptr="*u8", vc_ptr="*u8", ks_ptr="*fp16", vs_ptr="*fp16")
@@ -119,6 +119,9 @@ def main() -> None:
     p.add_argument("--keys-ahead", action="store_true")
     p.add_argument("--no-cache-tiles", action="store_true")
     p.add_argument("--no-convert-p-once", action="store_true")
+    p.add_argument(
+        "--lazy-rescale", action="store_true", help="rescale only when a max grows (a branch in the loop)"
+    )
     p.add_argument("--pdl", action="store_true", help="wait for the previous kernel in-kernel (PDL)")
     p.add_argument("--out", default="build/sass_v3")
     args = p.parse_args()

@@ -1049,7 +1049,9 @@ class LaunchConfig:
     # faster measured), but the value sums then carry the grid offset and cancel against it at the
     # end: with diffuse attention over one 32k-token split the error reached 1.0e-2 on the H200.
     subnormal: bool = False
-    lazy_rescale: bool = True  # v2: rescale accumulators only when a running max grows
+    # rescale the accumulators only when a running max grows (a branch in the loop); the tuned v3
+    # rescales every step instead (one basic block, fifteenth session)
+    lazy_rescale: bool = True
     row_reduce_max_programs: float = 1.0  # per-row reduce while query rows <= this x SMs
     # per-row reduce: split partials merged per wide load (power of 2); a launch with fewer splits
     # merges the next power of two above its count (a wider load would only carry masked lanes)
@@ -1141,6 +1143,11 @@ class LaunchConfig:
 # per row and runs the inverse transform as one dot per kv head (reduce_gemm_min_rows): (32, 32768)
 # 0.2965 / 0.2916 / 0.2900 / 0.2919 / 0.2925 -> 0.2874 / 0.2856 / 0.2882 / 0.2895 / 0.2870 ms (the
 # reduce 14.1 -> 5.7 + 4.0 us); at B = 8 (256 rows) it was 1-2% slower, and 6% at one sequence.
+# Fifteenth session (2026-12-01 15:52 UTC, same grid, A/B x3): v3 rescales every step instead of
+# only when a running max grows (lazy_rescale=False; alpha is exactly 1 otherwise, so the results
+# are the same): one basic block per step, 928 loop instructions instead of 969 with the branch,
+# (8, 131072) 0.2773 -> 0.2754 ms, (32, 32768) 0.2876 -> 0.2843, (8, 32768) 0.0928 -> 0.0913 (means);
+# for v1 at one sequence no difference (0.0281-0.0287 either way), so SMALL_LAUNCH_CONFIGS keep it.
 # Where v3 cannot run (no Gluon, the interpreter) this entry runs v1 with these settings.
 TUNED_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
     (128, 4, "affine"): LaunchConfig(
@@ -1158,6 +1165,7 @@ TUNED_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
         row_reduce_max_programs=64.0,
         reduce_split_chunk=64,
         reduce_gemm_min_rows=512,
+        lazy_rescale=False,
     ),
     (128, 4, "table"): LaunchConfig(
         block_n=32, num_stages=3, ctas_per_sm=32.0, min_split_tokens=512, kernel="v1"
