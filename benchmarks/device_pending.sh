@@ -17,6 +17,10 @@
 #   bash benchmarks/device_pending.sh kvwarps     # the warp-specialized spike's kernel checked and
 #                                                 # timed against v3's split kernel
 #                                                 # (probe_kv_warps.py)
+#   bash benchmarks/device_pending.sh grid FILE.json
+#                                                 # the attention op under each launch config in
+#                                                 # FILE (probe_attention.py grid, CUDA-graph
+#                                                 # medians at the three large decode shapes)
 #   bash benchmarks/device_pending.sh stalls [tuned|keys_ahead]
 #                                                 # where the v3 split kernel's warps wait, per SASS
 #                                                 # instruction, plus the memory-throughput
@@ -24,8 +28,14 @@
 set -u
 case "${1:-}" in
 tests | attention | decode | inductor | overlap | profile | stalls | kvwarps) ;;
+grid)
+    if [ ! -f "${2:-}" ]; then
+        echo "grid needs a JSON file of LaunchConfig dicts (e.g. benchmarks/probe_eager_rescale_caps.json), got '${2:-}'" >&2
+        exit 2
+    fi
+    ;;
 *)
-    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|stalls [tuned|keys_ahead]" >&2
+    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|grid FILE.json|stalls [tuned|keys_ahead]" >&2
     exit 2
     ;;
 esac
@@ -113,6 +123,10 @@ profile)
     echo "rc=$?"
     grep -A 12 "^| part" "$OUT/profile.txt"
     sed -n '/replay timeline/,$p' "$OUT/profile.txt" | head -45
+    ;;
+grid)
+    run 400 python3 -P benchmarks/probe_attention.py grid --configs "$2" \
+        --shapes "8,131072;32,32768;8,32768" --out "$OUT"
     ;;
 kvwarps)
     # fifteenth session: partials bit-identical to v3's, 0.79x its token rate (RESULTS.md, issue 3)
