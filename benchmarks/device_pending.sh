@@ -114,9 +114,8 @@ overlap)
     done
     ;;
 profile)
-    # from CUDA-graph replays, with the replayed step's timeline (idle gaps, back-to-back replays);
-    # the traces go to $OUT
-    # the whole report in $OUT/profile.txt; here the breakdown and the timeline
+    # from CUDA-graph replays, with the replayed step's timeline (idle gaps, back-to-back replays):
+    # the whole report and the traces in $OUT, here the breakdown and the timeline
     echo "== $(date -u +%H:%M:%S) profile_decode.py --batch 8 --context 131072 --graph"
     timeout 400 python3 -P benchmarks/profile_decode.py --batch 8 --context 131072 --graph \
         --trace-dir "$OUT" > "$OUT/profile.txt" 2>&1

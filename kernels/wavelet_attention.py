@@ -1143,7 +1143,7 @@ class LaunchConfig:
 # per row and runs the inverse transform as one dot per kv head (reduce_gemm_min_rows): (32, 32768)
 # 0.2965 / 0.2916 / 0.2900 / 0.2919 / 0.2925 -> 0.2874 / 0.2856 / 0.2882 / 0.2895 / 0.2870 ms (the
 # reduce 14.1 -> 5.7 + 4.0 us); at B = 8 (256 rows) it was 1-2% slower, and 6% at one sequence.
-# Fifteenth session (2026-12-01 15:52 UTC, same grid, A/B x3): v3 rescales every step instead of
+# Fifteenth session (2026-12-01 15:49 UTC, same grid, A/B x3): v3 rescales every step instead of
 # only when a running max grows (lazy_rescale=False; alpha is exactly 1 otherwise, so the results
 # are the same): one basic block per step, 928 loop instructions instead of 969 with the branch,
 # (8, 131072) 0.2773 -> 0.2754 ms, (32, 32768) 0.2876 -> 0.2843, (8, 32768) 0.0928 -> 0.0913 (means);
