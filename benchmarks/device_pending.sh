@@ -30,7 +30,7 @@ case "${1:-}" in
 tests | attention | decode | inductor | overlap | profile | stalls | kvwarps) ;;
 grid)
     if [ ! -f "${2:-}" ]; then
-        echo "grid needs a JSON file of LaunchConfig dicts (e.g. benchmarks/probe_eager_rescale_caps.json), got '${2:-}'" >&2
+        echo "grid needs a JSON file of LaunchConfig dicts (e.g. benchmarks/probe_one_block_step.json), got '${2:-}'" >&2
         exit 2
     fi
     ;;

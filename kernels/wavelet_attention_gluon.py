@@ -345,6 +345,9 @@ if HAS_GLUON:
         P_ONCE: gl.constexpr,  # one layout conversion of p (scales applied in fp16 after it)
         LAZY_RESCALE: gl.constexpr,
         PDL: gl.constexpr = False,  # launched with programmatic dependent launch: wait for the prologue
+        # the value tiles' token indices made in the layout of their 8-byte copies (CACHE_TILES), not
+        # converted to it each step by shuffles (912 loop instructions instead of 928, no BRA.DIV)
+        COPY_LAYOUT_TOKENS: gl.constexpr = False,
     ):
         """One (split, sequence, kv head, row block): online softmax over a range of compressed
         tokens in the coefficient domain; grid (num_splits, programs)."""
@@ -404,7 +407,10 @@ if HAS_GLUON:
         vscales = vs_ptr + batch * vs_stride_b + kv_head * vs_stride_h
         kt = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, _A))
         st = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, _SCALE_PAIRS))
-        vt = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, _TOKEN_ROWS))
+        if CACHE_TILES and COPY_LAYOUT_TOKENS:  # already in the 8-byte copies' layout: no shuffles
+            vt = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, _TOKEN_ROWS_8B))
+        else:
+            vt = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, _TOKEN_ROWS))
         mt = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, _MMA))
         # the ring of code tiles: stage i holds step i's key and value tiles
         KEY_STAGES: gl.constexpr = STAGES if KEYS_VIA_SMEM else 1  # 1: an unused placeholder

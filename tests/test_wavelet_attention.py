@@ -302,9 +302,19 @@ def test_tuned_config_by_launch_size():
     assert lloyd == K.TUNED_CONFIGS[(128, 4, "table")]
 
 
-@pytest.mark.parametrize("bad", [dict(block_n=48), dict(reduce_split_chunk=0), dict(kernel="v4")])
-def test_launch_config_rejects_bad_fields(bad):
-    with pytest.raises(ValueError, match="LaunchConfig"):
+@pytest.mark.parametrize(
+    "bad,named",
+    [
+        (dict(block_n=48), "block_n"),
+        (dict(reduce_split_chunk=0), "reduce_split_chunk"),
+        (dict(kernel="v4"), "kernel"),
+        # without cache_tiles the tiles are copied in another layout
+        (dict(kernel="v3", num_warps=1, copy_layout_tokens=True), "copy_layout_tokens"),
+        (dict(kernel="v1", cache_tiles=True, copy_layout_tokens=True), "copy_layout_tokens"),
+    ],
+)
+def test_launch_config_rejects_bad_fields(bad, named):
+    with pytest.raises(ValueError, match=f"LaunchConfig.{named}"):
         K.LaunchConfig(**bad)
 
 
