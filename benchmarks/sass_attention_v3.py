@@ -3,7 +3,7 @@ costs: registers, spills, shared memory and the SASS instruction mix of the full
 
     python benchmarks/sass_attention_v3.py [--stages 1] [--block-n 64] [--maxnreg 168]
         [--keys-via-smem] [--keys-ahead] [--no-cache-tiles] [--no-convert-p-once] [--lazy-rescale]
-        [--copy-layout-tokens] [--block-m 4] [--pdl] [--out build/sass_v3]
+        [--copy-layout-tokens] [--value-scales-in-b] [--block-m 4] [--pdl] [--out build/sass_v3]
 
 No GPU needed (triton.compile builds for a named target, interpreter setting or not; the CUDA tools
 Triton ships disassemble). Why: the
@@ -66,6 +66,7 @@ def compile_v3(args: argparse.Namespace) -> tuple[str, str, int]:
         LAZY_RESCALE=args.lazy_rescale,
         PDL=args.pdl,
         COPY_LAYOUT_TOKENS=args.copy_layout_tokens,
+        VALUE_SCALES_IN_B=args.value_scales_in_b,
     )
     pointer_types = dict(qw_ptr="*fp16", kc_ptr="*u8", vc_ptr="*u8", ks_ptr="*fp16", vs_ptr="*fp16")
     pointer_types.update(seq_lens_ptr="*i32", slot_coef_ptr="*i32")
@@ -125,6 +126,9 @@ def main() -> None:
     )
     p.add_argument(
         "--copy-layout-tokens", action="store_true", help="value-tile token indices in the copies' layout"
+    )
+    p.add_argument(
+        "--value-scales-in-b", action="store_true", help="value scales split straight into the B layout"
     )
     p.add_argument("--pdl", action="store_true", help="wait for the previous kernel in-kernel (PDL)")
     p.add_argument("--out", default="build/sass_v3")

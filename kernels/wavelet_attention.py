@@ -1074,6 +1074,10 @@ class LaunchConfig:
     # v3 with cache_tiles: the value tiles' token indices made in their copies' layout instead of
     # shuffled into it each step (offline: 912 loop instructions instead of 928; not yet timed)
     copy_layout_tokens: bool = False
+    # v3 with convert_p_once: the value scales split straight into the value MMAs' K layout in fp16
+    # (one conversion instead of two; offline 919 loop instructions instead of 928, 904 with
+    # copy_layout_tokens; not yet timed)
+    value_scales_in_b: bool = False
     # v3: the exact-token kernel runs on a second stream, beside the split kernel
     # (it reads the raw query and writes its own partial slot; the reduce waits for both)
     overlap_exact: bool = False
@@ -1104,6 +1108,11 @@ class LaunchConfig:
             raise ValueError(
                 "LaunchConfig.copy_layout_tokens is a v3 option for cache_tiles (the 8-byte copies' "
                 f"layout): got kernel={self.kernel!r}, cache_tiles={self.cache_tiles}"
+            )
+        if self.value_scales_in_b and not (self.kernel == "v3" and self.convert_p_once):
+            raise ValueError(
+                "LaunchConfig.value_scales_in_b is a v3 option for convert_p_once (the scales applied in "
+                f"the B layout): got kernel={self.kernel!r}, convert_p_once={self.convert_p_once}"
             )
         if self.whole_waves and self.maxnreg is None:
             raise ValueError(
@@ -3397,6 +3406,7 @@ def _launch_v3(
         P_ONCE=config.convert_p_once,
         LAZY_RESCALE=config.lazy_rescale,
         COPY_LAYOUT_TOKENS=config.copy_layout_tokens,
+        VALUE_SCALES_IN_B=config.value_scales_in_b,
         num_warps=1,
         **split_options,
         **_dependent(_pdl(config, q.device)),

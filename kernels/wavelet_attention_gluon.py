@@ -183,6 +183,13 @@ if HAS_GLUON:
         return gl.convert_layout(s0, gl.SliceLayout(1, _MMA)), gl.convert_layout(s1, gl.SliceLayout(1, _MMA))
 
     @gluon.jit
+    def _split_value_scales(pair):
+        """[tokens, 2] fp16 -> two fp16 vectors in the value MMAs' K layout (SliceLayout(1, _B)):
+        one conversion each, where _split_scales then the B layout took two."""
+        s0, s1 = gl.split(pair)
+        return gl.convert_layout(s0, gl.SliceLayout(1, _B)), gl.convert_layout(s1, gl.SliceLayout(1, _B))
+
+    @gluon.jit
     def _scores(
         raw4,
         raw2,
@@ -224,12 +231,22 @@ if HAS_GLUON:
 
     @gluon.jit
     def _accumulate_values(
-        s, state, w0, w1, tile4, tile2, ones, LAZY_RESCALE: gl.constexpr, P_ONCE: gl.constexpr
+        s,
+        state,
+        w0,
+        w1,
+        tile4,
+        tile2,
+        ones,
+        LAZY_RESCALE: gl.constexpr,
+        P_ONCE: gl.constexpr,
+        W_IN_B: gl.constexpr = False,
     ):
         """Online-softmax update of one step: rescale when a running max grows, p = exp2(s - m),
         then the value fields of both bands against p * scale, centred through the accumulator
         input. state: (running max, the 8 field accumulators, the token sums of p, p * scale of
-        each band); tile4/tile2: this step's value tiles (their cp.async already waited for)."""
+        each band); tile4/tile2: this step's value tiles (their cp.async already waited for).
+        W_IN_B: w0/w1 are fp16 in SliceLayout(1, _B) already (VALUE_SCALES_IN_B; needs P_ONCE)."""
         m_i, a0, a1, a2, a3, a4, a5, a6, a7, l_acc, wsa, wsb = state
         m_new = gl.maximum(m_i, gl.max(s, axis=0))
         if (not LAZY_RESCALE) or gl.max(m_new - m_i, axis=0) > 0:
@@ -249,8 +266,12 @@ if HAS_GLUON:
         p = gl.exp2(s - m_i[None, :])
         if P_ONCE:  # one layout conversion of p, the scales applied in fp16 in the B layout
             p16 = gl.convert_layout(p.to(gl.float16), _B)
-            pa = p16 * gl.convert_layout(w0.to(gl.float16), gl.SliceLayout(1, _B))[:, None]
-            pb = p16 * gl.convert_layout(w1.to(gl.float16), gl.SliceLayout(1, _B))[:, None]
+            if W_IN_B:
+                pa = p16 * w0[:, None]
+                pb = p16 * w1[:, None]
+            else:
+                pa = p16 * gl.convert_layout(w0.to(gl.float16), gl.SliceLayout(1, _B))[:, None]
+                pb = p16 * gl.convert_layout(w1.to(gl.float16), gl.SliceLayout(1, _B))[:, None]
         else:
             pa = gl.convert_layout((p * w0[:, None]).to(gl.float16), _B)
             pb = gl.convert_layout((p * w1[:, None]).to(gl.float16), _B)
@@ -348,6 +369,9 @@ if HAS_GLUON:
         # the value tiles' token indices made in the layout of their 8-byte copies (CACHE_TILES), not
         # converted to it each step by shuffles (912 loop instructions instead of 928, no BRA.DIV)
         COPY_LAYOUT_TOKENS: gl.constexpr = False,
+        # the value scales split straight into the value MMAs' K layout in fp16 (one conversion,
+        # not one to the scores' rows and another to the B layout; needs P_ONCE)
+        VALUE_SCALES_IN_B: gl.constexpr = False,
     ):
         """One (split, sequence, kv head, row block): online softmax over a range of compressed
         tokens in the coefficient domain; grid (num_splits, programs)."""
@@ -443,7 +467,10 @@ if HAS_GLUON:
                     ring, slot, kcodes, vcodes, ahead + vt, CODE_ROW, E4, E2, KEYS_VIA_SMEM, CACHE_TILES
                 )
                 k0, k1 = _split_scales(k_pair)
-                w0, w1 = _split_scales(v_pair)
+                if VALUE_SCALES_IN_B:
+                    w0, w1 = _split_value_scales(v_pair)
+                else:
+                    w0, w1 = _split_scales(v_pair)
                 nxt = gl.minimum(start + BLOCK_N, last_full)
                 k_pair = _load_scale_pairs(kscales, nxt + st, SCALE_ROW)
                 v_pair = _load_scale_pairs(vscales, nxt + st, SCALE_ROW)
@@ -465,7 +492,16 @@ if HAS_GLUON:
                 if not KEYS_VIA_SMEM:
                     async_copy.wait_group(STAGES - 1)
                 state = _accumulate_values(
-                    s, state, w0, w1, v4s.index(cur), v2s.index(cur), ones, LAZY_RESCALE, P_ONCE
+                    s,
+                    state,
+                    w0,
+                    w1,
+                    v4s.index(cur),
+                    v2s.index(cur),
+                    ones,
+                    LAZY_RESCALE,
+                    P_ONCE,
+                    VALUE_SCALES_IN_B,
                 )
             async_copy.wait_group(0)
         # ---- the rest: tokens clamped to the range (loads stay in bounds), scores masked per row
@@ -474,7 +510,11 @@ if HAS_GLUON:
             tok = gl.minimum(start + vt, last)
             _issue_stage(ring, 0, kcodes, vcodes, tok, CODE_ROW, E4, E2, KEYS_VIA_SMEM, CACHE_TILES)
             k0, k1 = _split_scales(_load_scale_pairs(kscales, gl.minimum(start + st, last), SCALE_ROW))
-            w0, w1 = _split_scales(_load_scale_pairs(vscales, gl.minimum(start + st, last), SCALE_ROW))
+            w_pair = _load_scale_pairs(vscales, gl.minimum(start + st, last), SCALE_ROW)
+            if VALUE_SCALES_IN_B:
+                w0, w1 = _split_value_scales(w_pair)
+            else:
+                w0, w1 = _split_scales(w_pair)
             if KEYS_VIA_SMEM:
                 async_copy.wait_group(0)
                 raw4 = k4s.index(0).load(_A)
@@ -485,7 +525,7 @@ if HAS_GLUON:
             s = _scores(raw4, raw2, k0, k1, q0, q1, q2, q3, q4, q5, q6, q7, qc0, qc1, BLOCK_N)
             s = gl.where((start + mt)[:, None] < row_hi[None, :], s, float("-inf"))
             state = _accumulate_values(
-                s, state, w0, w1, v4s.index(0), v2s.index(0), ones, LAZY_RESCALE, P_ONCE
+                s, state, w0, w1, v4s.index(0), v2s.index(0), ones, LAZY_RESCALE, P_ONCE, VALUE_SCALES_IN_B
             )
         # ---- partials in the reduce's format
         m_i, a0, a1, a2, a3, a4, a5, a6, a7, l_acc, wsa, wsb = state

@@ -178,8 +178,8 @@ def test_a_v3_build_failure_falls_back_to_v1_once(monkeypatch):
 
 @pytest.mark.parametrize(
     "options",
-    [[], ["--keys-ahead"], ["--lazy-rescale"], ["--copy-layout-tokens"]],
-    ids=["tuned", "keys_ahead", "lazy_rescale", "copy_layout_tokens"],
+    [[], ["--keys-ahead"], ["--lazy-rescale"], ["--copy-layout-tokens", "--value-scales-in-b"]],
+    ids=["tuned", "keys_ahead", "lazy_rescale", "token_and_scale_layouts"],
 )
 def test_v3_compiles_for_sm90_on_this_triton(tmp_path, options):
     # Gluon's API moves between Triton releases (3.9 renamed the cp.async copy, which broke v3's

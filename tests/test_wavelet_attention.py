@@ -311,6 +311,7 @@ def test_tuned_config_by_launch_size():
         # without cache_tiles the tiles are copied in another layout
         (dict(kernel="v3", num_warps=1, copy_layout_tokens=True), "copy_layout_tokens"),
         (dict(kernel="v1", cache_tiles=True, copy_layout_tokens=True), "copy_layout_tokens"),
+        (dict(kernel="v3", num_warps=1, value_scales_in_b=True), "value_scales_in_b"),  # no p_once
     ],
 )
 def test_launch_config_rejects_bad_fields(bad, named):
@@ -486,6 +487,8 @@ V3_GPU_CONFIGS = [
     ),
     K.LaunchConfig(kernel="v3", num_stages=1, cache_tiles=True, convert_p_once=True, keys_ahead=True),
     K.LaunchConfig(kernel="v3", num_stages=2, lazy_rescale=False, keys_ahead=True),
+    # the fifteenth session's prepared layouts (off in the tuned config until timed)
+    dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], copy_layout_tokens=True, value_scales_in_b=True),
 ]
 
 
@@ -516,6 +519,26 @@ def test_gpu_v3_matches_reference(spec, group, tq, channel, config):
         got = _run_triton(args, codec, 128**-0.5, config=config, num_splits=splits)
         assert rel_err(got, want) <= 1e-2, (config, splits)
     # v3 ran: a build or launch failure would have fallen back to v1 (correct, but not this test)
+    assert not K._V3_FAILURE, K._V3_FAILURE
+
+
+@pytest.mark.gpu
+def test_gpu_token_and_value_scale_layouts_leave_the_result_bit_identical():
+    # copy_layout_tokens makes the value tiles' token indices in their copies' layout (the same
+    # addresses), value_scales_in_b splits the value scales straight into fp16 B-layout vectors
+    # (fp16 -> fp32 -> fp16 was exact): neither may change a bit of the output, tails included
+    codec, args = make_case(
+        UNIFORM_REAL, 5, 2, 4, 1, 128, [4096, 1, 1000, 2049, 133], 4096, torch.bfloat16, "cuda", "full"
+    )
+    tuned = K.TUNED_CONFIGS[(128, 4, "affine")]
+    want = _run_triton(args, codec, 128**-0.5, config=tuned, num_splits=7)
+    for changed in (
+        dict(copy_layout_tokens=True),
+        dict(value_scales_in_b=True),
+        dict(copy_layout_tokens=True, value_scales_in_b=True),
+    ):
+        got = _run_triton(args, codec, 128**-0.5, config=dataclasses.replace(tuned, **changed), num_splits=7)
+        assert torch.equal(got, want), changed
     assert not K._V3_FAILURE, K._V3_FAILURE
 
 
