@@ -77,10 +77,11 @@ tests)
     run 560 python3 -P -m pytest -q -m gpu tests/ ${workers[@]+"${workers[@]}"}
     ;;
 attention)
-    # the whole attention suite takes more than one call's 10 minutes with bench_attention: the
-    # suite's decode-shaped half here (76 tests took 281 s in one process, fifteenth session; 90
-    # now), bench_attention (about 40 s) after it
-    run 420 python3 -P -m pytest -q -m gpu tests/test_wavelet_attention.py \
+    # the suite's decode-shaped half (76 tests took 281 s in one process in the fifteenth session;
+    # 90 now), on six xdist workers as `tests` runs them, then bench_attention (about 40 s)
+    workers=()
+    python3 -c "import xdist" 2>/dev/null && workers=(-n 6)
+    run 420 python3 -P -m pytest -q -m gpu tests/test_wavelet_attention.py ${workers[@]+"${workers[@]}"} \
         -k "real_shapes or v3 or kv_head or side_stream or long_split or repeated or layouts" -W error::UserWarning
     run 150 python3 -P benchmarks/bench_attention.py --out "$OUT" --codec default
     ;;
