@@ -81,13 +81,9 @@ def back_to_back_ms(
     return statistics.median(times)
 
 
-# back-to-back replay times of the last graph_ms calls, by the label they were given
-BACK_TO_BACK: dict[str, float] = {}
-
-
-def graph_ms(fn, label: str | None = None) -> float | None:
-    """Median time of replaying one CUDA graph of fn (do_bench); None if fn cannot be captured.
-    With a label, the graph's back-to-back replay time goes to BACK_TO_BACK[label] too."""
+def graph_times(fn, back_to_back: bool = True) -> tuple[float | None, float | None]:
+    """(do_bench median, back-to-back time) of replaying one CUDA graph of fn, in ms; the second is
+    None unless asked for, both None if fn cannot be captured."""
     try:
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
@@ -98,13 +94,15 @@ def graph_ms(fn, label: str | None = None) -> float | None:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             fn()
-        ms = bench_ms(graph.replay)
-        if label is not None:
-            BACK_TO_BACK[label] = back_to_back_ms(graph.replay)
-        return ms
+        return bench_ms(graph.replay), back_to_back_ms(graph.replay) if back_to_back else None
     except Exception as exc:  # noqa: BLE001 - report, don't abort the benchmark
         print(f"  (CUDA graph capture failed: {type(exc).__name__}: {str(exc)[:160]})", flush=True)
-        return None
+        return None, None
+
+
+def graph_ms(fn) -> float | None:
+    """Median time of replaying one CUDA graph of fn (do_bench); None if fn cannot be captured."""
+    return graph_times(fn, back_to_back=False)[0]
 
 
 def parse_shapes(text: str) -> list[tuple[int, int]]:
@@ -355,8 +353,7 @@ def run_shape(args, B: int, N: int, row: dict) -> None:
             # the eager kernels' own GPU time (the dense loop has static shapes, so it can be
             # captured): eager as users run it above is also host-bound, and its timing varied up
             # to 2x between runs
-            row["eager-dense-graph_ms"] = graph_ms(step(model), label="eager")
-            row["eager-dense-graph_b2b_ms"] = BACK_TO_BACK.pop("eager", None)
+            row["eager-dense-graph_ms"], row["eager-dense-graph_b2b_ms"] = graph_times(step(model))
             print(
                 f"B={B} N={N} eager-dense in a CUDA graph: {row['eager-dense-graph_ms']} ms, "
                 f"back to back {row['eager-dense-graph_b2b_ms']} ms",
@@ -377,11 +374,11 @@ def run_shape(args, B: int, N: int, row: dict) -> None:
                 torch.cuda.synchronize()
                 compile_s = time.perf_counter() - t0
                 call = bench_ms(step(compiled))
-                replay = graph_ms(step(compiled), label="inductor")
+                replay, replay_b2b = graph_times(step(compiled))
                 row[f"inductor-{dispatch}"] = {
                     "call_ms": call,
                     "graph_ms": replay,
-                    "graph_b2b_ms": BACK_TO_BACK.pop("inductor", None),
+                    "graph_b2b_ms": replay_b2b,
                     "compile_s": compile_s,
                 }
                 ms = min(x for x in (call, replay) if x is not None)
@@ -441,12 +438,8 @@ def run_shape(args, B: int, N: int, row: dict) -> None:
                 (logits.argmax(-1) == reference_logits.argmax(-1)).float().mean().item()
             )
             call = bench_ms(step(compiled))
-            replay = graph_ms(step(compiled), label="wmoe")
-            row["wmoe"] = {
-                "call_ms": call,
-                "graph_ms": replay,
-                "graph_b2b_ms": BACK_TO_BACK.pop("wmoe", None),
-            }
+            replay, replay_b2b = graph_times(step(compiled))
+            row["wmoe"] = {"call_ms": call, "graph_ms": replay, "graph_b2b_ms": replay_b2b}
             row["wmoe_ms"] = min(x for x in (call, replay) if x is not None)
             print(
                 f"B={B} N={N} wmoe: call {call:.3f} ms, graph {replay} ms, "

@@ -234,7 +234,7 @@ def main() -> None:
     positions = torch.tensor([N - 1], device="cuda")
     with torch.no_grad():
         sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-        from bench_decode import random_channel_params
+        from bench_decode import back_to_back_ms, random_channel_params
 
         gen = torch.Generator("cuda").manual_seed(0)
         options = {"codec": args.codec, "channel_params": random_channel_params(model, gen)}
@@ -242,7 +242,7 @@ def main() -> None:
         for _ in range(5):
             compiled(tokens, positions)
         torch.cuda.synchronize()
-        if args.graph:  # as bench_decode.graph_ms captures it: warmed on a side stream first
+        if args.graph:  # as bench_decode.graph_times captures it: warmed on a side stream first
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
@@ -276,13 +276,7 @@ def main() -> None:
                 for _ in range(PROFILED_STEPS):
                     graph.replay()
                 torch.cuda.synchronize()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(20):
-                graph.replay()
-            end.record()
-            end.synchronize()
-            events_ms = start.elapsed_time(end) / 20
+            events_ms = back_to_back_ms(graph.replay, replays=20, repeats=1)
         t0 = time.perf_counter()
         for _ in range(20):
             compiled(tokens, positions)

@@ -166,3 +166,15 @@ def test_back_to_back_ms_is_the_median_of_mean_replay_times(monkeypatch):
     monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     assert bench.back_to_back_ms(replay, replays=5, repeats=3) == 2.0
+
+
+def test_graph_times_report_a_failed_capture_as_none_not_an_error(monkeypatch, capsys):
+    bench = load_benchmark("bench_decode")
+
+    def no_stream(*args, **kwargs):
+        raise RuntimeError("no CUDA here")
+
+    monkeypatch.setattr(torch.cuda, "Stream", no_stream)
+    assert bench.graph_times(lambda: None) == (None, None)
+    assert bench.graph_ms(lambda: None) is None
+    assert "CUDA graph capture failed: RuntimeError: no CUDA here" in capsys.readouterr().out
