@@ -1072,11 +1072,11 @@ class LaunchConfig:
     cache_tiles: bool = False  # v3: the ring's copies through L1 (cp.async.ca)
     convert_p_once: bool = False  # v3: p to the value MMAs' layout once, scales applied after
     # v3 with cache_tiles: the value tiles' token indices made in their copies' layout instead of
-    # shuffled into it each step (offline: 912 loop instructions instead of 928; not yet timed)
+    # shuffled into it each step (offline: 912 loop instructions instead of 928)
     copy_layout_tokens: bool = False
     # v3 with convert_p_once: the value scales split straight into the value MMAs' K layout in fp16
     # (one conversion instead of two; offline 919 loop instructions instead of 928, 904 with
-    # copy_layout_tokens; not yet timed)
+    # copy_layout_tokens)
     value_scales_in_b: bool = False
     # v3: the exact-token kernel runs on a second stream, beside the split kernel
     # (it reads the raw query and writes its own partial slot; the reduce waits for both)
@@ -1165,6 +1165,12 @@ class LaunchConfig:
 # are the same): one basic block per step, 928 loop instructions instead of 969 with the branch,
 # (8, 131072) 0.2773 -> 0.2754 ms, (32, 32768) 0.2876 -> 0.2843, (8, 32768) 0.0928 -> 0.0913 (means);
 # for v1 at one sequence no difference (0.0281-0.0287 either way), so SMALL_LAUNCH_CONFIGS keep it.
+# Sixteenth session (2026-12-01 16:34-16:35 UTC, same grid, two calls, interleaved): the value tiles'
+# token indices in their copies' layout plus the value scales split straight into the B layout
+# (copy_layout_tokens + value_scales_in_b, 904 loop instructions) 0.2773 / 0.2847 / 0.0915 ->
+# 0.2734 / 0.2806 / 0.0915 ms (means of 7 and 6 runs; copy_layout_tokens alone 0.2749 / 0.2812 /
+# 0.0913, value_scales_in_b alone 0.2761 / 0.2849 / 0.0922); register caps of 152 and 144 with the
+# one-block step were 45-55% slower at 13-14 programs per SM (0.4035 / 0.4273 ms at (8, 131072)).
 # Where v3 cannot run (no Gluon, the interpreter) this entry runs v1 with these settings.
 TUNED_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
     (128, 4, "affine"): LaunchConfig(
@@ -1183,6 +1189,8 @@ TUNED_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
         reduce_split_chunk=64,
         reduce_gemm_min_rows=512,
         lazy_rescale=False,
+        copy_layout_tokens=True,
+        value_scales_in_b=True,
     ),
     (128, 4, "table"): LaunchConfig(
         block_n=32, num_stages=3, ctas_per_sm=32.0, min_split_tokens=512, kernel="v1"

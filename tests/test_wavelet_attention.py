@@ -487,8 +487,11 @@ V3_GPU_CONFIGS = [
     ),
     K.LaunchConfig(kernel="v3", num_stages=1, cache_tiles=True, convert_p_once=True, keys_ahead=True),
     K.LaunchConfig(kernel="v3", num_stages=2, lazy_rescale=False, keys_ahead=True),
-    # the fifteenth session's prepared layouts (off in the tuned config until timed)
-    dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], copy_layout_tokens=True, value_scales_in_b=True),
+    # the tuned config (both value-tile layout options on since the sixteenth session), and without them
+    K.TUNED_CONFIGS[(128, 4, "affine")],
+    dataclasses.replace(
+        K.TUNED_CONFIGS[(128, 4, "affine")], copy_layout_tokens=False, value_scales_in_b=False
+    ),
 ]
 
 
@@ -531,13 +534,15 @@ def test_gpu_token_and_value_scale_layouts_leave_the_result_bit_identical():
         UNIFORM_REAL, 5, 2, 4, 1, 128, [4096, 1, 1000, 2049, 133], 4096, torch.bfloat16, "cuda", "full"
     )
     tuned = K.TUNED_CONFIGS[(128, 4, "affine")]
-    want = _run_triton(args, codec, 128**-0.5, config=tuned, num_splits=7)
+    assert tuned.copy_layout_tokens and tuned.value_scales_in_b  # the tuned config uses both
+    plain = dataclasses.replace(tuned, copy_layout_tokens=False, value_scales_in_b=False)
+    want = _run_triton(args, codec, 128**-0.5, config=plain, num_splits=7)
     for changed in (
         dict(copy_layout_tokens=True),
         dict(value_scales_in_b=True),
         dict(copy_layout_tokens=True, value_scales_in_b=True),
     ):
-        got = _run_triton(args, codec, 128**-0.5, config=dataclasses.replace(tuned, **changed), num_splits=7)
+        got = _run_triton(args, codec, 128**-0.5, config=dataclasses.replace(plain, **changed), num_splits=7)
         assert torch.equal(got, want), changed
     assert not K._V3_FAILURE, K._V3_FAILURE
 
