@@ -3,7 +3,8 @@ costs: registers, spills, shared memory and the SASS instruction mix of the full
 
     python benchmarks/sass_attention_v3.py [--stages 1] [--block-n 64] [--maxnreg 168]
         [--keys-via-smem] [--keys-ahead] [--no-cache-tiles] [--no-convert-p-once] [--lazy-rescale]
-        [--copy-layout-tokens] [--value-scales-in-b] [--block-m 4] [--pdl] [--out build/sass_v3]
+        [--copy-layout-tokens] [--value-scales-in-b] [--score-offset-in-mma] [--p-movmatrix]
+        [--step-row-base] [--block-m 4] [--pdl] [--out build/sass_v3]
 
 No GPU needed (triton.compile builds for a named target, interpreter setting or not; the CUDA tools
 Triton ships disassemble). Why: the
@@ -67,6 +68,9 @@ def compile_v3(args: argparse.Namespace) -> tuple[str, str, int]:
         PDL=args.pdl,
         COPY_LAYOUT_TOKENS=args.copy_layout_tokens,
         VALUE_SCALES_IN_B=args.value_scales_in_b,
+        SCORE_OFFSET_IN_MMA=args.score_offset_in_mma,
+        P_MOVMATRIX=args.p_movmatrix,
+        STEP_ROW_BASE=args.step_row_base,
     )
     pointer_types = dict(qw_ptr="*fp16", kc_ptr="*u8", vc_ptr="*u8", ks_ptr="*fp16", vs_ptr="*fp16")
     pointer_types.update(seq_lens_ptr="*i32", slot_coef_ptr="*i32")
@@ -130,6 +134,13 @@ def main() -> None:
     p.add_argument(
         "--value-scales-in-b", action="store_true", help="value scales split straight into the B layout"
     )
+    p.add_argument(
+        "--score-offset-in-mma",
+        action="store_true",
+        help="band score offsets as the key MMAs' accumulator input",
+    )
+    p.add_argument("--p-movmatrix", action="store_true", help="p to the B layout by movmatrix.trans")
+    p.add_argument("--step-row-base", action="store_true", help="code rows from a scalar per-step pointer")
     p.add_argument("--pdl", action="store_true", help="wait for the previous kernel in-kernel (PDL)")
     p.add_argument("--out", default="build/sass_v3")
     args = p.parse_args()

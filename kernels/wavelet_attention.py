@@ -1078,6 +1078,17 @@ class LaunchConfig:
     # (one conversion instead of two; offline 919 loop instructions instead of 928, 904 with
     # copy_layout_tokens)
     value_scales_in_b: bool = False
+    # v3: each band's score offset as its first key MMA's accumulator input instead of an add per
+    # score (offline 882 loop instructions instead of 904; eleventh session, with the branchy step
+    # and alone: 6-12% slower)
+    score_offset_in_mma: bool = False
+    # v3 with convert_p_once: p taken to the value MMAs' B layout by one movmatrix.trans per 8 x 8
+    # block instead of a shuffle conversion (offline 885 instead of 904; 867 with score_offset_in_mma)
+    p_movmatrix: bool = False
+    # v3: full steps address their code rows from a scalar pointer to the step's first row, so the
+    # per-lane token offsets are loop-invariant (offline 885 loop instructions instead of 904; 845
+    # with score_offset_in_mma and p_movmatrix)
+    step_row_base: bool = False
     # v3: the exact-token kernel runs on a second stream, beside the split kernel
     # (it reads the raw query and writes its own partial slot; the reduce waits for both)
     overlap_exact: bool = False
@@ -1113,6 +1124,14 @@ class LaunchConfig:
             raise ValueError(
                 "LaunchConfig.value_scales_in_b is a v3 option for convert_p_once (the scales applied in "
                 f"the B layout): got kernel={self.kernel!r}, convert_p_once={self.convert_p_once}"
+            )
+        for name in ("score_offset_in_mma", "step_row_base"):
+            if getattr(self, name) and self.kernel != "v3":
+                raise ValueError(f"LaunchConfig.{name} is a v3 option, got kernel={self.kernel!r}")
+        if self.p_movmatrix and not (self.kernel == "v3" and self.convert_p_once):
+            raise ValueError(
+                "LaunchConfig.p_movmatrix is a v3 option for convert_p_once (p converted once): "
+                f"got kernel={self.kernel!r}, convert_p_once={self.convert_p_once}"
             )
         if self.whole_waves and self.maxnreg is None:
             raise ValueError(
@@ -3415,6 +3434,9 @@ def _launch_v3(
         LAZY_RESCALE=config.lazy_rescale,
         COPY_LAYOUT_TOKENS=config.copy_layout_tokens,
         VALUE_SCALES_IN_B=config.value_scales_in_b,
+        SCORE_OFFSET_IN_MMA=config.score_offset_in_mma,
+        P_MOVMATRIX=config.p_movmatrix,
+        STEP_ROW_BASE=config.step_row_base,
         num_warps=1,
         **split_options,
         **_dependent(_pdl(config, q.device)),

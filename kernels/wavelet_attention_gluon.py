@@ -206,23 +206,51 @@ if HAS_GLUON:
         qc0,
         qc1,
         BLOCK_N: gl.constexpr,
+        OFFSET_IN_MMA: gl.constexpr = False,
     ):
         """Scores^T [BLOCK_N tokens, 8 rows] (log2 domain): per band the field MMAs against the
         transformed query slices plus the band's score offset, times the band's scale. raw4/raw2:
-        the step's key code words in A fragments."""
+        the step's key code words in A fragments. OFFSET_IN_MMA: the offset enters as the band's
+        first MMA's accumulator input (no add per score)."""
         kj = gl.arange(0, 16, layout=gl.SliceLayout(0, _A))
         upper = (kj >= 8)[None, :]
         zero = gl.zeros([BLOCK_N, 8], gl.float32, layout=_MMA)
         o0, o1, o2, o3, o4, o5, o6, o7 = _band_operands(raw4, raw2, upper)
-        sa = mma_v2(o0, q0, zero)
+        if OFFSET_IN_MMA:
+            sa = mma_v2(o0, q0, zero + qc0[None, :])
+        else:
+            sa = mma_v2(o0, q0, zero)
         sa = mma_v2(o1, q1, sa)
         sa = mma_v2(o2, q2, sa)
         sa = mma_v2(o3, q3, sa)
-        sb = mma_v2(o4, q4, zero)
+        if OFFSET_IN_MMA:
+            sb = mma_v2(o4, q4, zero + qc1[None, :])
+        else:
+            sb = mma_v2(o4, q4, zero)
         sb = mma_v2(o5, q5, sb)
         sb = mma_v2(o6, q6, sb)
         sb = mma_v2(o7, q7, sb)
+        if OFFSET_IN_MMA:
+            return sa * k0[:, None] + sb * k1[:, None]
         return (sa + qc0[None, :]) * k0[:, None] + (sb + qc1[None, :]) * k1[:, None]
+
+    @gluon.jit
+    def _p_to_b_by_movmatrix(p16):
+        """p [tokens, 8] fp16 from the scores' accumulator layout into the value MMAs' B layout
+        with one movmatrix.trans per 8 x 8 block: lane (g, t) holds tokens g and columns 2t, 2t + 1
+        of each block, and B wants tokens 2t, 2t + 1 of column g, i.e. the block transposed. The
+        reshape and permute only restate which element each register now holds (assert_trivial
+        proves the final conversion moves no data)."""
+        moved = gl.inline_asm_elementwise(
+            "movmatrix.sync.aligned.m8n8.trans.b16 $0, $1;",
+            "=r,r",
+            [p16],
+            dtype=gl.float16,
+            is_pure=True,
+            pack=2,
+        )
+        blocks = gl.permute(gl.reshape(moved, [p16.shape[0] // 8, 8, 8]), [0, 2, 1])
+        return gl.convert_layout(gl.reshape(blocks, [p16.shape[0], 8]), _B, assert_trivial=True)
 
     @gluon.jit
     def _centre(upper_rows, C_LO: gl.constexpr, C_HI: gl.constexpr):
@@ -241,12 +269,14 @@ if HAS_GLUON:
         LAZY_RESCALE: gl.constexpr,
         P_ONCE: gl.constexpr,
         W_IN_B: gl.constexpr = False,
+        P_MOVMATRIX: gl.constexpr = False,
     ):
         """Online-softmax update of one step: rescale when a running max grows, p = exp2(s - m),
         then the value fields of both bands against p * scale, centred through the accumulator
         input. state: (running max, the 8 field accumulators, the token sums of p, p * scale of
         each band); tile4/tile2: this step's value tiles (their cp.async already waited for).
-        W_IN_B: w0/w1 are fp16 in SliceLayout(1, _B) already (VALUE_SCALES_IN_B; needs P_ONCE)."""
+        W_IN_B: w0/w1 are fp16 in SliceLayout(1, _B) already (VALUE_SCALES_IN_B; needs P_ONCE).
+        P_MOVMATRIX: p reaches the B layout by movmatrix (needs P_ONCE)."""
         m_i, a0, a1, a2, a3, a4, a5, a6, a7, l_acc, wsa, wsb = state
         m_new = gl.maximum(m_i, gl.max(s, axis=0))
         if (not LAZY_RESCALE) or gl.max(m_new - m_i, axis=0) > 0:
@@ -265,7 +295,10 @@ if HAS_GLUON:
             m_i = m_new
         p = gl.exp2(s - m_i[None, :])
         if P_ONCE:  # one layout conversion of p, the scales applied in fp16 in the B layout
-            p16 = gl.convert_layout(p.to(gl.float16), _B)
+            if P_MOVMATRIX:
+                p16 = _p_to_b_by_movmatrix(p.to(gl.float16))
+            else:
+                p16 = gl.convert_layout(p.to(gl.float16), _B)
             if W_IN_B:
                 pa = p16 * w0[:, None]
                 pb = p16 * w1[:, None]
@@ -372,6 +405,14 @@ if HAS_GLUON:
         # the value scales split straight into the value MMAs' K layout in fp16 (one conversion,
         # not one to the scores' rows and another to the B layout; needs P_ONCE)
         VALUE_SCALES_IN_B: gl.constexpr = False,
+        # each band's score offset as its first key MMA's accumulator input (no add per score)
+        SCORE_OFFSET_IN_MMA: gl.constexpr = False,
+        # p to the value MMAs' B layout by one movmatrix.trans per 8 x 8 block (needs P_ONCE)
+        P_MOVMATRIX: gl.constexpr = False,
+        # full steps address their code rows from a scalar pointer to the step's first row (per-lane
+        # offsets are then loop-invariant; offline 845 loop instructions instead of 867 with the two
+        # options above)
+        STEP_ROW_BASE: gl.constexpr = False,
     ):
         """One (split, sequence, kv head, row block): online softmax over a range of compressed
         tokens in the coefficient domain; grid (num_splits, programs)."""
@@ -463,9 +504,23 @@ if HAS_GLUON:
                 step = (start - lo) // BLOCK_N
                 ahead = gl.minimum(start + (STAGES - 1) * BLOCK_N, last_full)
                 slot = (step + STAGES - 1) % STAGES  # the stage the previous step read
-                _issue_stage(
-                    ring, slot, kcodes, vcodes, ahead + vt, CODE_ROW, E4, E2, KEYS_VIA_SMEM, CACHE_TILES
-                )
+                if STEP_ROW_BASE:  # the step's first row as a scalar pointer, tokens relative to it
+                    _issue_stage(
+                        ring,
+                        slot,
+                        kcodes + ahead * CODE_ROW,
+                        vcodes + ahead * CODE_ROW,
+                        vt,
+                        CODE_ROW,
+                        E4,
+                        E2,
+                        KEYS_VIA_SMEM,
+                        CACHE_TILES,
+                    )
+                else:
+                    _issue_stage(
+                        ring, slot, kcodes, vcodes, ahead + vt, CODE_ROW, E4, E2, KEYS_VIA_SMEM, CACHE_TILES
+                    )
                 k0, k1 = _split_scales(k_pair)
                 if VALUE_SCALES_IN_B:
                     w0, w1 = _split_value_scales(v_pair)
@@ -482,9 +537,13 @@ if HAS_GLUON:
                 elif KEYS_AHEAD:
                     raw4 = next4
                     raw2 = next2
+                elif STEP_ROW_BASE:
+                    raw4, raw2 = _load_keys(kcodes + start * CODE_ROW, kt, CODE_ROW, E4, E2)
                 else:
                     raw4, raw2 = _load_keys(kcodes, start + kt, CODE_ROW, E4, E2)
-                s = _scores(raw4, raw2, k0, k1, q0, q1, q2, q3, q4, q5, q6, q7, qc0, qc1, BLOCK_N)
+                s = _scores(
+                    raw4, raw2, k0, k1, q0, q1, q2, q3, q4, q5, q6, q7, qc0, qc1, BLOCK_N, SCORE_OFFSET_IN_MMA
+                )
                 if KEYS_AHEAD and not KEYS_VIA_SMEM:
                     # this step's key words are spent: their registers take the next step's, whose
                     # global latency then hides behind this step's value work
@@ -502,6 +561,7 @@ if HAS_GLUON:
                     LAZY_RESCALE,
                     P_ONCE,
                     VALUE_SCALES_IN_B,
+                    P_MOVMATRIX,
                 )
             async_copy.wait_group(0)
         # ---- the rest: tokens clamped to the range (loads stay in bounds), scores masked per row
@@ -522,10 +582,22 @@ if HAS_GLUON:
             else:
                 raw4, raw2 = _load_keys(kcodes, gl.minimum(start + kt, last), CODE_ROW, E4, E2)
                 async_copy.wait_group(0)
-            s = _scores(raw4, raw2, k0, k1, q0, q1, q2, q3, q4, q5, q6, q7, qc0, qc1, BLOCK_N)
+            s = _scores(
+                raw4, raw2, k0, k1, q0, q1, q2, q3, q4, q5, q6, q7, qc0, qc1, BLOCK_N, SCORE_OFFSET_IN_MMA
+            )
             s = gl.where((start + mt)[:, None] < row_hi[None, :], s, float("-inf"))
             state = _accumulate_values(
-                s, state, w0, w1, v4s.index(0), v2s.index(0), ones, LAZY_RESCALE, P_ONCE, VALUE_SCALES_IN_B
+                s,
+                state,
+                w0,
+                w1,
+                v4s.index(0),
+                v2s.index(0),
+                ones,
+                LAZY_RESCALE,
+                P_ONCE,
+                VALUE_SCALES_IN_B,
+                P_MOVMATRIX,
             )
         # ---- partials in the reduce's format
         m_i, a0, a1, a2, a3, a4, a5, a6, a7, l_acc, wsa, wsb = state

@@ -312,6 +312,9 @@ def test_tuned_config_by_launch_size():
         (dict(kernel="v3", num_warps=1, copy_layout_tokens=True), "copy_layout_tokens"),
         (dict(kernel="v1", cache_tiles=True, copy_layout_tokens=True), "copy_layout_tokens"),
         (dict(kernel="v3", num_warps=1, value_scales_in_b=True), "value_scales_in_b"),  # no p_once
+        (dict(kernel="v3", num_warps=1, p_movmatrix=True), "p_movmatrix"),  # no p_once
+        (dict(kernel="v1", score_offset_in_mma=True), "score_offset_in_mma"),
+        (dict(kernel="v2", step_row_base=True), "step_row_base"),
     ],
 )
 def test_launch_config_rejects_bad_fields(bad, named):
@@ -492,6 +495,10 @@ V3_GPU_CONFIGS = [
     dataclasses.replace(
         K.TUNED_CONFIGS[(128, 4, "affine")], copy_layout_tokens=False, value_scales_in_b=False
     ),
+    # the sixteenth session's options: fewer loop instructions (833 instead of 904 offline)
+    dataclasses.replace(
+        K.TUNED_CONFIGS[(128, 4, "affine")], score_offset_in_mma=True, p_movmatrix=True, step_row_base=True
+    ),
 ]
 
 
@@ -526,24 +533,29 @@ def test_gpu_v3_matches_reference(spec, group, tq, channel, config):
 
 
 @pytest.mark.gpu
-def test_gpu_token_and_value_scale_layouts_leave_the_result_bit_identical():
+def test_gpu_v3_layout_options_leave_the_result_bit_identical():
+    # These options change only where values are computed or how they move, never what is computed:
     # copy_layout_tokens makes the value tiles' token indices in their copies' layout (the same
     # addresses), value_scales_in_b splits the value scales straight into fp16 B-layout vectors
-    # (fp16 -> fp32 -> fp16 was exact): neither may change a bit of the output, tails included
+    # (fp16 -> fp32 -> fp16 was exact), p_movmatrix moves p's fp16 values into the B layout by
+    # movmatrix instead of shuffles, step_row_base forms the same addresses from a per-step scalar
+    # pointer. None may change a bit of the output, tails included, with the score offset added
+    # after the key MMAs or as their accumulator input (score_offset_in_mma changes the rounding,
+    # so the reference test covers that one).
     codec, args = make_case(
         UNIFORM_REAL, 5, 2, 4, 1, 128, [4096, 1, 1000, 2049, 133], 4096, torch.bfloat16, "cuda", "full"
     )
-    tuned = K.TUNED_CONFIGS[(128, 4, "affine")]
-    assert tuned.copy_layout_tokens and tuned.value_scales_in_b  # the tuned config uses both
-    plain = dataclasses.replace(tuned, copy_layout_tokens=False, value_scales_in_b=False)
-    want = _run_triton(args, codec, 128**-0.5, config=plain, num_splits=7)
-    for changed in (
-        dict(copy_layout_tokens=True),
-        dict(value_scales_in_b=True),
-        dict(copy_layout_tokens=True, value_scales_in_b=True),
-    ):
-        got = _run_triton(args, codec, 128**-0.5, config=dataclasses.replace(plain, **changed), num_splits=7)
-        assert torch.equal(got, want), changed
+    layout_options = ("copy_layout_tokens", "value_scales_in_b", "p_movmatrix", "step_row_base")
+    plain = dataclasses.replace(
+        K.TUNED_CONFIGS[(128, 4, "affine")], score_offset_in_mma=False, **dict.fromkeys(layout_options, False)
+    )
+    for offset_in_mma in (False, True):
+        base = dataclasses.replace(plain, score_offset_in_mma=offset_in_mma)
+        want = _run_triton(args, codec, 128**-0.5, config=base, num_splits=7)
+        assert rel_err(want, dense_reference(codec, args, 128**-0.5)) <= 1e-2
+        for changed in [{name: True} for name in layout_options] + [dict.fromkeys(layout_options, True)]:
+            config = dataclasses.replace(base, **changed)
+            assert torch.equal(_run_triton(args, codec, 128**-0.5, config=config, num_splits=7), want), config
     assert not K._V3_FAILURE, K._V3_FAILURE
 
 
