@@ -1079,15 +1079,15 @@ class LaunchConfig:
     # copy_layout_tokens)
     value_scales_in_b: bool = False
     # v3: each band's score offset as its first key MMA's accumulator input instead of an add per
-    # score (offline 882 loop instructions instead of 904; eleventh session, with the branchy step
-    # and alone: 6-12% slower)
+    # score (offline 882 loop instructions instead of 904; sixteenth session: no faster, alone or
+    # with p_movmatrix; eleventh session, with the branchy step and alone: 6-12% slower)
     score_offset_in_mma: bool = False
     # v3 with convert_p_once: p taken to the value MMAs' B layout by one movmatrix.trans per 8 x 8
-    # block instead of a shuffle conversion (offline 885 instead of 904; 867 with score_offset_in_mma)
+    # block instead of a shuffle conversion (offline 886 instead of 904; -1.0 to -1.6%, tuned)
     p_movmatrix: bool = False
     # v3: full steps address their code rows from a scalar pointer to the step's first row, so the
-    # per-lane token offsets are loop-invariant (offline 885 loop instructions instead of 904; 845
-    # with score_offset_in_mma and p_movmatrix)
+    # per-lane token offsets are loop-invariant (offline 876 loop instructions instead of 904; 833
+    # with the two options above; sixteenth session: 7-9% slower, not tuned)
     step_row_base: bool = False
     # v3: the exact-token kernel runs on a second stream, beside the split kernel
     # (it reads the raw query and writes its own partial slot; the reduce waits for both)
@@ -1190,6 +1190,12 @@ class LaunchConfig:
 # 0.2734 / 0.2806 / 0.0915 ms (means of 7 and 6 runs; copy_layout_tokens alone 0.2749 / 0.2812 /
 # 0.0913, value_scales_in_b alone 0.2761 / 0.2849 / 0.0922); register caps of 152 and 144 with the
 # one-block step were 45-55% slower at 13-14 programs per SM (0.4035 / 0.4273 ms at (8, 131072)).
+# 16:41-16:42 UTC (device clock), same grid, two calls, interleaved: p to the value MMAs' B layout by
+# movmatrix (p_movmatrix, 886 loop instructions instead of 904) 0.2731 / 0.2824 / 0.0920 ->
+# 0.2693 / 0.2783 / 0.0909 ms (means of 6 runs each; faster in 6 of 6 rounds at the first two
+# shapes); the score offset as the key MMAs' accumulator input (882; 867 with p_movmatrix) made no
+# difference alone or with p_movmatrix, and per-step scalar row pointers (876; 833 with both) were
+# 7-9% slower.
 # Where v3 cannot run (no Gluon, the interpreter) this entry runs v1 with these settings.
 TUNED_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
     (128, 4, "affine"): LaunchConfig(
@@ -1210,6 +1216,7 @@ TUNED_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
         lazy_rescale=False,
         copy_layout_tokens=True,
         value_scales_in_b=True,
+        p_movmatrix=True,
     ),
     (128, 4, "table"): LaunchConfig(
         block_n=32, num_stages=3, ctas_per_sm=32.0, min_split_tokens=512, kernel="v1"
