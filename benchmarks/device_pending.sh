@@ -81,8 +81,10 @@ attention)
     # 90 now), on six xdist workers as `tests` runs them, then bench_attention (about 40 s)
     workers=()
     python3 -c "import xdist" 2>/dev/null && workers=(-n 6)
+    # (-p no:benchmark: pytest-benchmark warns that xdist disables it, which -W error would make fatal)
     run 420 python3 -P -m pytest -q -m gpu tests/test_wavelet_attention.py ${workers[@]+"${workers[@]}"} \
-        -k "real_shapes or v3 or kv_head or side_stream or long_split or repeated or layouts" -W error::UserWarning
+        -p no:benchmark -k "real_shapes or v3 or kv_head or side_stream or long_split or repeated or layouts" \
+        -W error::UserWarning
     run 150 python3 -P benchmarks/bench_attention.py --out "$OUT" --codec default
     ;;
 decode)
