@@ -1092,6 +1092,11 @@ class LaunchConfig:
     # v3: the exact-token kernel runs on a second stream, beside the split kernel
     # (it reads the raw query and writes its own partial slot; the reduce waits for both)
     overlap_exact: bool = False
+    # v3 with pdl: the exact-token kernel runs beside the split kernel in the same stream, as a
+    # link of the PDL chain (prologue -> split -> exact -> reduce): the split kernel lets it launch
+    # at once, it waits for the split kernel only before it ends, and the reduce keeps its PDL
+    # wait (after overlap_exact's stream join it cannot)
+    exact_in_chain: bool = False
     # the split count set so the launch fills a whole number of waves of resident programs
     # (residency from maxnreg and num_warps, so it needs maxnreg; see split_count): a last, partial
     # wave leaves SMs idle while its programs finish (twelfth session: 2 whole waves 2-3% faster
@@ -1132,6 +1137,12 @@ class LaunchConfig:
             raise ValueError(
                 "LaunchConfig.p_movmatrix is a v3 option for convert_p_once (p converted once): "
                 f"got kernel={self.kernel!r}, convert_p_once={self.convert_p_once}"
+            )
+        if self.exact_in_chain and (self.kernel != "v3" or self.overlap_exact or not self.pdl):
+            raise ValueError(
+                "LaunchConfig.exact_in_chain is a v3 option for programmatic dependent launch, instead "
+                f"of overlap_exact: got kernel={self.kernel!r}, overlap_exact={self.overlap_exact}, "
+                f"pdl={self.pdl}"
             )
         if self.whole_waves and self.maxnreg is None:
             raise ValueError(
@@ -2963,10 +2974,17 @@ if HAS_TRITON:
         SINKS: tl.constexpr,
         WINDOW: tl.constexpr,
         EXACT_SPLIT: tl.constexpr,
+        # launched with PDL after the split kernel it does not read (LaunchConfig.exact_in_chain):
+        # the reduce may launch at once; this kernel's inputs were written before the attention
+        # call, so it runs without waiting, and it waits for the split kernel only before it ends,
+        # so that the reduce's own wait (for this kernel) also covers the split kernel
+        PDL_CHAIN: tl.constexpr = False,
     ):
         """The exact sink/window tokens of one (sequence, kv head, row block) as partial num_splits,
         for split kernels that handle only the compressed ranges (v3, which Gluon writes and which
         cannot call Triton functions)."""
+        if PDL_CHAIN:
+            tl.extra.cuda.gdc_launch_dependents()
         pid = tl.program_id(0)
         row_block = pid % n_row_blocks
         kv_head = (pid // n_row_blocks) % n_kv_heads
@@ -2998,6 +3016,8 @@ if HAS_TRITON:
             WINDOW,
             EXACT_SPLIT,
         )
+        if PDL_CHAIN:
+            tl.extra.cuda.gdc_wait()
 
     @triton.jit
     def _reduce_store(
@@ -3325,6 +3345,18 @@ def _pdl(config: LaunchConfig, device: torch.device) -> bool:
     )
 
 
+# LaunchConfig fields that only v3 accepts: off when a failed v3 launch falls back to v1
+V3_ONLY_OPTIONS = (
+    "keys_ahead",
+    "copy_layout_tokens",
+    "value_scales_in_b",
+    "score_offset_in_mma",
+    "p_movmatrix",
+    "step_row_base",
+    "exact_in_chain",
+)
+
+
 def _dependent(pdl: bool) -> dict:
     """Launch keywords of a kernel that waits in-kernel for the one before it (its PDL constexpr
     makes it call griddepcontrol.wait before any read)."""
@@ -3342,9 +3374,11 @@ def _launch_exact(
     dims: tuple,
     layout: CompressedLayout,
     config: LaunchConfig,
+    chain: bool = False,
 ) -> None:
     """The exact sink/window tokens' partial (slot num_splits) for the v3 split kernel, on the
-    current stream (arguments as for _launch_v3)."""
+    current stream (arguments as for _launch_v3). chain: launched with PDL right after the split
+    kernel (LaunchConfig.exact_in_chain)."""
     _, _, m_part, l_part, acc_part = parts
     hkv, group, tq, n_row_blocks, num_splits, _, block_m, d, programs, qk_scale = dims
     launch(
@@ -3371,6 +3405,7 @@ def _launch_exact(
         WINDOW=layout.window,
         EXACT_SPLIT=common_exact[0].dtype in (torch.float16, torch.bfloat16),
         num_warps=1,
+        **({"PDL_CHAIN": True, "launch_pdl": True} if chain else {}),
     )
 
 
@@ -3398,7 +3433,8 @@ def _launch_v3(
 
     qw, qc, m_part, l_part, acc_part = parts
     hkv, group, tq, n_row_blocks, num_splits, n_qc, block_m, d, programs, qk_scale = dims
-    if side is None:
+    chain = config.exact_in_chain and _pdl(config, q.device)
+    if side is None and not config.exact_in_chain:
         _launch_exact(q, common_exact, parts, dims, layout, config)
     launch(
         split_kernel_v3,
@@ -3450,10 +3486,13 @@ def _launch_v3(
         SCORE_OFFSET_IN_MMA=config.score_offset_in_mma,
         P_MOVMATRIX=config.p_movmatrix,
         STEP_ROW_BASE=config.step_row_base,
+        TRIGGER_DEPENDENTS=chain,
         num_warps=1,
         **split_options,
         **_dependent(_pdl(config, q.device)),
     )
+    if config.exact_in_chain:  # in order after the split kernel (beside it with PDL)
+        _launch_exact(q, common_exact, parts, dims, layout, config, chain=chain)
     if side is not None:
         with torch.cuda.stream(side):
             _launch_exact(q, common_exact, parts, dims, layout, config)
@@ -3692,7 +3731,7 @@ def wavelet_attention_triton(
                 v_channel_scale,
                 layout,
                 sm_scale,
-                replace(config, kernel="v1"),
+                replace(config, kernel="v1", **dict.fromkeys(V3_ONLY_OPTIONS, False)),
                 num_splits,
                 validate=False,
             )

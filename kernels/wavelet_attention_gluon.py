@@ -413,12 +413,24 @@ if HAS_GLUON:
         # offsets are then loop-invariant; offline 845 loop instructions instead of 867 with the two
         # options above)
         STEP_ROW_BASE: gl.constexpr = False,
+        # let the next kernel in the stream launch now (PDL): the exact-token kernel of
+        # LaunchConfig.exact_in_chain, which needs nothing from this one until it ends
+        TRIGGER_DEPENDENTS: gl.constexpr = False,
     ):
         """One (split, sequence, kv head, row block): online softmax over a range of compressed
         tokens in the coefficient domain; grid (num_splits, programs)."""
         if PDL:  # the previous kernel's writes (the prologue's qw/qc) are visible after this
             gl.inline_asm_elementwise(
                 "griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1
+            )
+        if TRIGGER_DEPENDENTS:
+            gl.inline_asm_elementwise(
+                "griddepcontrol.launch_dependents; // dummy $0",
+                "=r",
+                [],
+                dtype=gl.int32,
+                is_pure=False,
+                pack=1,
             )
         split = gl.program_id(0)
         pid = gl.program_id(1)

@@ -11,6 +11,8 @@ shift or centre fails here, before any GPU run.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from wmoe_compile.kernels import wavelet_attention as K
@@ -151,7 +153,19 @@ def test_v3_config_is_validated(bad):
         K.LaunchConfig(**bad)
 
 
-def test_a_v3_build_failure_falls_back_to_v1_once(monkeypatch):
+@pytest.mark.parametrize(
+    "config",
+    [
+        K.LaunchConfig(kernel="v3", num_stages=1, block_n=16),
+        # the tuned config carries v3-only options, which v1's config must drop
+        K.TUNED_CONFIGS[(128, 4, "affine")],
+        dataclasses.replace(
+            K.TUNED_CONFIGS[(128, 4, "affine")], overlap_exact=False, exact_in_chain=True, keys_ahead=True
+        ),
+    ],
+    ids=["v3", "tuned", "tuned_exact_in_chain"],
+)
+def test_a_v3_build_failure_falls_back_to_v1_once(monkeypatch, config):
     # Gluon's API moves between Triton releases (3.9 renamed the cp.async copy): a v3 kernel that
     # fails to build or launch must not fail the attention call. Pretend v3 can run here; the
     # Gluon launch then fails (no interpreter for Gluon), the call runs v1, warns once, and later
@@ -166,7 +180,6 @@ def test_a_v3_build_failure_falls_back_to_v1_once(monkeypatch):
         K, "_v3_reason", lambda *a: K._V3_FAILURE or None if a[1].device.type == "cpu" else real_reason(*a)
     )
     codec, args = make_case(UNIFORM_SPEC, 2, 2, 4, 1, 128, [75, 33], 75, torch.float16)
-    config = K.LaunchConfig(kernel="v3", num_stages=1, block_n=16)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         got = _run_triton(args, codec, 0.125, config=config, num_splits=2)

@@ -499,6 +499,8 @@ V3_GPU_CONFIGS = [
     ),
     # the sixteenth session's options for fewer loop instructions, all together (833 offline)
     dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], score_offset_in_mma=True, step_row_base=True),
+    # the exact-token kernel as a link of the PDL chain instead of on the side stream
+    dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], overlap_exact=False, exact_in_chain=True),
 ]
 
 
@@ -585,6 +587,32 @@ def test_gpu_exact_tokens_on_a_side_stream_equal_the_in_order_launch_also_in_a_c
     want = _run_triton(args, codec, 128**-0.5, config=in_order)
     assert torch.equal(captured, want)
     assert rel_err(want, dense_reference(codec, args, 128**-0.5)) <= 1e-2
+    assert not K._V3_FAILURE, K._V3_FAILURE
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch", [1, 5])
+def test_gpu_v3_exact_tokens_in_the_pdl_chain_equal_the_in_order_launch_also_in_a_cuda_graph(batch):
+    # exact_in_chain launches the exact-token kernel right after the split kernel with PDL: it runs
+    # beside the split kernel, waits for it only before it ends, and the reduce waits for it. A
+    # link that let the reduce read the split's partials or the exact partial early would differ
+    # from the in-order launch here, eagerly or replayed from a CUDA graph with fresh exact tokens.
+    lens = [4096, 1, 1000, 2049, 133][:batch] if batch > 1 else [4096]
+    codec, args = make_case(UNIFORM_REAL, batch, 2, 4, 1, 128, lens, 4096, torch.bfloat16, "cuda", "full")
+    in_order = dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], overlap_exact=False)
+    chained = dataclasses.replace(in_order, exact_in_chain=True)
+    want = _run_triton(args, codec, 128**-0.5, config=in_order)
+    assert torch.equal(_run_triton(args, codec, 128**-0.5, config=chained), want)
+    assert rel_err(want, dense_reference(codec, args, 128**-0.5)) <= 1e-2
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = _run_triton(args, codec, 128**-0.5, config=chained)
+    for exact in (args[5], args[6]):  # k_exact, v_exact: fresh values in the captured tensors
+        exact.copy_(torch.randn_like(exact))
+    for _ in range(3):
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(captured, _run_triton(args, codec, 128**-0.5, config=in_order))
     assert not K._V3_FAILURE, K._V3_FAILURE
 
 
