@@ -660,16 +660,21 @@ def test_gpu_repeated_calls_reuse_compiled_kernels_and_stay_correct():
     # inputs of the same shapes and alignment must give results as correct as the first call's
     from wmoe_compile.kernels import fast_launch
 
-    fast_launch.clear()
-    for round_ in range(3):
-        codec, args = make_case(
-            UNIFORM_REAL, 2, 8, 4, 1, 128, [3000, 1234], 3000, torch.bfloat16, device="cuda", channel="full"
-        )
-        got = _run_triton(args, codec, 128**-0.5)
-        assert rel_err(got, dense_reference(codec, args, 128**-0.5)) <= 1e-2, round_
-    # 2 sequences x 8 kv heads = 16 programs: the small-launch config (v1 split), the per-row reduce
-    for kernel in (K._prologue_kernel, K._split_kernel, K._reduce_rows_kernel):
-        assert fast_launch.kernel_info(kernel).compiled, kernel.fn.__name__
+    # 1 sequence x 8 kv heads = 8 programs: the small-launch config (v1 split), the per-row reduce;
+    # 2 sequences: v3 with the exact-token kernel beside it
+    for lens, kernels in (
+        ([3000], (K._prologue_kernel, K._split_kernel, K._reduce_rows_kernel)),
+        ([3000, 1234], (K._prologue_kernel, K._exact_kernel, K._reduce_rows_kernel)),
+    ):
+        fast_launch.clear()
+        for round_ in range(3):
+            codec, args = make_case(
+                UNIFORM_REAL, len(lens), 8, 4, 1, 128, lens, 3000, torch.bfloat16, "cuda", "full"
+            )
+            got = _run_triton(args, codec, 128**-0.5)
+            assert rel_err(got, dense_reference(codec, args, 128**-0.5)) <= 1e-2, (lens, round_)
+        for kernel in kernels:
+            assert fast_launch.kernel_info(kernel).compiled, (lens, kernel.fn.__name__)
 
 
 @pytest.mark.gpu
