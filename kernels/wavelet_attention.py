@@ -1241,12 +1241,12 @@ TUNED_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
 # (v1 0.0346-0.0370 in the third session); two-warp 128-token steps v1 0.0285, v2 0.0296; four
 # warps 0.040-0.061; three or more pipeline stages and shorter splits (128-384 tokens) were slower.
 # 2026-12-01 11:54 UTC: programmatic dependent launch (pdl) 0.0284 / 0.0282 -> 0.0273 / 0.0272 ms.
-# Sixteenth session (16:52 UTC, probe_attention.py grid, benchmarks/probe_v3_few_sequences.json, two
-# rounds): at (1, 32768) v1 0.0281 / 0.0288 ms, tuned v3 0.0354 / 0.0355 (0.0316-0.0317 with 256-token
-# splits: its split kernel 15.4 us against v1's 20.0, but the exact kernel on the side stream and
-# a reduce without PDL after the join); at (2, 32768), 16 programs, v1 0.0458 / 0.0462, v3 0.0405 /
-# 0.0405; at (4, 32768) v1 0.0798 / 0.0796, v3 0.0557 / 0.0560. So only one sequence (8 programs
-# with 8 kv heads) keeps v1.
+# Sixteenth session (about 16:50 UTC, probe_attention.py grid, benchmarks/probe_v3_few_sequences.json,
+# two rounds): at (1, 32768) v1 0.0281 / 0.0288 ms, tuned v3 0.0354 / 0.0355, 0.0316 / 0.0317 with
+# 256-token splits (the exact kernel in the PDL chain instead of on a side stream, exact_in_chain,
+# did not close the gap); at (2, 32768), 16 programs, v1 0.0458 / 0.0462, v3 0.0405 / 0.0405; at
+# (4, 32768) v1 0.0798 / 0.0796, v3 0.0557 / 0.0560. So only one sequence (8 programs with 8 kv
+# heads) keeps v1.
 SMALL_LAUNCH_PROGRAMS = 8
 SMALL_LAUNCH_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
     (128, 4, "affine"): LaunchConfig(
