@@ -237,8 +237,8 @@ if HAS_GLUON:
     @gluon.jit
     def _p_to_b_by_movmatrix(p16):
         """p [tokens, 8] fp16 from the scores' accumulator layout into the value MMAs' B layout
-        with one movmatrix.trans per 8 x 8 block: lane (g, t) holds tokens g and columns 2t, 2t + 1
-        of each block, and B wants tokens 2t, 2t + 1 of column g, i.e. the block transposed. The
+        with one movmatrix.trans per 8 x 8 block: lane (g, t) holds token g, columns 2t and 2t + 1
+        of each block, and B wants tokens 2t and 2t + 1 of column g, i.e. the block transposed. The
         reshape and permute only restate which element each register now holds (assert_trivial
         proves the final conversion moves no data)."""
         moved = gl.inline_asm_elementwise(
@@ -410,8 +410,8 @@ if HAS_GLUON:
         # p to the value MMAs' B layout by one movmatrix.trans per 8 x 8 block (needs P_ONCE)
         P_MOVMATRIX: gl.constexpr = False,
         # full steps address their code rows from a scalar pointer to the step's first row (per-lane
-        # offsets are then loop-invariant; offline 845 loop instructions instead of 867 with the two
-        # options above)
+        # offsets are then loop-invariant; offline 876 loop instructions instead of 904, but ptxas
+        # then uses the key words sooner after their loads: 7-9% slower, sixteenth session)
         STEP_ROW_BASE: gl.constexpr = False,
         # let the next kernel in the stream launch now (PDL): the exact-token kernel of
         # LaunchConfig.exact_in_chain, which needs nothing from this one until it ends

@@ -317,6 +317,9 @@ def test_tuned_config_by_launch_size():
         (dict(kernel="v3", num_warps=1, p_movmatrix=True), "p_movmatrix"),  # no p_once
         (dict(kernel="v1", score_offset_in_mma=True), "score_offset_in_mma"),
         (dict(kernel="v2", step_row_base=True), "step_row_base"),
+        # the exact kernel is either on the side stream or in the PDL chain, and the chain needs PDL
+        (dict(kernel="v3", num_warps=1, pdl=True, overlap_exact=True, exact_in_chain=True), "exact_in_chain"),
+        (dict(kernel="v3", num_warps=1, exact_in_chain=True), "exact_in_chain"),
     ],
 )
 def test_launch_config_rejects_bad_fields(bad, named):
