@@ -25,7 +25,8 @@ TUNED = K.TUNED_CONFIGS[(128, 4, "affine")]
         ({}, 12),  # 168 registers x 32 lanes = 5,376 per warp: 12 warps in 64K
         ({"maxnreg": 128}, 16),
         ({"maxnreg": 255}, 8),  # 8,160 per warp, allocated in units of 256: 8,192
-        ({"kernel": "v1", "num_warps": 2}, 6),
+        # (v1 takes none of the tuned config's v3-only options)
+        ({"kernel": "v1", "num_warps": 2, **dict.fromkeys(K.V3_ONLY_OPTIONS, False)}, 6),
         # v3's cp.async ring: 4 stages x 8 KB (value and key tiles) + 1 KB a program, in 228 KB
         ({"num_stages": 4, "keys_via_smem": True}, 6),
         ({"maxnreg": None, "whole_waves": False}, None),  # no cap: the register count is unknown
