@@ -139,7 +139,10 @@ stalls)
     # One launch of the v3 split kernel at (8, 131072), tuned or with keys_ahead (RESULTS.md, tenth
     # session: the tuned loop's warps wait on the key words' first use; keys_ahead trades that
     # wait for fixed-latency dependency waits).
-    config=$(python3 -c "import json; c = json.load(open('benchmarks/probe_keys_ahead.json'))[0]
+    # (the tuned config as the package has it now, not a copy that goes stale)
+    config=$(python3 -c "import dataclasses, json
+from wmoe_compile.kernels import wavelet_attention as K
+c = dataclasses.asdict(K.TUNED_CONFIGS[(128, 4, 'affine')])
 v = '$variant'
 print(json.dumps(c if v == 'tuned' else {**c, v: True}))")
     run 420 ncu --clock-control none -k regex:split_kernel_v3 --launch-skip 1 --launch-count 1 \
