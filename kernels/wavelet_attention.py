@@ -1095,8 +1095,8 @@ class LaunchConfig:
     # v3 with pdl: the exact-token kernel runs beside the split kernel in the same stream, as a
     # link of the PDL chain (prologue -> split -> exact -> reduce): the split kernel lets it launch
     # at once, it waits for the split kernel only before it ends, and the reduce keeps its PDL
-    # wait (after overlap_exact's stream join it cannot). Sixteenth session: within 1% at one to
-    # four sequences, 0.8% slower at the large decode shapes; not tuned
+    # wait (after overlap_exact's stream join it cannot). Sixteenth session, tuned splits: within
+    # 1% at one to four sequences, 0.8% slower at the large decode shapes; not tuned
     exact_in_chain: bool = False
     # the split count set so the launch fills a whole number of waves of resident programs
     # (residency from maxnreg and num_warps, so it needs maxnreg; see split_count): a last, partial
