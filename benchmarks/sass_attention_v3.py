@@ -4,7 +4,7 @@ costs: registers, spills, shared memory and the SASS instruction mix of the full
     python benchmarks/sass_attention_v3.py [--stages 1] [--block-n 64] [--maxnreg 168]
         [--keys-via-smem] [--keys-ahead] [--no-cache-tiles] [--no-convert-p-once] [--lazy-rescale]
         [--copy-layout-tokens] [--value-scales-in-b] [--score-offset-in-mma] [--p-movmatrix]
-        [--step-row-base] [--block-m 4] [--pdl] [--out build/sass_v3]
+        [--step-row-base] [--row-copies] [--block-m 4] [--pdl] [--out build/sass_v3]
 
 No GPU needed (triton.compile builds for a named target, interpreter setting or not; the CUDA tools
 Triton ships disassemble). Why: the
@@ -71,6 +71,7 @@ def compile_v3(args: argparse.Namespace) -> tuple[str, str, int]:
         SCORE_OFFSET_IN_MMA=args.score_offset_in_mma,
         P_MOVMATRIX=args.p_movmatrix,
         STEP_ROW_BASE=args.step_row_base,
+        ROW_COPIES=args.row_copies,
     )
     pointer_types = dict(qw_ptr="*fp16", kc_ptr="*u8", vc_ptr="*u8", ks_ptr="*fp16", vs_ptr="*fp16")
     pointer_types.update(seq_lens_ptr="*i32", slot_coef_ptr="*i32")
@@ -141,6 +142,7 @@ def main() -> None:
     )
     p.add_argument("--p-movmatrix", action="store_true", help="p to the B layout by movmatrix.trans")
     p.add_argument("--step-row-base", action="store_true", help="code rows from a scalar per-step pointer")
+    p.add_argument("--row-copies", action="store_true", help="code rows by 16-byte copies (keys via smem)")
     p.add_argument("--pdl", action="store_true", help="wait for the previous kernel in-kernel (PDL)")
     p.add_argument("--out", default="build/sass_v3")
     args = p.parse_args()

@@ -1089,6 +1089,11 @@ class LaunchConfig:
     # per-lane token offsets are loop-invariant (offline 876 loop instructions instead of 904; 833
     # with the two options above; sixteenth session: 7-9% slower, not tuned)
     step_row_base: bool = False
+    # v3 with keys_via_smem: the key and value code rows through one [tokens, 32] ring each by
+    # 16-byte copies, 4 lanes a token row, so a warp's copies cover whole 32-byte sectors of the
+    # 48-byte rows and need no L1 to merge them (cache_tiles does that with 8-byte copies); both
+    # operands then come from shared memory by ldmatrix, the keys a stage ahead like the values
+    row_copies: bool = False
     # v3: the exact-token kernel runs on a second stream, beside the split kernel
     # (it reads the raw query and writes its own partial slot; the reduce waits for both)
     overlap_exact: bool = False
@@ -1130,6 +1135,19 @@ class LaunchConfig:
             raise ValueError(
                 "LaunchConfig.value_scales_in_b is a v3 option for convert_p_once (the scales applied in "
                 f"the B layout): got kernel={self.kernel!r}, convert_p_once={self.convert_p_once}"
+            )
+        if self.row_copies and not (
+            self.kernel == "v3"
+            and self.keys_via_smem
+            and not self.cache_tiles
+            and not self.copy_layout_tokens
+            and not self.step_row_base
+        ):
+            raise ValueError(
+                "LaunchConfig.row_copies is a v3 option with keys_via_smem, instead of cache_tiles, "
+                f"copy_layout_tokens and step_row_base: got kernel={self.kernel!r}, "
+                f"keys_via_smem={self.keys_via_smem}, cache_tiles={self.cache_tiles}, "
+                f"copy_layout_tokens={self.copy_layout_tokens}, step_row_base={self.step_row_base}"
             )
         for name in ("score_offset_in_mma", "step_row_base"):
             if getattr(self, name) and self.kernel != "v3":
@@ -3355,6 +3373,7 @@ V3_ONLY_OPTIONS = (
     "p_movmatrix",
     "step_row_base",
     "exact_in_chain",
+    "row_copies",
 )
 
 
@@ -3488,6 +3507,7 @@ def _launch_v3(
         P_MOVMATRIX=config.p_movmatrix,
         STEP_ROW_BASE=config.step_row_base,
         TRIGGER_DEPENDENTS=chain,
+        ROW_COPIES=config.row_copies,
         num_warps=1,
         **split_options,
         **_dependent(_pdl(config, q.device)),

@@ -68,6 +68,12 @@ if HAS_GLUON:
         _TOKEN_ROWS = gl.constexpr(gl.BlockedLayout([1, 8], [16, 2], [1, 1], [1, 0]))
         _TOKEN_ROWS_8B = gl.constexpr(gl.BlockedLayout([1, 4], [8, 4], [1, 1], [1, 0]))  # 8-byte copies
         _TILE = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0]))
+        # ROW_COPIES: [tokens, 32 int16] rows (the 4-bit band's 16 elements, the 2-bit band's 8
+        # twice), copied 16 bytes a lane, 4 lanes a token, so that a warp's copies cover whole
+        # 32-byte sectors of the cache's 48-byte rows; in shared memory 64-byte rows whose 16-byte
+        # chunks are XOR-swizzled by row pair, so ldmatrix's 8 rows hit 8 different bank groups
+        _ROW_COPY = gl.constexpr(gl.BlockedLayout([1, 8], [8, 4], [1, 1], [1, 0]))
+        _ROW_TILE = gl.constexpr(gl.SwizzledSharedLayout(vec=8, per_phase=2, max_phase=4, order=[1, 0]))
         # [tokens, 2] fp16 scale pairs: one 4-byte load per token
         _SCALE_PAIRS = gl.constexpr(gl.BlockedLayout([1, 2], [32, 1], [1, 1], [1, 0]))
         # field asm of the int16 code elements (magic: 1024 + field in place)
@@ -139,27 +145,64 @@ if HAS_GLUON:
         E2: gl.constexpr,
         KEYS: gl.constexpr,
         CACHE: gl.constexpr,
+        ROW_COPIES: gl.constexpr = False,
     ):
         """cp.async the code tiles of BLOCK_N tokens into stage `stage` of the ring (k4s, k2s, v4s,
         v2s), one commit group: the values' and (KEYS; else the key buffers are an unused
         placeholder) the keys' [tokens, 16] int16 per band, the 2-bit band's 8 elements twice.
         tok: token indices in SliceLayout(1, _TOKEN_ROWS). CACHE: through L1 (cp.async.ca), where
         the bands' copies of one 32-byte sector meet (48-byte rows straddle sectors, the 2-bit
-        band shares its sector with 4-bit codes), instead of each going to L2."""
+        band shares its sector with 4-bit codes), instead of each going to L2. ROW_COPIES: the row
+        rings' copies instead (_issue_rows; tok in SliceLayout(1, _ROW_COPY))."""
         k4s, k2s, v4s, v2s = ring
-        if CACHE:  # Triton issues 16-byte copies as cp.async.cg (L2 only): 8-byte ones take .ca
-            ve = gl.arange(0, 16, layout=gl.SliceLayout(0, _TOKEN_ROWS_8B))
-            tok = gl.convert_layout(tok, gl.SliceLayout(1, _TOKEN_ROWS_8B))
+        if ROW_COPIES:
+            _issue_rows(k4s, v4s, stage, kcodes, vcodes, tok, ROW, E4, E2)
         else:
-            ve = gl.arange(0, 16, layout=gl.SliceLayout(0, _TOKEN_ROWS))
-        if KEYS:
-            k_rows = kcodes + tok[:, None] * ROW
-            _copy(k4s.index(stage), k_rows + E4 + ve[None, :], CACHE)
-            _copy(k2s.index(stage), k_rows + E2 + (ve % 8)[None, :], CACHE)
-        v_rows = vcodes + tok[:, None] * ROW
-        _copy(v4s.index(stage), v_rows + E4 + ve[None, :], CACHE)
-        _copy(v2s.index(stage), v_rows + E2 + (ve % 8)[None, :], CACHE)
+            if CACHE:  # Triton issues 16-byte copies as cp.async.cg (L2 only): 8-byte ones take .ca
+                ve = gl.arange(0, 16, layout=gl.SliceLayout(0, _TOKEN_ROWS_8B))
+                tok = gl.convert_layout(tok, gl.SliceLayout(1, _TOKEN_ROWS_8B))
+            else:
+                ve = gl.arange(0, 16, layout=gl.SliceLayout(0, _TOKEN_ROWS))
+            if KEYS:
+                k_rows = kcodes + tok[:, None] * ROW
+                _copy(k4s.index(stage), k_rows + E4 + ve[None, :], CACHE)
+                _copy(k2s.index(stage), k_rows + E2 + (ve % 8)[None, :], CACHE)
+            v_rows = vcodes + tok[:, None] * ROW
+            _copy(v4s.index(stage), v_rows + E4 + ve[None, :], CACHE)
+            _copy(v2s.index(stage), v_rows + E2 + (ve % 8)[None, :], CACHE)
+            async_copy.commit_group()
+
+    @gluon.jit
+    def _issue_rows(
+        krows, vrows, stage, kcodes, vcodes, tok, ROW: gl.constexpr, E4: gl.constexpr, E2: gl.constexpr
+    ):
+        """ROW_COPIES: cp.async (16 bytes a lane, L2 only) the key and value code rows of BLOCK_N
+        tokens into stage `stage` of the row rings, one commit group. Row t of a stage holds the
+        4-bit band's elements in columns 0-15 and the 2-bit band's in 16-23 and again in 24-31, so
+        each band is a [tokens, 16] slice. tok: token indices in SliceLayout(1, _ROW_COPY)."""
+        col = gl.arange(0, 32, layout=gl.SliceLayout(0, _ROW_COPY))
+        chunk = col // 8
+        src = col + gl.where(chunk < 2, E4, gl.where(chunk < 3, E2 - 16, E2 - 24))
+        # runs of 8 contiguous elements from multiples of 8 (E4 and E2 are): 16-byte copies (Triton
+        # 3.6 infers it, 3.9 needs the hint)
+        src = gl.max_contiguous(gl.multiple_of(src, 8), 8)
+        _async_load(krows.index(stage), kcodes + tok[:, None] * ROW + src[None, :])
+        _async_load(vrows.index(stage), vcodes + tok[:, None] * ROW + src[None, :])
         async_copy.commit_group()
+
+    @gluon.jit
+    def _stage_tiles(ring, stage, ROW_COPIES: gl.constexpr):
+        """The four [tokens, 16] band tiles (keys 4-bit, 2-bit, values 4-bit, 2-bit) of one ring
+        stage: slices of the row rings (ROW_COPIES; ring = (krows, krows, vrows, vrows)), else the
+        per-band rings."""
+        k4s, k2s, v4s, v2s = ring
+        if ROW_COPIES:
+            k = k4s.index(stage)
+            v = v4s.index(stage)
+            tiles = (k.slice(0, 16, 1), k.slice(16, 16, 1), v.slice(0, 16, 1), v.slice(16, 16, 1))
+        else:
+            tiles = (k4s.index(stage), k2s.index(stage), v4s.index(stage), v2s.index(stage))
+        return tiles
 
     @gluon.jit
     def _load_keys(codes, tok, ROW: gl.constexpr, E4: gl.constexpr, E2: gl.constexpr):
@@ -416,6 +459,9 @@ if HAS_GLUON:
         # let the next kernel in the stream launch now (PDL): the exact-token kernel of
         # LaunchConfig.exact_in_chain, which needs nothing from this one until it ends
         TRIGGER_DEPENDENTS: gl.constexpr = False,
+        # the key and value code rows through one [tokens, 32] ring each, by 16-byte copies that
+        # cover whole sectors (needs KEYS_VIA_SMEM: the keys come from the ring too)
+        ROW_COPIES: gl.constexpr = False,
     ):
         """One (split, sequence, kv head, row block): online softmax over a range of compressed
         tokens in the coefficient domain; grid (num_splits, programs)."""
@@ -484,18 +530,25 @@ if HAS_GLUON:
         vscales = vs_ptr + batch * vs_stride_b + kv_head * vs_stride_h
         kt = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, _A))
         st = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, _SCALE_PAIRS))
-        if CACHE_TILES and COPY_LAYOUT_TOKENS:  # already in the 8-byte copies' layout: no shuffles
+        if ROW_COPIES:
+            vt = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, _ROW_COPY))
+        elif CACHE_TILES and COPY_LAYOUT_TOKENS:  # already in the 8-byte copies' layout: no shuffles
             vt = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, _TOKEN_ROWS_8B))
         else:
             vt = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, _TOKEN_ROWS))
         mt = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, _MMA))
         # the ring of code tiles: stage i holds step i's key and value tiles
-        KEY_STAGES: gl.constexpr = STAGES if KEYS_VIA_SMEM else 1  # 1: an unused placeholder
-        k4s = gl.allocate_shared_memory(gl.int16, [KEY_STAGES, BLOCK_N, 16], _TILE)
-        k2s = gl.allocate_shared_memory(gl.int16, [KEY_STAGES, BLOCK_N, 16], _TILE)
-        v4s = gl.allocate_shared_memory(gl.int16, [STAGES, BLOCK_N, 16], _TILE)
-        v2s = gl.allocate_shared_memory(gl.int16, [STAGES, BLOCK_N, 16], _TILE)
-        ring = (k4s, k2s, v4s, v2s)
+        if ROW_COPIES:
+            krows = gl.allocate_shared_memory(gl.int16, [STAGES, BLOCK_N, 32], _ROW_TILE)
+            vrows = gl.allocate_shared_memory(gl.int16, [STAGES, BLOCK_N, 32], _ROW_TILE)
+            ring = (krows, krows, vrows, vrows)
+        else:
+            KEY_STAGES: gl.constexpr = STAGES if KEYS_VIA_SMEM else 1  # 1: an unused placeholder
+            k4s = gl.allocate_shared_memory(gl.int16, [KEY_STAGES, BLOCK_N, 16], _TILE)
+            k2s = gl.allocate_shared_memory(gl.int16, [KEY_STAGES, BLOCK_N, 16], _TILE)
+            v4s = gl.allocate_shared_memory(gl.int16, [STAGES, BLOCK_N, 16], _TILE)
+            v2s = gl.allocate_shared_memory(gl.int16, [STAGES, BLOCK_N, 16], _TILE)
+            ring = (k4s, k2s, v4s, v2s)
         # ---- state: running max, 8 field accumulators, token sums of p and of p * scale per band
         acc0 = gl.zeros([16, 8], gl.float32, layout=_MMA)
         state = (gl.full([8], _NEG_BIG, gl.float32, layout=gl.SliceLayout(0, _MMA)),) + (acc0,) * 11
@@ -506,7 +559,17 @@ if HAS_GLUON:
             for i in gl.static_range(STAGES - 1):
                 ahead = gl.minimum(lo + i * BLOCK_N, last_full)  # past the end: a harmless repeat
                 _issue_stage(
-                    ring, i, kcodes, vcodes, ahead + vt, CODE_ROW, E4, E2, KEYS_VIA_SMEM, CACHE_TILES
+                    ring,
+                    i,
+                    kcodes,
+                    vcodes,
+                    ahead + vt,
+                    CODE_ROW,
+                    E4,
+                    E2,
+                    KEYS_VIA_SMEM,
+                    CACHE_TILES,
+                    ROW_COPIES,
                 )
             k_pair = _load_scale_pairs(kscales, lo + st, SCALE_ROW)
             v_pair = _load_scale_pairs(vscales, lo + st, SCALE_ROW)
@@ -528,10 +591,21 @@ if HAS_GLUON:
                         E2,
                         KEYS_VIA_SMEM,
                         CACHE_TILES,
+                        ROW_COPIES,
                     )
                 else:
                     _issue_stage(
-                        ring, slot, kcodes, vcodes, ahead + vt, CODE_ROW, E4, E2, KEYS_VIA_SMEM, CACHE_TILES
+                        ring,
+                        slot,
+                        kcodes,
+                        vcodes,
+                        ahead + vt,
+                        CODE_ROW,
+                        E4,
+                        E2,
+                        KEYS_VIA_SMEM,
+                        CACHE_TILES,
+                        ROW_COPIES,
                     )
                 k0, k1 = _split_scales(k_pair)
                 if VALUE_SCALES_IN_B:
@@ -542,10 +616,11 @@ if HAS_GLUON:
                 k_pair = _load_scale_pairs(kscales, nxt + st, SCALE_ROW)
                 v_pair = _load_scale_pairs(vscales, nxt + st, SCALE_ROW)
                 cur = step % STAGES
+                k4t, k2t, v4t, v2t = _stage_tiles(ring, cur, ROW_COPIES)
                 if KEYS_VIA_SMEM:
                     async_copy.wait_group(STAGES - 1)  # this step's group has landed
-                    raw4 = k4s.index(cur).load(_A)
-                    raw2 = k2s.index(cur).load(_A)
+                    raw4 = k4t.load(_A)
+                    raw2 = k2t.load(_A)
                 elif KEYS_AHEAD:
                     raw4 = next4
                     raw2 = next2
@@ -567,8 +642,8 @@ if HAS_GLUON:
                     state,
                     w0,
                     w1,
-                    v4s.index(cur),
-                    v2s.index(cur),
+                    v4t,
+                    v2t,
                     ones,
                     LAZY_RESCALE,
                     P_ONCE,
@@ -580,17 +655,20 @@ if HAS_GLUON:
         last = hi - 1
         for start in range(full_hi, hi, BLOCK_N):
             tok = gl.minimum(start + vt, last)
-            _issue_stage(ring, 0, kcodes, vcodes, tok, CODE_ROW, E4, E2, KEYS_VIA_SMEM, CACHE_TILES)
+            _issue_stage(
+                ring, 0, kcodes, vcodes, tok, CODE_ROW, E4, E2, KEYS_VIA_SMEM, CACHE_TILES, ROW_COPIES
+            )
             k0, k1 = _split_scales(_load_scale_pairs(kscales, gl.minimum(start + st, last), SCALE_ROW))
             w_pair = _load_scale_pairs(vscales, gl.minimum(start + st, last), SCALE_ROW)
             if VALUE_SCALES_IN_B:
                 w0, w1 = _split_value_scales(w_pair)
             else:
                 w0, w1 = _split_scales(w_pair)
+            k4t, k2t, v4t, v2t = _stage_tiles(ring, 0, ROW_COPIES)
             if KEYS_VIA_SMEM:
                 async_copy.wait_group(0)
-                raw4 = k4s.index(0).load(_A)
-                raw2 = k2s.index(0).load(_A)
+                raw4 = k4t.load(_A)
+                raw2 = k2t.load(_A)
             else:
                 raw4, raw2 = _load_keys(kcodes, gl.minimum(start + kt, last), CODE_ROW, E4, E2)
                 async_copy.wait_group(0)
@@ -603,8 +681,8 @@ if HAS_GLUON:
                 state,
                 w0,
                 w1,
-                v4s.index(0),
-                v2s.index(0),
+                v4t,
+                v2t,
                 ones,
                 LAZY_RESCALE,
                 P_ONCE,

@@ -198,8 +198,10 @@ def test_a_v3_build_failure_falls_back_to_v1_once(monkeypatch, config):
         ["--copy-layout-tokens", "--value-scales-in-b", "--p-movmatrix"],
         ["--copy-layout-tokens", "--value-scales-in-b", "--p-movmatrix"]
         + ["--score-offset-in-mma", "--step-row-base"],
+        ["--row-copies", "--keys-via-smem", "--no-cache-tiles", "--stages", "2"]
+        + ["--value-scales-in-b", "--p-movmatrix"],
     ],
-    ids=["plain", "keys_ahead", "lazy_rescale", "tuned_layouts", "all_layout_options"],
+    ids=["plain", "keys_ahead", "lazy_rescale", "tuned_layouts", "all_layout_options", "row_copies"],
 )
 def test_v3_compiles_for_sm90_on_this_triton(tmp_path, options):
     # Gluon's API moves between Triton releases (3.9 renamed the cp.async copy, which broke v3's
@@ -210,7 +212,9 @@ def test_v3_compiles_for_sm90_on_this_triton(tmp_path, options):
     import re
 
     out = _run_sm90_tool("sass_attention_v3.py", tmp_path, *options)
-    if "--keys-ahead" not in options:  # it holds 24 more registers: at the cap a few bytes may spill
+    # keys_ahead holds 24 more registers: at the cap a few bytes may spill; row_copies spills 32
+    # bytes on Triton 3.9 (none on the device's 3.6)
+    if "--keys-ahead" not in options and "--row-copies" not in options:
         assert "STACK:0" in out, out
     step = int(re.search(r"full-step loop: (\d+) instructions", out).group(1))
     hmma = int(re.search(r"(\d+)\s+HMMA", out).group(1))

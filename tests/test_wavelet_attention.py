@@ -320,6 +320,9 @@ def test_tuned_config_by_launch_size():
         # the exact kernel is either on the side stream or in the PDL chain, and the chain needs PDL
         (dict(kernel="v3", num_warps=1, pdl=True, overlap_exact=True, exact_in_chain=True), "exact_in_chain"),
         (dict(kernel="v3", num_warps=1, exact_in_chain=True), "exact_in_chain"),
+        # row copies bring the keys through the ring too, and replace the 8-byte cached copies
+        (dict(kernel="v3", num_warps=1, row_copies=True), "row_copies"),
+        (dict(kernel="v3", num_warps=1, keys_via_smem=True, cache_tiles=True, row_copies=True), "row_copies"),
     ],
 )
 def test_launch_config_rejects_bad_fields(bad, named):
@@ -504,6 +507,15 @@ V3_GPU_CONFIGS = [
     dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], score_offset_in_mma=True, step_row_base=True),
     # the exact-token kernel as a link of the PDL chain instead of on the side stream
     dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], overlap_exact=False, exact_in_chain=True),
+    # key and value rows by 16-byte copies through two-stage rings, both read by ldmatrix
+    ROW_COPIES_CONFIG := dataclasses.replace(
+        K.TUNED_CONFIGS[(128, 4, "affine")],
+        num_stages=2,
+        keys_via_smem=True,
+        cache_tiles=False,
+        copy_layout_tokens=False,
+        row_copies=True,
+    ),
 ]
 
 
@@ -561,6 +573,9 @@ def test_gpu_v3_layout_options_leave_the_result_bit_identical():
         for changed in [{name: True} for name in layout_options] + [dict.fromkeys(layout_options, True)]:
             config = dataclasses.replace(base, **changed)
             assert torch.equal(_run_triton(args, codec, 128**-0.5, config=config, num_splits=7), want), config
+        # row_copies reads the same code words through shared memory (keys too), two stages ahead
+        rows = dataclasses.replace(ROW_COPIES_CONFIG, score_offset_in_mma=offset_in_mma)
+        assert torch.equal(_run_triton(args, codec, 128**-0.5, config=rows, num_splits=7), want)
     assert not K._V3_FAILURE, K._V3_FAILURE
 
 
