@@ -1092,7 +1092,10 @@ class LaunchConfig:
     # v3 with keys_via_smem: the key and value code rows through one [tokens, 32] ring each by
     # 16-byte copies, 4 lanes a token row, so a warp's copies cover whole 32-byte sectors of the
     # 48-byte rows and need no L1 to merge them (cache_tiles does that with 8-byte copies); both
-    # operands then come from shared memory by ldmatrix, the keys a stage ahead like the values
+    # operands then come from shared memory by ldmatrix, the keys a stage ahead like the values.
+    # Sixteenth session: 797 loop instructions instead of 886 but 35% slower (Nsight: the 16-byte
+    # copies' half-sector requests are not merged, L2 88% busy at 52% of DRAM; 5.5x the ideal
+    # shared-memory wavefronts for the copies' stores); not tuned
     row_copies: bool = False
     # v3: the exact-token kernel runs on a second stream, beside the split kernel
     # (it reads the raw query and writes its own partial slot; the reduce waits for both)
