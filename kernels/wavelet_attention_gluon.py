@@ -580,33 +580,26 @@ if HAS_GLUON:
                 ahead = gl.minimum(start + (STAGES - 1) * BLOCK_N, last_full)
                 slot = (step + STAGES - 1) % STAGES  # the stage the previous step read
                 if STEP_ROW_BASE:  # the step's first row as a scalar pointer, tokens relative to it
-                    _issue_stage(
-                        ring,
-                        slot,
-                        kcodes + ahead * CODE_ROW,
-                        vcodes + ahead * CODE_ROW,
-                        vt,
-                        CODE_ROW,
-                        E4,
-                        E2,
-                        KEYS_VIA_SMEM,
-                        CACHE_TILES,
-                        ROW_COPIES,
-                    )
+                    k_base = kcodes + ahead * CODE_ROW
+                    v_base = vcodes + ahead * CODE_ROW
+                    ahead_tok = vt
                 else:
-                    _issue_stage(
-                        ring,
-                        slot,
-                        kcodes,
-                        vcodes,
-                        ahead + vt,
-                        CODE_ROW,
-                        E4,
-                        E2,
-                        KEYS_VIA_SMEM,
-                        CACHE_TILES,
-                        ROW_COPIES,
-                    )
+                    k_base = kcodes
+                    v_base = vcodes
+                    ahead_tok = ahead + vt
+                _issue_stage(
+                    ring,
+                    slot,
+                    k_base,
+                    v_base,
+                    ahead_tok,
+                    CODE_ROW,
+                    E4,
+                    E2,
+                    KEYS_VIA_SMEM,
+                    CACHE_TILES,
+                    ROW_COPIES,
+                )
                 k0, k1 = _split_scales(k_pair)
                 if VALUE_SCALES_IN_B:
                     w0, w1 = _split_value_scales(v_pair)
