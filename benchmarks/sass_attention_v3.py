@@ -1,10 +1,12 @@
 """Compile the Gluon attention split kernel (v3) for sm_90 on any machine and count what one step
-costs: registers, spills, shared memory and the SASS instruction mix of the full-step loop.
+costs: registers, spills, shared memory, the SASS instruction mix of the full-step loop and how
+far its global loads issue ahead of their first use.
 
     python benchmarks/sass_attention_v3.py [--stages 1] [--block-n 64] [--maxnreg 168]
         [--keys-via-smem] [--keys-ahead] [--no-cache-tiles] [--no-convert-p-once] [--lazy-rescale]
         [--copy-layout-tokens] [--value-scales-in-b] [--score-offset-in-mma] [--p-movmatrix]
         [--step-row-base] [--row-copies] [--block-m 4] [--pdl] [--out build/sass_v3]
+    python benchmarks/sass_attention_v3.py --tuned    # the package's tuned decode config
 
 No GPU needed (triton.compile builds for a named target, interpreter setting or not; the CUDA tools
 Triton ships disassemble). Why: the
@@ -42,6 +44,48 @@ def loop_mix(sass: str) -> collections.Counter:
                     mix[op.group(1)] += 1
             return mix
     return collections.Counter()
+
+
+def loop_instructions(sass: str) -> list[str]:
+    """The instructions (predicate, opcode and operands) of the first backward-branch loop."""
+    lines = sass.splitlines()
+    labels = {m.group(1): i for i, line in enumerate(lines) if (m := re.match(r"^\.(L_x_\d+):", line))}
+    for i, line in enumerate(lines):
+        m = re.search(r"BRA\s+`\(\.(L_x_\d+)\)", line)
+        if m and m.group(1) in labels and labels[m.group(1)] < i:
+            body = (re.search(r"\*/\s+([^;]+);", b) for b in lines[labels[m.group(1)] : i + 1])
+            return [b.group(1).strip() for b in body if b]
+    return []
+
+
+def load_to_use(loop: list[str]) -> list[int]:
+    """For each global load (LDG) of the loop, how many instructions later the first instruction
+    that reads its register issues, following the loop around its back edge (keys_ahead's words
+    are read in the next step). A load whose register is overwritten unread counts as the loop's
+    length. Why it matters: ptxas puts the first reader of a key word a few dozen instructions
+    after its load unless the program order keeps it away, and the warp then waits there for DRAM
+    (benchmarks/RESULTS.md, sixteenth and seventeenth sessions)."""
+    distances = []
+    for k, ins in enumerate(loop):
+        m = re.match(r"(?:@!?U?P\w+\s+)?LDG\S*\s+(R\d+),", ins)
+        if not m:
+            continue
+        reg = re.compile(rf"\b{m.group(1)}\b")
+        distance = len(loop)
+        for j in range(1, len(loop)):
+            later = loop[(k + j) % len(loop)].split(None, 1)
+            if later[0].startswith("@"):  # predicated: opcode and operands follow the guard
+                later = later[1].split(None, 1)
+            operands = [x.strip() for x in later[1].split(",")] if len(later) > 1 else []
+            # sources: every operand after the first, and the first where it is an address
+            sources = operands[1:] + [x for x in operands[:1] if x.startswith("[")]
+            if any(reg.search(x) for x in sources):
+                distance = j
+                break
+            if operands and reg.fullmatch(operands[0]):  # overwritten unread
+                break
+        distances.append(distance)
+    return distances
 
 
 def compile_v3(args: argparse.Namespace) -> tuple[str, str, int]:
@@ -116,6 +160,29 @@ def disassemble(kernel, out: pathlib.Path, name: str) -> tuple[str, str]:
     return usage.strip().splitlines()[-1].strip(), sass
 
 
+def apply_tuned(args: argparse.Namespace) -> None:
+    """Set the kernel flags from TUNED_CONFIGS' decode entry, so this count cannot drift from what
+    the package launches."""
+    from wmoe_compile.kernels import wavelet_attention as wa
+
+    config = wa.TUNED_CONFIGS[(128, 4, "affine")]
+    assert config.kernel == "v3", config
+    args.stages, args.block_n, args.maxnreg = config.num_stages, config.block_n, config.maxnreg or 0
+    args.no_cache_tiles, args.no_convert_p_once = not config.cache_tiles, not config.convert_p_once
+    for name in (
+        "keys_via_smem",
+        "keys_ahead",
+        "lazy_rescale",
+        "copy_layout_tokens",
+        "value_scales_in_b",
+        "score_offset_in_mma",
+        "p_movmatrix",
+        "step_row_base",
+        "row_copies",
+    ):
+        setattr(args, name, getattr(config, name))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--stages", type=int, default=1)
@@ -145,14 +212,28 @@ def main() -> None:
     p.add_argument("--row-copies", action="store_true", help="code rows by 16-byte copies (keys via smem)")
     p.add_argument("--pdl", action="store_true", help="wait for the previous kernel in-kernel (PDL)")
     p.add_argument("--out", default="build/sass_v3")
+    p.add_argument(
+        "--tuned",
+        action="store_true",
+        help="the package's tuned config for decode (TUNED_CONFIGS), whatever the other flags say",
+    )
     args = p.parse_args()
+    if args.tuned:
+        apply_tuned(args)
     reason = gluon_kernels.gluon_reason()
     if reason is not None:  # e.g. Triton 3.5: its Gluon has no mma_v2
         raise SystemExit(f"v3 cannot be built with triton {triton.__version__}: {reason}")
     usage, sass, shared = compile_v3(args)
     mix = loop_mix(sass)
+    loop = loop_instructions(sass)
+    spills = sum(1 for ins in loop if re.match(r"(?:@!?U?P\w+\s+)?(LDL|STL)", ins))
+    distances = sorted(load_to_use(loop))
     print(f"triton {triton.__version__}, sm_90: {usage}; shared {shared} B per program")
     print(f"full-step loop: {sum(mix.values())} instructions per {args.block_n}-token step")
+    print(f"loop spill instructions: {spills}")
+    if distances:
+        median = distances[len(distances) // 2]
+        print(f"global loads' load-to-use distance: median {median}, min {distances[0]} instructions")
     for op, n in mix.most_common(16):
         print(f"  {n:5d}  {op}")
 

@@ -1066,8 +1066,9 @@ class LaunchConfig:
     # one packed subtract per operand pair
     centre_in_mma: bool = False
     keys_via_smem: bool = False  # v3: key code tiles through the cp.async ring (else loaded per step)
-    # v3: the next step's key words are loaded into registers as soon as this step's scores have
-    # used theirs, so their latency overlaps this step's value work (24 more live registers)
+    # v3: the next step's key words are loaded into registers (as int32 words) as soon as this step's
+    # scores have used theirs, so their latency overlaps this step's value work (24 more live
+    # registers; tuned since the seventeenth session, with step_row_base and score_offset_in_mma)
     keys_ahead: bool = False
     cache_tiles: bool = False  # v3: the ring's copies through L1 (cp.async.ca)
     convert_p_once: bool = False  # v3: p to the value MMAs' layout once, scales applied after
@@ -1080,14 +1081,16 @@ class LaunchConfig:
     value_scales_in_b: bool = False
     # v3: each band's score offset as its first key MMA's accumulator input instead of an add per
     # score (offline 882 loop instructions instead of 904; sixteenth session: no faster, alone or
-    # with p_movmatrix; eleventh session, with the branchy step and alone: 6-12% slower)
+    # with p_movmatrix; eleventh session, with the branchy step and alone: 6-12% slower; tuned with
+    # keys_ahead, where it leaves ptxas room enough to spill nothing)
     score_offset_in_mma: bool = False
     # v3 with convert_p_once: p taken to the value MMAs' B layout by one movmatrix.trans per 8 x 8
     # block instead of a shuffle conversion (offline 886 instead of 904; -1.0 to -1.6%, tuned)
     p_movmatrix: bool = False
     # v3: full steps address their code rows from a scalar pointer to the step's first row, so the
     # per-lane token offsets are loop-invariant (offline 876 loop instructions instead of 904; 833
-    # with the two options above; sixteenth session: 7-9% slower, not tuned)
+    # with the two options above; sixteenth session: 7-9% slower alone, since ptxas then reads the
+    # key words sooner after their loads; with keys_ahead, which keeps them a step away, tuned)
     step_row_base: bool = False
     # v3 with keys_via_smem: the key and value code rows through one [tokens, 32] ring each by
     # 16-byte copies, 4 lanes a token row, so a warp's copies cover whole 32-byte sectors of the
@@ -1229,6 +1232,14 @@ class LaunchConfig:
 # shapes); the score offset as the key MMAs' accumulator input (882; 867 with p_movmatrix) made no
 # difference alone or with p_movmatrix, and per-step scalar row pointers (876; 833 with both) were
 # 7-9% slower.
+# Seventeenth session (2026-12-01 17:54-17:57 UTC, same grid, two calls, interleaved): the next
+# step's key words loaded a step ahead as int32 words (keys_ahead; carried as int16 elements they
+# took 40 more loop instructions of repacking) with per-step scalar row pointers and the score offset
+# in the key MMAs (858 loop instructions, the key words read about 370 instructions after their
+# loads instead of 112): 0.2821 / 0.2760 / 0.0896 -> 0.2587 / 0.2655 / 0.0853 ms (means of 3 and 2
+# runs, second call; the first call 0.2668 / 0.2773 / 0.0905 -> 0.2600 / 0.2684 / 0.0854 without the
+# score offset change); keys_ahead alone (914) was 1-3% slower, and caps of 160 or 152 registers
+# with it 4-30% slower.
 # Where v3 cannot run (no Gluon, the interpreter) this entry runs v1 with these settings.
 TUNED_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
     (128, 4, "affine"): LaunchConfig(
@@ -1250,6 +1261,9 @@ TUNED_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
         copy_layout_tokens=True,
         value_scales_in_b=True,
         p_movmatrix=True,
+        keys_ahead=True,
+        step_row_base=True,
+        score_offset_in_mma=True,
     ),
     (128, 4, "table"): LaunchConfig(
         block_n=32, num_stages=3, ctas_per_sm=32.0, min_split_tokens=512, kernel="v1"

@@ -214,6 +214,28 @@ if HAS_GLUON:
         return gl.load(rows + E4 + kj[None, :]), gl.load(rows + E2 + (kj % 8)[None, :])
 
     @gluon.jit
+    def _load_key_words(codes, tok, ROW: gl.constexpr, E4: gl.constexpr, E2: gl.constexpr):
+        """_load_keys as int32 words, [tokens, 8] per band (the element pairs a lane's fragment
+        registers hold). KEYS_AHEAD carries these across the loop edge: carried as int16 elements,
+        the 2-bit band's repeated elements and the pairs were repacked by PRMTs and moves every
+        step (about 40 loop instructions)."""
+        BLOCK_N: gl.constexpr = tok.shape[0]
+        kj = gl.arange(0, 16, layout=gl.SliceLayout(0, _A))
+        rows = codes + tok[:, None] * ROW
+        w4, _ = gl.split(gl.reshape(rows + E4 + kj[None, :], [BLOCK_N, 8, 2]))
+        w2, _ = gl.split(gl.reshape(rows + E2 + (kj % 8)[None, :], [BLOCK_N, 8, 2]))
+        word = gl.pointer_type(gl.int32)
+        return gl.load(w4.to(word, bitcast=True)), gl.load(w2.to(word, bitcast=True))
+
+    @gluon.jit
+    def _key_elements(words):
+        """int32 words [tokens, 8] of _load_key_words -> the int16 elements [tokens, 16] in the A
+        fragments (the words' own registers: assert_trivial proves no data moves)."""
+        BLOCK_N: gl.constexpr = words.shape[0]
+        pairs = gl.join(words.to(gl.int16), (words >> 16).to(gl.int16))
+        return gl.convert_layout(gl.reshape(pairs, [BLOCK_N, 16]), _A, assert_trivial=True)
+
+    @gluon.jit
     def _load_scale_pairs(scales, tok, ROW: gl.constexpr):
         """The two fp16 band scales of BLOCK_N tokens, [tokens, 2] (one 4-byte load per token)."""
         sb = gl.arange(0, 2, layout=gl.SliceLayout(0, _SCALE_PAIRS))
@@ -574,7 +596,7 @@ if HAS_GLUON:
             k_pair = _load_scale_pairs(kscales, lo + st, SCALE_ROW)
             v_pair = _load_scale_pairs(vscales, lo + st, SCALE_ROW)
             if KEYS_AHEAD:
-                next4, next2 = _load_keys(kcodes, lo + kt, CODE_ROW, E4, E2)
+                next4, next2 = _load_key_words(kcodes, lo + kt, CODE_ROW, E4, E2)
             for start in range(lo, full_hi, BLOCK_N):
                 step = (start - lo) // BLOCK_N
                 ahead = gl.minimum(start + (STAGES - 1) * BLOCK_N, last_full)
@@ -615,8 +637,8 @@ if HAS_GLUON:
                     raw4 = k4t.load(_A)
                     raw2 = k2t.load(_A)
                 elif KEYS_AHEAD:
-                    raw4 = next4
-                    raw2 = next2
+                    raw4 = _key_elements(next4)
+                    raw2 = _key_elements(next2)
                 elif STEP_ROW_BASE:
                     raw4, raw2 = _load_keys(kcodes + start * CODE_ROW, kt, CODE_ROW, E4, E2)
                 else:
@@ -627,7 +649,10 @@ if HAS_GLUON:
                 if KEYS_AHEAD and not KEYS_VIA_SMEM:
                     # this step's key words are spent: their registers take the next step's, whose
                     # global latency then hides behind this step's value work
-                    next4, next2 = _load_keys(kcodes, nxt + kt, CODE_ROW, E4, E2)
+                    if STEP_ROW_BASE:
+                        next4, next2 = _load_key_words(kcodes + nxt * CODE_ROW, kt, CODE_ROW, E4, E2)
+                    else:
+                        next4, next2 = _load_key_words(kcodes, nxt + kt, CODE_ROW, E4, E2)
                 if not KEYS_VIA_SMEM:
                     async_copy.wait_group(STAGES - 1)
                 state = _accumulate_values(

@@ -498,23 +498,31 @@ V3_GPU_CONFIGS = [
     ),
     K.LaunchConfig(kernel="v3", num_stages=1, cache_tiles=True, convert_p_once=True, keys_ahead=True),
     K.LaunchConfig(kernel="v3", num_stages=2, lazy_rescale=False, keys_ahead=True),
-    # the tuned config (since the sixteenth session with the layout options), and without two of them
+    # the tuned config (since the seventeenth session with the key words a step ahead), and without
+    # two of its layout options
     K.TUNED_CONFIGS[(128, 4, "affine")],
     dataclasses.replace(
         K.TUNED_CONFIGS[(128, 4, "affine")], copy_layout_tokens=False, value_scales_in_b=False
     ),
-    # the sixteenth session's options for fewer loop instructions, all together (833 offline)
-    dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], score_offset_in_mma=True, step_row_base=True),
+    # every option for fewer loop instructions with the key words loaded in their step (833 offline)
+    dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], keys_ahead=False),
     # the exact-token kernel as a link of the PDL chain instead of on the side stream
     dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], overlap_exact=False, exact_in_chain=True),
-    # key and value rows by 16-byte copies through two-stage rings, both read by ldmatrix
+    # key and value rows by 16-byte copies through two-stage rings, both read by ldmatrix (keys
+    # through the ring: not a step ahead in registers, rows by the tokens' own pointers, as measured)
     ROW_COPIES_CONFIG := dataclasses.replace(
         K.TUNED_CONFIGS[(128, 4, "affine")],
         num_stages=2,
         keys_via_smem=True,
+        keys_ahead=False,
+        step_row_base=False,
         cache_tiles=False,
         copy_layout_tokens=False,
         row_copies=True,
+    ),
+    # the sixteenth session's tuned config: key words loaded in their step
+    dataclasses.replace(
+        K.TUNED_CONFIGS[(128, 4, "affine")], keys_ahead=False, step_row_base=False, score_offset_in_mma=False
     ),
 ]
 
@@ -556,13 +564,14 @@ def test_gpu_v3_layout_options_leave_the_result_bit_identical():
     # addresses), value_scales_in_b splits the value scales straight into fp16 B-layout vectors
     # (fp16 -> fp32 -> fp16 was exact), p_movmatrix moves p's fp16 values into the B layout by
     # movmatrix instead of shuffles, step_row_base forms the same addresses from a per-step scalar
-    # pointer. None may change a bit of the output, tails included, with the score offset added
+    # pointer, keys_ahead loads each step's key words a step early (as int32 words). None may
+    # change a bit of the output, tails included, with the score offset added
     # after the key MMAs or as their accumulator input (score_offset_in_mma changes the rounding,
     # so the reference test covers that one).
     codec, args = make_case(
         UNIFORM_REAL, 5, 2, 4, 1, 128, [4096, 1, 1000, 2049, 133], 4096, torch.bfloat16, "cuda", "full"
     )
-    layout_options = ("copy_layout_tokens", "value_scales_in_b", "p_movmatrix", "step_row_base")
+    layout_options = ("copy_layout_tokens", "value_scales_in_b", "p_movmatrix", "step_row_base", "keys_ahead")
     plain = dataclasses.replace(
         K.TUNED_CONFIGS[(128, 4, "affine")], score_offset_in_mma=False, **dict.fromkeys(layout_options, False)
     )
