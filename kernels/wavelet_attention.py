@@ -1088,9 +1088,10 @@ class LaunchConfig:
     # block instead of a shuffle conversion (offline 886 instead of 904; -1.0 to -1.6%, tuned)
     p_movmatrix: bool = False
     # v3: full steps address their code rows from a scalar pointer to the step's first row, so the
-    # per-lane token offsets are loop-invariant (offline 876 loop instructions instead of 904; 833
-    # with the two options above; sixteenth session: 7-9% slower alone, since ptxas then reads the
-    # key words sooner after their loads; with keys_ahead, which keeps them a step away, tuned)
+    # per-lane token offsets are loop-invariant and, since the seventeenth session, fold into the
+    # loads' immediates (offline 770 loop instructions with the layout options, 886 without it;
+    # sixteenth session, before the immediates: 7-9% slower alone, since ptxas then reads the key
+    # words sooner after their loads; with keys_ahead, which keeps them a step away, tuned)
     step_row_base: bool = False
     # v3 with keys_via_smem: the key and value code rows through one [tokens, 32] ring each by
     # 16-byte copies, 4 lanes a token row, so a warp's copies cover whole 32-byte sectors of the
@@ -1239,7 +1240,11 @@ class LaunchConfig:
 # loads instead of 112): 0.2821 / 0.2760 / 0.0896 -> 0.2587 / 0.2655 / 0.0853 ms (means of 3 and 2
 # runs, second call; the first call 0.2668 / 0.2773 / 0.0905 -> 0.2600 / 0.2684 / 0.0854 without the
 # score offset change); keys_ahead alone (914) was 1-3% slower, and caps of 160 or 152 registers
-# with it 4-30% slower.
+# with it 4-30% slower. 18:15 UTC, same grid, interleaved: the step's rows addressed from one 64-bit
+# register per lane plus immediates (_row_offsets; 787 loop instructions instead of 858) against the
+# sixteenth session's tuned step (886): 0.2652 / 0.2738 / 0.0891 -> 0.2542 / 0.2636 / 0.0871 ms
+# (means of 2 and 3 runs); the same step with the keys in-step (770) 0.2600 / 0.2651 / 0.0874, and
+# at 152 registers (820, 13 programs per SM, 26 per SM a launch) 0.2860 / 0.2979 / 0.0935.
 # Where v3 cannot run (no Gluon, the interpreter) this entry runs v1 with these settings.
 TUNED_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
     (128, 4, "affine"): LaunchConfig(

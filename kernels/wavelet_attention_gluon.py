@@ -134,6 +134,20 @@ if HAS_GLUON:
             _async_load(smem, pointers)
 
     @gluon.jit
+    def _row_offsets(tok, ROW: gl.constexpr, RELATIVE: gl.constexpr):
+        """tok * ROW. RELATIVE (tok is an arange: the step's rows from a per-step base pointer,
+        STEP_ROW_BASE): as int64, written (tok & -8) * ROW + (tok & 7) * ROW, whose first part
+        LLVM folds to a constant per register and whose second is the lane's own, so ptxas
+        addresses all of a lane's rows from one 64-bit register plus immediates. Written tok *
+        ROW, each register's row reaches LLVM as a sign-extended int32 it cannot split, and ptxas
+        keeps a 64-bit address per row (the tuned step: 858 loop instructions instead of 787,
+        seventeenth session). Not for absolute token indices: there the split costs 40-150."""
+        if RELATIVE:
+            return (tok & -8).to(gl.int64) * ROW + (tok & 7).to(gl.int64) * ROW
+        else:
+            return tok * ROW
+
+    @gluon.jit
     def _issue_stage(
         ring,
         stage,
@@ -146,6 +160,7 @@ if HAS_GLUON:
         KEYS: gl.constexpr,
         CACHE: gl.constexpr,
         ROW_COPIES: gl.constexpr = False,
+        RELATIVE: gl.constexpr = False,
     ):
         """cp.async the code tiles of BLOCK_N tokens into stage `stage` of the ring (k4s, k2s, v4s,
         v2s), one commit group: the values' and (KEYS; else the key buffers are an unused
@@ -153,7 +168,8 @@ if HAS_GLUON:
         tok: token indices in SliceLayout(1, _TOKEN_ROWS). CACHE: through L1 (cp.async.ca), where
         the bands' copies of one 32-byte sector meet (48-byte rows straddle sectors, the 2-bit
         band shares its sector with 4-bit codes), instead of each going to L2. ROW_COPIES: the row
-        rings' copies instead (_issue_rows; tok in SliceLayout(1, _ROW_COPY))."""
+        rings' copies instead (_issue_rows; tok in SliceLayout(1, _ROW_COPY)). RELATIVE: tok is an
+        arange of rows from kcodes/vcodes (see _row_offsets)."""
         k4s, k2s, v4s, v2s = ring
         if ROW_COPIES:
             _issue_rows(k4s, v4s, stage, kcodes, vcodes, tok, ROW, E4, E2)
@@ -164,10 +180,10 @@ if HAS_GLUON:
             else:
                 ve = gl.arange(0, 16, layout=gl.SliceLayout(0, _TOKEN_ROWS))
             if KEYS:
-                k_rows = kcodes + tok[:, None] * ROW
+                k_rows = kcodes + _row_offsets(tok, ROW, RELATIVE)[:, None]
                 _copy(k4s.index(stage), k_rows + E4 + ve[None, :], CACHE)
                 _copy(k2s.index(stage), k_rows + E2 + (ve % 8)[None, :], CACHE)
-            v_rows = vcodes + tok[:, None] * ROW
+            v_rows = vcodes + _row_offsets(tok, ROW, RELATIVE)[:, None]
             _copy(v4s.index(stage), v_rows + E4 + ve[None, :], CACHE)
             _copy(v2s.index(stage), v_rows + E2 + (ve % 8)[None, :], CACHE)
             async_copy.commit_group()
@@ -205,23 +221,27 @@ if HAS_GLUON:
         return tiles
 
     @gluon.jit
-    def _load_keys(codes, tok, ROW: gl.constexpr, E4: gl.constexpr, E2: gl.constexpr):
+    def _load_keys(
+        codes, tok, ROW: gl.constexpr, E4: gl.constexpr, E2: gl.constexpr, RELATIVE: gl.constexpr = False
+    ):
         """Key code words of BLOCK_N tokens straight from global memory into A fragments (lane
         (g, t) reads words of its own tokens): [tokens, 16] int16 per band, the 2-bit band's 8
-        elements twice. tok: token indices in SliceLayout(1, _A)."""
+        elements twice. tok: token indices in SliceLayout(1, _A) (RELATIVE: see _row_offsets)."""
         kj = gl.arange(0, 16, layout=gl.SliceLayout(0, _A))
-        rows = codes + tok[:, None] * ROW
+        rows = codes + _row_offsets(tok, ROW, RELATIVE)[:, None]
         return gl.load(rows + E4 + kj[None, :]), gl.load(rows + E2 + (kj % 8)[None, :])
 
     @gluon.jit
-    def _load_key_words(codes, tok, ROW: gl.constexpr, E4: gl.constexpr, E2: gl.constexpr):
+    def _load_key_words(
+        codes, tok, ROW: gl.constexpr, E4: gl.constexpr, E2: gl.constexpr, RELATIVE: gl.constexpr = False
+    ):
         """_load_keys as int32 words, [tokens, 8] per band (the element pairs a lane's fragment
         registers hold). KEYS_AHEAD carries these across the loop edge: carried as int16 elements,
         the 2-bit band's repeated elements and the pairs were repacked by PRMTs and moves every
         step (about 40 loop instructions)."""
         BLOCK_N: gl.constexpr = tok.shape[0]
         kj = gl.arange(0, 16, layout=gl.SliceLayout(0, _A))
-        rows = codes + tok[:, None] * ROW
+        rows = codes + _row_offsets(tok, ROW, RELATIVE)[:, None]
         w4, _ = gl.split(gl.reshape(rows + E4 + kj[None, :], [BLOCK_N, 8, 2]))
         w2, _ = gl.split(gl.reshape(rows + E2 + (kj % 8)[None, :], [BLOCK_N, 8, 2]))
         word = gl.pointer_type(gl.int32)
@@ -621,6 +641,7 @@ if HAS_GLUON:
                     KEYS_VIA_SMEM,
                     CACHE_TILES,
                     ROW_COPIES,
+                    STEP_ROW_BASE,
                 )
                 k0, k1 = _split_scales(k_pair)
                 if VALUE_SCALES_IN_B:
@@ -640,7 +661,7 @@ if HAS_GLUON:
                     raw4 = _key_elements(next4)
                     raw2 = _key_elements(next2)
                 elif STEP_ROW_BASE:
-                    raw4, raw2 = _load_keys(kcodes + start * CODE_ROW, kt, CODE_ROW, E4, E2)
+                    raw4, raw2 = _load_keys(kcodes + start * CODE_ROW, kt, CODE_ROW, E4, E2, True)
                 else:
                     raw4, raw2 = _load_keys(kcodes, start + kt, CODE_ROW, E4, E2)
                 s = _scores(
@@ -650,7 +671,7 @@ if HAS_GLUON:
                     # this step's key words are spent: their registers take the next step's, whose
                     # global latency then hides behind this step's value work
                     if STEP_ROW_BASE:
-                        next4, next2 = _load_key_words(kcodes + nxt * CODE_ROW, kt, CODE_ROW, E4, E2)
+                        next4, next2 = _load_key_words(kcodes + nxt * CODE_ROW, kt, CODE_ROW, E4, E2, True)
                     else:
                         next4, next2 = _load_key_words(kcodes, nxt + kt, CODE_ROW, E4, E2)
                 if not KEYS_VIA_SMEM:
