@@ -21,7 +21,7 @@
 #                                                 # the attention op under each launch config in
 #                                                 # FILE (probe_attention.py grid, CUDA-graph
 #                                                 # medians at the three large decode shapes)
-#   bash benchmarks/device_pending.sh stalls [tuned|keys_ahead]
+#   bash benchmarks/device_pending.sh stalls [tuned|keys_in_step]
 #                                                 # where the v3 split kernel's warps wait, per SASS
 #                                                 # instruction, plus the memory-throughput
 #                                                 # breakdown (Nsight Compute)
@@ -35,7 +35,7 @@ grid)
     fi
     ;;
 *)
-    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|grid FILE.json|stalls [tuned|keys_ahead]" >&2
+    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|grid FILE.json|stalls [tuned|keys_in_step]" >&2
     exit 2
     ;;
 esac
@@ -43,9 +43,9 @@ variant=tuned
 if [ "$1" = stalls ]; then
     variant=${2:-tuned}
     case "$variant" in
-    tuned | keys_ahead) ;;
+    tuned | keys_in_step) ;;
     *)
-        echo "stalls variant must be tuned or keys_ahead, got '$variant'" >&2
+        echo "stalls variant must be tuned or keys_in_step, got '$variant'" >&2
         exit 2
         ;;
     esac
@@ -136,15 +136,15 @@ kvwarps)
     run 300 python3 -P benchmarks/probe_kv_warps.py
     ;;
 stalls)
-    # One launch of the v3 split kernel at (8, 131072), tuned or with keys_ahead (RESULTS.md, tenth
-    # session: the tuned loop's warps wait on the key words' first use; keys_ahead trades that
-    # wait for fixed-latency dependency waits).
+    # One launch of the v3 split kernel at (8, 131072), tuned or with the key words loaded in
+    # their own step (RESULTS.md, sixteenth and seventeenth sessions: loaded in-step, the warps wait
+    # on the key words' first use; the tuned step loads them a step ahead).
     # (the tuned config as the package has it now, not a copy that goes stale)
     config=$(python3 -c "import dataclasses, json
 from wmoe_compile.kernels import wavelet_attention as K
 c = dataclasses.asdict(K.TUNED_CONFIGS[(128, 4, 'affine')])
 v = '$variant'
-print(json.dumps(c if v == 'tuned' else {**c, v: True}))")
+print(json.dumps(c if v == 'tuned' else {**c, 'keys_ahead': False}))")
     run 420 ncu --clock-control none -k regex:split_kernel_v3 --launch-skip 1 --launch-count 1 \
         --section WarpStateStats --section SchedulerStats --section SourceCounters \
         --section SpeedOfLight --section MemoryWorkloadAnalysis \

@@ -1237,7 +1237,7 @@ class LaunchConfig:
 # step's key words loaded a step ahead as int32 words (keys_ahead; carried as int16 elements they
 # took 40 more loop instructions of repacking) with per-step scalar row pointers and the score offset
 # in the key MMAs (858 loop instructions, the key words read about 370 instructions after their
-# loads instead of 112): 0.2821 / 0.2760 / 0.0896 -> 0.2587 / 0.2655 / 0.0853 ms (means of 3 and 2
+# loads instead of 112): 0.2822 / 0.2761 / 0.0896 -> 0.2586 / 0.2655 / 0.0853 ms (means of 3 and 2
 # runs, second call; the first call 0.2668 / 0.2773 / 0.0905 -> 0.2600 / 0.2684 / 0.0854 without the
 # score offset change); keys_ahead alone (914) was 1-3% slower, and caps of 160 or 152 registers
 # with it 4-30% slower. 18:15 UTC, same grid, interleaved: the step's rows addressed from one 64-bit
