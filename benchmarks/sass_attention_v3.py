@@ -116,6 +116,8 @@ def compile_v3(args: argparse.Namespace) -> tuple[str, str, int]:
         P_MOVMATRIX=args.p_movmatrix,
         STEP_ROW_BASE=args.step_row_base,
         ROW_COPIES=args.row_copies,
+        KEY_LOADS_L2_256B=args.key_loads_l2_256b,
+        PREFETCH_VALUE_ROWS=args.prefetch_value_rows,
     )
     pointer_types = dict(qw_ptr="*fp16", kc_ptr="*u8", vc_ptr="*u8", ks_ptr="*fp16", vs_ptr="*fp16")
     pointer_types.update(seq_lens_ptr="*i32", slot_coef_ptr="*i32")
@@ -179,6 +181,8 @@ def apply_tuned(args: argparse.Namespace) -> None:
         "p_movmatrix",
         "step_row_base",
         "row_copies",
+        "key_loads_l2_256b",
+        "prefetch_value_rows",
     ):
         setattr(args, name, getattr(config, name))
 
@@ -211,6 +215,10 @@ def main() -> None:
     p.add_argument("--step-row-base", action="store_true", help="code rows from a scalar per-step pointer")
     p.add_argument("--row-copies", action="store_true", help="code rows by 16-byte copies (keys via smem)")
     p.add_argument("--pdl", action="store_true", help="wait for the previous kernel in-kernel (PDL)")
+    p.add_argument(
+        "--key-loads-l2-256b", action="store_true", help="keys_ahead's loads with the L2::256B hint"
+    )
+    p.add_argument("--prefetch-value-rows", action="store_true", help="the next step's value rows into L2")
     p.add_argument("--out", default="build/sass_v3")
     p.add_argument(
         "--tuned",

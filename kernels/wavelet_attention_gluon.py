@@ -76,6 +76,7 @@ if HAS_GLUON:
         _ROW_TILE = gl.constexpr(gl.SwizzledSharedLayout(vec=8, per_phase=2, max_phase=4, order=[1, 0]))
         # [tokens, 2] fp16 scale pairs: one 4-byte load per token
         _SCALE_PAIRS = gl.constexpr(gl.BlockedLayout([1, 2], [32, 1], [1, 1], [1, 0]))
+        _LANES = gl.constexpr(gl.BlockedLayout([1], [32], [1], [0]))  # one element per lane
         # field asm of the int16 code elements (magic: 1024 + field in place)
         _F4_0, _F4_1, _F4_2, _F4_3 = (gl.constexpr(_field_asm(_MODE_MAGIC, 4, f)) for f in range(4))
         _F2_0, _F2_1, _F2_2, _F2_3, _F2_4, _F2_5, _F2_6, _F2_7 = (
@@ -233,7 +234,13 @@ if HAS_GLUON:
 
     @gluon.jit
     def _load_key_words(
-        codes, tok, ROW: gl.constexpr, E4: gl.constexpr, E2: gl.constexpr, RELATIVE: gl.constexpr = False
+        codes,
+        tok,
+        ROW: gl.constexpr,
+        E4: gl.constexpr,
+        E2: gl.constexpr,
+        RELATIVE: gl.constexpr = False,
+        L2_256B: gl.constexpr = False,
     ):
         """_load_keys as int32 words, [tokens, 8] per band (the element pairs a lane's fragment
         registers hold). KEYS_AHEAD carries these across the loop edge: carried as int16 elements,
@@ -245,7 +252,15 @@ if HAS_GLUON:
         w4, _ = gl.split(gl.reshape(rows + E4 + kj[None, :], [BLOCK_N, 8, 2]))
         w2, _ = gl.split(gl.reshape(rows + E2 + (kj % 8)[None, :], [BLOCK_N, 8, 2]))
         word = gl.pointer_type(gl.int32)
-        return gl.load(w4.to(word, bitcast=True)), gl.load(w2.to(word, bitcast=True))
+        w4 = w4.to(word, bitcast=True)
+        w2 = w2.to(word, bitcast=True)
+        if L2_256B:  # a miss fetches the 256-byte block around the word into L2
+            asm: gl.constexpr = "ld.global.L2::256B.b32 $0, [$1];"
+            return (
+                gl.inline_asm_elementwise(asm, "=r,l", [w4], dtype=gl.int32, is_pure=True, pack=1),
+                gl.inline_asm_elementwise(asm, "=r,l", [w2], dtype=gl.int32, is_pure=True, pack=1),
+            )
+        return gl.load(w4), gl.load(w2)
 
     @gluon.jit
     def _key_elements(words):
@@ -254,6 +269,18 @@ if HAS_GLUON:
         BLOCK_N: gl.constexpr = words.shape[0]
         pairs = gl.join(words.to(gl.int16), (words >> 16).to(gl.int16))
         return gl.convert_layout(gl.reshape(pairs, [BLOCK_N, 16]), _A, assert_trivial=True)
+
+    @gluon.jit
+    def _fetch_rows_into_l2(codes, ROW: gl.constexpr, BLOCK_N: gl.constexpr):
+        """Prefetch BLOCK_N code rows from `codes` (int16 pointer to the first row) into L2: one
+        `prefetch.global.L2` a lane, lane i at byte 128 i (the range's last byte for lanes past
+        it). No destination register, so nothing waits for it."""
+        BYTES: gl.constexpr = BLOCK_N * ROW * 2
+        lane = gl.arange(0, 32, layout=_LANES)
+        lines = codes.to(gl.pointer_type(gl.int8), bitcast=True) + gl.minimum(lane * 128, BYTES - 1)
+        gl.inline_asm_elementwise(
+            "prefetch.global.L2 [$1]; mov.b32 $0, 0;", "=r,l", [lines], dtype=gl.int32, is_pure=False, pack=1
+        )
 
     @gluon.jit
     def _load_scale_pairs(scales, tok, ROW: gl.constexpr):
@@ -504,6 +531,10 @@ if HAS_GLUON:
         # the key and value code rows through one [tokens, 32] ring each, by 16-byte copies that
         # cover whole sectors (needs KEYS_VIA_SMEM: the keys come from the ring too)
         ROW_COPIES: gl.constexpr = False,
+        # the full steps' key-word loads ask L2 for 256-byte blocks on a miss (ld.global.L2::256B)
+        KEY_LOADS_L2_256B: gl.constexpr = False,
+        # each step prefetches the next step's value rows into L2 (one prefetch a lane)
+        PREFETCH_VALUE_ROWS: gl.constexpr = False,
     ):
         """One (split, sequence, kv head, row block): online softmax over a range of compressed
         tokens in the coefficient domain; grid (num_splits, programs)."""
@@ -616,7 +647,7 @@ if HAS_GLUON:
             k_pair = _load_scale_pairs(kscales, lo + st, SCALE_ROW)
             v_pair = _load_scale_pairs(vscales, lo + st, SCALE_ROW)
             if KEYS_AHEAD:
-                next4, next2 = _load_key_words(kcodes, lo + kt, CODE_ROW, E4, E2)
+                next4, next2 = _load_key_words(kcodes, lo + kt, CODE_ROW, E4, E2, False, KEY_LOADS_L2_256B)
             for start in range(lo, full_hi, BLOCK_N):
                 step = (start - lo) // BLOCK_N
                 ahead = gl.minimum(start + (STAGES - 1) * BLOCK_N, last_full)
@@ -649,6 +680,8 @@ if HAS_GLUON:
                 else:
                     w0, w1 = _split_scales(v_pair)
                 nxt = gl.minimum(start + BLOCK_N, last_full)
+                if PREFETCH_VALUE_ROWS:  # the next step's value rows, for its copies to find in L2
+                    _fetch_rows_into_l2(vcodes + nxt * CODE_ROW, CODE_ROW, BLOCK_N)
                 k_pair = _load_scale_pairs(kscales, nxt + st, SCALE_ROW)
                 v_pair = _load_scale_pairs(vscales, nxt + st, SCALE_ROW)
                 cur = step % STAGES
@@ -660,6 +693,13 @@ if HAS_GLUON:
                 elif KEYS_AHEAD:
                     raw4 = _key_elements(next4)
                     raw2 = _key_elements(next2)
+                elif KEY_LOADS_L2_256B:  # the hinted loads take words: the same elements
+                    if STEP_ROW_BASE:
+                        w4, w2 = _load_key_words(kcodes + start * CODE_ROW, kt, CODE_ROW, E4, E2, True, True)
+                    else:
+                        w4, w2 = _load_key_words(kcodes, start + kt, CODE_ROW, E4, E2, False, True)
+                    raw4 = _key_elements(w4)
+                    raw2 = _key_elements(w2)
                 elif STEP_ROW_BASE:
                     raw4, raw2 = _load_keys(kcodes + start * CODE_ROW, kt, CODE_ROW, E4, E2, True)
                 else:
@@ -671,9 +711,13 @@ if HAS_GLUON:
                     # this step's key words are spent: their registers take the next step's, whose
                     # global latency then hides behind this step's value work
                     if STEP_ROW_BASE:
-                        next4, next2 = _load_key_words(kcodes + nxt * CODE_ROW, kt, CODE_ROW, E4, E2, True)
+                        next4, next2 = _load_key_words(
+                            kcodes + nxt * CODE_ROW, kt, CODE_ROW, E4, E2, True, KEY_LOADS_L2_256B
+                        )
                     else:
-                        next4, next2 = _load_key_words(kcodes, nxt + kt, CODE_ROW, E4, E2)
+                        next4, next2 = _load_key_words(
+                            kcodes, nxt + kt, CODE_ROW, E4, E2, False, KEY_LOADS_L2_256B
+                        )
                 if not KEYS_VIA_SMEM:
                     async_copy.wait_group(STAGES - 1)
                 state = _accumulate_values(

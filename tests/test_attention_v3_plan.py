@@ -153,6 +153,14 @@ def test_v3_config_is_validated(bad):
         K.LaunchConfig(**bad)
 
 
+def test_key_load_hint_needs_keys_loaded_from_global_memory():
+    for bad in (dict(kernel="v1"), dict(kernel="v3", num_stages=2, keys_via_smem=True)):
+        with pytest.raises(ValueError, match="key_loads_l2_256b"):
+            K.LaunchConfig(key_loads_l2_256b=True, **bad)
+    K.LaunchConfig(kernel="v3", key_loads_l2_256b=True)  # in-step key loads take it too
+    K.LaunchConfig(kernel="v3", keys_ahead=True, key_loads_l2_256b=True)
+
+
 @pytest.mark.parametrize(
     "config",
     [
@@ -197,7 +205,7 @@ def test_a_v3_build_failure_falls_back_to_v1_once(monkeypatch, config):
         ["--lazy-rescale"],
         ["--tuned"],
         ["--copy-layout-tokens", "--value-scales-in-b", "--p-movmatrix"]
-        + ["--score-offset-in-mma", "--step-row-base"],
+        + ["--score-offset-in-mma", "--step-row-base", "--key-loads-l2-256b", "--prefetch-value-rows"],
         ["--row-copies", "--keys-via-smem", "--no-cache-tiles", "--stages", "2"]
         + ["--value-scales-in-b", "--p-movmatrix"],
     ],

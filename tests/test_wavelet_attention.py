@@ -515,6 +515,7 @@ V3_GPU_CONFIGS = [
         num_stages=2,
         keys_via_smem=True,
         keys_ahead=False,
+        key_loads_l2_256b=False,
         step_row_base=False,
         cache_tiles=False,
         copy_layout_tokens=False,
@@ -522,7 +523,11 @@ V3_GPU_CONFIGS = [
     ),
     # the sixteenth session's tuned config: key words loaded in their step
     dataclasses.replace(
-        K.TUNED_CONFIGS[(128, 4, "affine")], keys_ahead=False, step_row_base=False, score_offset_in_mma=False
+        K.TUNED_CONFIGS[(128, 4, "affine")],
+        keys_ahead=False,
+        step_row_base=False,
+        score_offset_in_mma=False,
+        key_loads_l2_256b=False,
     ),
 ]
 
@@ -573,7 +578,10 @@ def test_gpu_v3_layout_options_leave_the_result_bit_identical():
     )
     layout_options = ("copy_layout_tokens", "value_scales_in_b", "p_movmatrix", "step_row_base", "keys_ahead")
     plain = dataclasses.replace(
-        K.TUNED_CONFIGS[(128, 4, "affine")], score_offset_in_mma=False, **dict.fromkeys(layout_options, False)
+        K.TUNED_CONFIGS[(128, 4, "affine")],
+        score_offset_in_mma=False,
+        key_loads_l2_256b=False,
+        **dict.fromkeys(layout_options, False),
     )
     for offset_in_mma in (False, True):
         base = dataclasses.replace(plain, score_offset_in_mma=offset_in_mma)
@@ -582,6 +590,14 @@ def test_gpu_v3_layout_options_leave_the_result_bit_identical():
         for changed in [{name: True} for name in layout_options] + [dict.fromkeys(layout_options, True)]:
             config = dataclasses.replace(base, **changed)
             assert torch.equal(_run_triton(args, codec, 128**-0.5, config=config, num_splits=7), want), config
+        # the key words loaded with an L2 prefetch-size hint (a step ahead or in-step), the next
+        # value rows prefetched: the same words
+        for keys_ahead in (False, True):
+            hinted = dataclasses.replace(
+                base, **dict.fromkeys(layout_options, True), keys_ahead=keys_ahead, key_loads_l2_256b=True
+            )
+            for config in (hinted, dataclasses.replace(hinted, prefetch_value_rows=True)):
+                assert torch.equal(_run_triton(args, codec, 128**-0.5, config=config, num_splits=7), want)
         # row_copies reads the same code words through shared memory (keys too), two stages ahead
         rows = dataclasses.replace(ROW_COPIES_CONFIG, score_offset_in_mma=offset_in_mma)
         assert torch.equal(_run_triton(args, codec, 128**-0.5, config=rows, num_splits=7), want)
