@@ -1146,6 +1146,10 @@ class LaunchConfig:
                 f"needs kernel='v3' and keys_via_smem=False, got kernel={self.kernel!r}, "
                 f"keys_via_smem={self.keys_via_smem}"
             )
+        if self.prefetch_value_rows and self.kernel != "v3":
+            raise ValueError(
+                f"LaunchConfig.prefetch_value_rows is a v3 option: it needs kernel='v3', got {self.kernel!r}"
+            )
         if self.copy_layout_tokens and not (self.kernel == "v3" and self.cache_tiles):
             raise ValueError(
                 "LaunchConfig.copy_layout_tokens is a v3 option for cache_tiles (the 8-byte copies' "
@@ -1260,7 +1264,9 @@ class LaunchConfig:
 # at 152 registers (820, 13 programs per SM, 26 per SM a launch) 0.2860 / 0.2979 / 0.0935.
 # 18:29 UTC, same grid, interleaved: the key words' loads with the L2::256B prefetch-size hint
 # (key_loads_l2_256b; 778 loop instructions) 0.2608 / 0.2671 / 0.0876 -> 0.2497 / 0.2561 / 0.0843
-# ms (means of 4 and 3 runs; faster in every round at every shape).
+# ms (means of 4 and 3 runs; faster in every round but the first at (8, 131072)). 18:36 UTC: the next
+# step's value rows prefetched into L2 as well (prefetch_value_rows) +0.5% at the first two shapes,
+# -1.3% at (8, 32768): off.
 # Where v3 cannot run (no Gluon, the interpreter) this entry runs v1 with these settings.
 TUNED_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
     (128, 4, "affine"): LaunchConfig(

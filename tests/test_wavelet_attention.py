@@ -593,9 +593,8 @@ def test_gpu_v3_layout_options_leave_the_result_bit_identical():
         # the key words loaded with an L2 prefetch-size hint (a step ahead or in-step), the next
         # value rows prefetched: the same words
         for keys_ahead in (False, True):
-            hinted = dataclasses.replace(
-                base, **dict.fromkeys(layout_options, True), keys_ahead=keys_ahead, key_loads_l2_256b=True
-            )
+            options = {**dict.fromkeys(layout_options, True), "keys_ahead": keys_ahead}
+            hinted = dataclasses.replace(base, **options, key_loads_l2_256b=True)
             for config in (hinted, dataclasses.replace(hinted, prefetch_value_rows=True)):
                 assert torch.equal(_run_triton(args, codec, 128**-0.5, config=config, num_splits=7), want)
         # row_copies reads the same code words through shared memory (keys too), two stages ahead
