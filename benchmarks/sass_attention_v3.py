@@ -88,8 +88,8 @@ def load_to_use(loop: list[str]) -> list[int]:
     return distances
 
 
-def compile_v3(args: argparse.Namespace) -> tuple[str, str, int]:
-    """(ptxas resource line, SASS, shared bytes) of the kernel for the codec default's layout
+def compile_v3(args: argparse.Namespace) -> tuple[str, str, int, str]:
+    """(ptxas resource line, SASS, shared bytes, PTX) of the kernel for the codec default's layout
     (48-byte code rows, two scales per row, 4 sinks + 128-token window)."""
     fn = gluon_kernels.split_kernel_v3
     constexprs = dict(
@@ -110,6 +110,7 @@ def compile_v3(args: argparse.Namespace) -> tuple[str, str, int]:
         P_ONCE=not args.no_convert_p_once,
         LAZY_RESCALE=args.lazy_rescale,
         PDL=args.pdl,
+        TRIGGER_DEPENDENTS=False,
         COPY_LAYOUT_TOKENS=args.copy_layout_tokens,
         VALUE_SCALES_IN_B=args.value_scales_in_b,
         SCORE_OFFSET_IN_MMA=args.score_offset_in_mma,
@@ -144,7 +145,16 @@ def compile_v3(args: argparse.Namespace) -> tuple[str, str, int]:
     options = dict(num_warps=1, **({"maxnreg": args.maxnreg} if args.maxnreg else {}))
     kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
     usage, sass = disassemble(kernel, pathlib.Path(args.out), "split_kernel_v3")
-    return usage, sass, kernel.metadata.shared
+    return usage, sass, kernel.metadata.shared, kernel.asm["ptx"]
+
+
+def loads_before_pdl_wait(ptx: str) -> int:
+    """Global loads the PTX issues before `griddepcontrol.wait` (-1: no wait). With PDL the kernel
+    starts before the kernels ahead of it in the stream have finished, so every load of data they
+    may write must come after the wait; the hinted key loads are inline asm marked pure, which
+    LLVM would be free to move."""
+    wait = ptx.find("griddepcontrol.wait")
+    return -1 if wait < 0 else len(re.findall(r"\bld\.global", ptx[:wait]))
 
 
 def disassemble(kernel, out: pathlib.Path, name: str) -> tuple[str, str]:
@@ -215,9 +225,7 @@ def main() -> None:
     p.add_argument("--step-row-base", action="store_true", help="code rows from a scalar per-step pointer")
     p.add_argument("--row-copies", action="store_true", help="code rows by 16-byte copies (keys via smem)")
     p.add_argument("--pdl", action="store_true", help="wait for the previous kernel in-kernel (PDL)")
-    p.add_argument(
-        "--key-loads-l2-256b", action="store_true", help="keys_ahead's loads with the L2::256B hint"
-    )
+    p.add_argument("--key-loads-l2-256b", action="store_true", help="key-word loads with the L2::256B hint")
     p.add_argument("--prefetch-value-rows", action="store_true", help="the next step's value rows into L2")
     p.add_argument("--out", default="build/sass_v3")
     p.add_argument(
@@ -231,7 +239,7 @@ def main() -> None:
     reason = gluon_kernels.gluon_reason()
     if reason is not None:  # e.g. Triton 3.5: its Gluon has no mma_v2
         raise SystemExit(f"v3 cannot be built with triton {triton.__version__}: {reason}")
-    usage, sass, shared = compile_v3(args)
+    usage, sass, shared, ptx = compile_v3(args)
     mix = loop_mix(sass)
     loop = loop_instructions(sass)
     spills = sum(1 for ins in loop if re.match(r"(?:@!?U?P\w+\s+)?(LDL|STL)", ins))
@@ -239,6 +247,8 @@ def main() -> None:
     print(f"triton {triton.__version__}, sm_90: {usage}; shared {shared} B per program")
     print(f"full-step loop: {sum(mix.values())} instructions per {args.block_n}-token step")
     print(f"loop spill instructions: {spills}")
+    if args.pdl:
+        print(f"global loads before the PDL wait: {loads_before_pdl_wait(ptx)}")
     if distances:
         median = distances[len(distances) // 2]
         print(f"global loads' load-to-use distance: median {median}, min {distances[0]} instructions")

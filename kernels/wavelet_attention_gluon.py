@@ -245,7 +245,10 @@ if HAS_GLUON:
         """_load_keys as int32 words, [tokens, 8] per band (the element pairs a lane's fragment
         registers hold). KEYS_AHEAD carries these across the loop edge: carried as int16 elements,
         the 2-bit band's repeated elements and the pairs were repacked by PRMTs and moves every
-        step (about 40 loop instructions)."""
+        step (about 40 loop instructions). L2_256B: loads with the L2::256B prefetch-size hint,
+        which gl.load cannot give: inline asm, marked pure (as side-effecting asm the step took 9
+        more instructions). Pure asm may move, so benchmarks/sass_attention_v3.py --pdl counts the
+        loads before the PDL wait, and a CPU test requires none."""
         BLOCK_N: gl.constexpr = tok.shape[0]
         kj = gl.arange(0, 16, layout=gl.SliceLayout(0, _A))
         rows = codes + _row_offsets(tok, ROW, RELATIVE)[:, None]

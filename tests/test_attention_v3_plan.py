@@ -204,7 +204,7 @@ def test_a_v3_build_failure_falls_back_to_v1_once(monkeypatch, config):
         [],
         ["--keys-ahead"],
         ["--lazy-rescale"],
-        ["--tuned"],
+        ["--tuned", "--pdl"],
         ["--copy-layout-tokens", "--value-scales-in-b", "--p-movmatrix"]
         + ["--score-offset-in-mma", "--step-row-base", "--key-loads-l2-256b", "--prefetch-value-rows"],
         ["--row-copies", "--keys-via-smem", "--no-cache-tiles", "--stages", "2"]
@@ -242,6 +242,8 @@ def test_v3_compiles_for_sm90_on_this_triton(tmp_path, options):
         assert step < 830, out
         hinted = re.search(r"(\d+)\s+LDG\.E\.LTC256B", out)
         assert hinted and int(hinted.group(1)) == 24, out  # the step's 24 key-word loads
+        # launched with PDL, no load of the caches (which earlier kernels write) may precede the wait
+        assert "global loads before the PDL wait: 0" in out, out
 
 
 def test_band_warps_spike_compiles_for_sm90(tmp_path):
