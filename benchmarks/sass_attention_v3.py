@@ -119,6 +119,7 @@ def compile_v3(args: argparse.Namespace) -> tuple[str, str, int, str]:
         ROW_COPIES=args.row_copies,
         KEY_LOADS_L2_256B=args.key_loads_l2_256b,
         PREFETCH_VALUE_ROWS=args.prefetch_value_rows,
+        FILL_VALUE_ROWS_L2=args.fill_value_rows_l2,
     )
     pointer_types = dict(qw_ptr="*fp16", kc_ptr="*u8", vc_ptr="*u8", ks_ptr="*fp16", vs_ptr="*fp16")
     pointer_types.update(seq_lens_ptr="*i32", slot_coef_ptr="*i32")
@@ -193,6 +194,7 @@ def apply_tuned(args: argparse.Namespace) -> None:
         "row_copies",
         "key_loads_l2_256b",
         "prefetch_value_rows",
+        "fill_value_rows_l2",
     ):
         setattr(args, name, getattr(config, name))
 
@@ -227,6 +229,9 @@ def main() -> None:
     p.add_argument("--pdl", action="store_true", help="wait for the previous kernel in-kernel (PDL)")
     p.add_argument("--key-loads-l2-256b", action="store_true", help="key-word loads with the L2::256B hint")
     p.add_argument("--prefetch-value-rows", action="store_true", help="the next step's value rows into L2")
+    p.add_argument(
+        "--fill-value-rows-l2", action="store_true", help="hinted loads fill the next value rows' L2 blocks"
+    )
     p.add_argument("--out", default="build/sass_v3")
     p.add_argument(
         "--tuned",

@@ -1094,6 +1094,11 @@ class LaunchConfig:
     # v3: each step prefetches the next step's value rows into L2 (prefetch.global.L2, one 128-byte
     # line a lane), so the next step's copies find them there
     prefetch_value_rows: bool = False
+    # v3: each step loads one word per 256-byte block of the next step's value rows with the
+    # L2::256B hint (so a miss fills the block for the next step's copies) and folds the previous
+    # step's words into a sink kept alive by a store no run makes (prepared in the seventeenth
+    # session, not yet timed)
+    fill_value_rows_l2: bool = False
     # v3: full steps address their code rows from a scalar pointer to the step's first row, so the
     # per-lane token offsets are loop-invariant and, since the seventeenth session, fold into the
     # loads' immediates (offline 770 loop instructions with the layout options, 886 without it;
@@ -1146,10 +1151,11 @@ class LaunchConfig:
                 f"needs kernel='v3' and keys_via_smem=False, got kernel={self.kernel!r}, "
                 f"keys_via_smem={self.keys_via_smem}"
             )
-        if self.prefetch_value_rows and self.kernel != "v3":
-            raise ValueError(
-                f"LaunchConfig.prefetch_value_rows is a v3 option: it needs kernel='v3', got {self.kernel!r}"
-            )
+        for name in ("prefetch_value_rows", "fill_value_rows_l2"):
+            if getattr(self, name) and self.kernel != "v3":
+                raise ValueError(
+                    f"LaunchConfig.{name} is a v3 option: it needs kernel='v3', got {self.kernel!r}"
+                )
         if self.copy_layout_tokens and not (self.kernel == "v3" and self.cache_tiles):
             raise ValueError(
                 "LaunchConfig.copy_layout_tokens is a v3 option for cache_tiles (the 8-byte copies' "
@@ -3414,6 +3420,7 @@ V3_ONLY_OPTIONS = (
     "keys_ahead",
     "key_loads_l2_256b",
     "prefetch_value_rows",
+    "fill_value_rows_l2",
     "copy_layout_tokens",
     "value_scales_in_b",
     "score_offset_in_mma",
@@ -3557,6 +3564,7 @@ def _launch_v3(
         ROW_COPIES=config.row_copies,
         KEY_LOADS_L2_256B=config.key_loads_l2_256b,
         PREFETCH_VALUE_ROWS=config.prefetch_value_rows,
+        FILL_VALUE_ROWS_L2=config.fill_value_rows_l2,
         num_warps=1,
         **split_options,
         **_dependent(_pdl(config, q.device)),

@@ -286,6 +286,24 @@ if HAS_GLUON:
         )
 
     @gluon.jit
+    def _fill_rows_into_l2(codes, ROW: gl.constexpr, BLOCK_N: gl.constexpr):
+        """One word per 256-byte block of BLOCK_N code rows from `codes` (int16 pointer to the
+        first row), lane i at byte 256 i (the range's last word for lanes past it), loaded with
+        the L2::256B hint so that a miss fills the block. Returns the words: the caller must use
+        them (ptxas deletes a load whose result is unused), a step later so nothing waits."""
+        BYTES: gl.constexpr = BLOCK_N * ROW * 2
+        lane = gl.arange(0, 32, layout=_LANES)
+        blocks = codes.to(gl.pointer_type(gl.int8), bitcast=True) + gl.minimum(lane * 256, BYTES - 4)
+        return gl.inline_asm_elementwise(
+            "ld.global.L2::256B.b32 $0, [$1];",
+            "=r,l",
+            [blocks.to(gl.pointer_type(gl.int32), bitcast=True)],
+            dtype=gl.int32,
+            is_pure=True,
+            pack=1,
+        )
+
+    @gluon.jit
     def _load_scale_pairs(scales, tok, ROW: gl.constexpr):
         """The two fp16 band scales of BLOCK_N tokens, [tokens, 2] (one 4-byte load per token)."""
         sb = gl.arange(0, 2, layout=gl.SliceLayout(0, _SCALE_PAIRS))
@@ -538,6 +556,9 @@ if HAS_GLUON:
         KEY_LOADS_L2_256B: gl.constexpr = False,
         # each step prefetches the next step's value rows into L2 (one prefetch a lane)
         PREFETCH_VALUE_ROWS: gl.constexpr = False,
+        # each step loads one word per 256-byte block of the next step's value rows with the
+        # L2::256B hint, and folds the previous step's words into a sink (prepared, not timed)
+        FILL_VALUE_ROWS_L2: gl.constexpr = False,
     ):
         """One (split, sequence, kv head, row block): online softmax over a range of compressed
         tokens in the coefficient domain; grid (num_splits, programs)."""
@@ -651,6 +672,9 @@ if HAS_GLUON:
             v_pair = _load_scale_pairs(vscales, lo + st, SCALE_ROW)
             if KEYS_AHEAD:
                 next4, next2 = _load_key_words(kcodes, lo + kt, CODE_ROW, E4, E2, False, KEY_LOADS_L2_256B)
+            if FILL_VALUE_ROWS_L2:
+                fill = gl.zeros([32], gl.int32, layout=_LANES)
+                sink = gl.zeros([32], gl.int32, layout=_LANES)
             for start in range(lo, full_hi, BLOCK_N):
                 step = (start - lo) // BLOCK_N
                 ahead = gl.minimum(start + (STAGES - 1) * BLOCK_N, last_full)
@@ -685,6 +709,9 @@ if HAS_GLUON:
                 nxt = gl.minimum(start + BLOCK_N, last_full)
                 if PREFETCH_VALUE_ROWS:  # the next step's value rows, for its copies to find in L2
                     _fetch_rows_into_l2(vcodes + nxt * CODE_ROW, CODE_ROW, BLOCK_N)
+                if FILL_VALUE_ROWS_L2:  # last step's words are in by now; this step's wait a step
+                    sink = sink ^ fill
+                    fill = _fill_rows_into_l2(vcodes + nxt * CODE_ROW, CODE_ROW, BLOCK_N)
                 k_pair = _load_scale_pairs(kscales, nxt + st, SCALE_ROW)
                 v_pair = _load_scale_pairs(vscales, nxt + st, SCALE_ROW)
                 cur = step % STAGES
@@ -737,6 +764,13 @@ if HAS_GLUON:
                     P_MOVMATRIX,
                 )
             async_copy.wait_group(0)
+            if FILL_VALUE_ROWS_L2:
+                # a store no run makes (n_new >= 1), which the compiler cannot know: it keeps the
+                # fill loads alive
+                sink = sink ^ fill
+                never = gl.full([32], n_new, gl.int32, layout=_LANES) < 0
+                slot = (pid * (num_splits + 1) + split) * BLOCK_M + gl.arange(0, 32, layout=_LANES) % BLOCK_M
+                gl.store(m_ptr + slot, sink.to(gl.float32), mask=never)
         # ---- the rest: tokens clamped to the range (loads stay in bounds), scores masked per row
         last = hi - 1
         for start in range(full_hi, hi, BLOCK_N):

@@ -147,6 +147,7 @@ def test_v3_falls_back_off_the_gpu():
         dict(kernel="v1", keys_ahead=True),
         dict(kernel="v3", keys_ahead=True, keys_via_smem=True),
         dict(kernel="v1", prefetch_value_rows=True),
+        dict(kernel="v1", fill_value_rows_l2=True),
     ],
 )
 def test_v3_config_is_validated(bad):
@@ -206,7 +207,8 @@ def test_a_v3_build_failure_falls_back_to_v1_once(monkeypatch, config):
         ["--lazy-rescale"],
         ["--tuned", "--pdl"],
         ["--copy-layout-tokens", "--value-scales-in-b", "--p-movmatrix"]
-        + ["--score-offset-in-mma", "--step-row-base", "--key-loads-l2-256b", "--prefetch-value-rows"],
+        + ["--score-offset-in-mma", "--step-row-base", "--key-loads-l2-256b", "--prefetch-value-rows"]
+        + ["--fill-value-rows-l2"],
         ["--row-copies", "--keys-via-smem", "--no-cache-tiles", "--stages", "2"]
         + ["--value-scales-in-b", "--p-movmatrix"],
     ],

@@ -591,11 +591,15 @@ def test_gpu_v3_layout_options_leave_the_result_bit_identical():
             config = dataclasses.replace(base, **changed)
             assert torch.equal(_run_triton(args, codec, 128**-0.5, config=config, num_splits=7), want), config
         # the key words loaded with an L2 prefetch-size hint (a step ahead or in-step), the next
-        # value rows prefetched: the same words
+        # value rows prefetched or filled into L2 by hinted loads: the same words
         for keys_ahead in (False, True):
             options = {**dict.fromkeys(layout_options, True), "keys_ahead": keys_ahead}
             hinted = dataclasses.replace(base, **options, key_loads_l2_256b=True)
-            for config in (hinted, dataclasses.replace(hinted, prefetch_value_rows=True)):
+            for config in (
+                hinted,
+                dataclasses.replace(hinted, prefetch_value_rows=True),
+                dataclasses.replace(hinted, fill_value_rows_l2=True),
+            ):
                 assert torch.equal(_run_triton(args, codec, 128**-0.5, config=config, num_splits=7), want)
         # row_copies reads the same code words through shared memory (keys too), two stages ahead
         rows = dataclasses.replace(ROW_COPIES_CONFIG, score_offset_in_mma=offset_in_mma)
