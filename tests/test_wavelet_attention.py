@@ -504,7 +504,7 @@ V3_GPU_CONFIGS = [
     dataclasses.replace(
         K.TUNED_CONFIGS[(128, 4, "affine")], copy_layout_tokens=False, value_scales_in_b=False
     ),
-    # every option for fewer loop instructions with the key words loaded in their step (833 offline)
+    # every tuned option but keys_ahead: the key words loaded in their step, as hinted words
     dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], keys_ahead=False),
     # the exact-token kernel as a link of the PDL chain instead of on the side stream
     dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], overlap_exact=False, exact_in_chain=True),
