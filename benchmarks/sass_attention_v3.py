@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import pathlib
 import re
 import subprocess
@@ -32,18 +33,9 @@ from wmoe_compile.kernels import wavelet_attention_gluon as gluon_kernels
 def loop_mix(sass: str) -> collections.Counter:
     """Instruction counts of the first backward-branch loop in nvdisasm output (v3: the full-step
     loop, which precedes the masked tail loop)."""
-    lines = sass.splitlines()
-    labels = {m.group(1): i for i, line in enumerate(lines) if (m := re.match(r"^\.(L_x_\d+):", line))}
-    for i, line in enumerate(lines):
-        m = re.search(r"BRA\s+`\(\.(L_x_\d+)\)", line)
-        if m and m.group(1) in labels and labels[m.group(1)] < i:
-            mix = collections.Counter()
-            for body in lines[labels[m.group(1)] : i + 1]:
-                op = re.search(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+(?:\.[A-Z0-9_]+)*)", body)
-                if op:
-                    mix[op.group(1)] += 1
-            return mix
-    return collections.Counter()
+    return collections.Counter(
+        re.sub(r"^@!?U?P\w+\s+", "", ins).split()[0] for ins in loop_instructions(sass)
+    )
 
 
 def loop_instructions(sass: str) -> list[str]:
@@ -182,21 +174,11 @@ def apply_tuned(args: argparse.Namespace) -> None:
     assert config.kernel == "v3", config
     args.stages, args.block_n, args.maxnreg = config.num_stages, config.block_n, config.maxnreg or 0
     args.no_cache_tiles, args.no_convert_p_once = not config.cache_tiles, not config.convert_p_once
-    for name in (
-        "keys_via_smem",
-        "keys_ahead",
-        "lazy_rescale",
-        "copy_layout_tokens",
-        "value_scales_in_b",
-        "score_offset_in_mma",
-        "p_movmatrix",
-        "step_row_base",
-        "row_copies",
-        "key_loads_l2_256b",
-        "prefetch_value_rows",
-        "fill_value_rows_l2",
-    ):
-        setattr(args, name, getattr(config, name))
+    # every flag named after a LaunchConfig field (PDL stays the --pdl flag's: a launch property)
+    fields = {f.name for f in dataclasses.fields(config)} - {"pdl", "maxnreg"}
+    for name in vars(args):
+        if name in fields:
+            setattr(args, name, getattr(config, name))
 
 
 def main() -> None:

@@ -149,6 +149,16 @@ if HAS_GLUON:
             return tok * ROW
 
     @gluon.jit
+    def _step_rows(codes, first, rows, ROW: gl.constexpr, RELATIVE: gl.constexpr):
+        """(pointer, token indices) addressing rows first + rows of `codes`: RELATIVE (STEP_ROW_BASE)
+        a pointer to row `first` and rows themselves (see _row_offsets), else `codes` and first +
+        rows."""
+        if RELATIVE:
+            return codes + first * ROW, rows
+        else:
+            return codes, first + rows
+
+    @gluon.jit
     def _issue_stage(
         ring,
         stage,
@@ -679,14 +689,8 @@ if HAS_GLUON:
                 step = (start - lo) // BLOCK_N
                 ahead = gl.minimum(start + (STAGES - 1) * BLOCK_N, last_full)
                 slot = (step + STAGES - 1) % STAGES  # the stage the previous step read
-                if STEP_ROW_BASE:  # the step's first row as a scalar pointer, tokens relative to it
-                    k_base = kcodes + ahead * CODE_ROW
-                    v_base = vcodes + ahead * CODE_ROW
-                    ahead_tok = vt
-                else:
-                    k_base = kcodes
-                    v_base = vcodes
-                    ahead_tok = ahead + vt
+                k_base, ahead_tok = _step_rows(kcodes, ahead, vt, CODE_ROW, STEP_ROW_BASE)
+                v_base, _ = _step_rows(vcodes, ahead, vt, CODE_ROW, STEP_ROW_BASE)
                 _issue_stage(
                     ring,
                     slot,
@@ -723,31 +727,24 @@ if HAS_GLUON:
                 elif KEYS_AHEAD:
                     raw4 = _key_elements(next4)
                     raw2 = _key_elements(next2)
-                elif KEY_LOADS_L2_256B:  # the hinted loads take words: the same elements
-                    if STEP_ROW_BASE:
-                        w4, w2 = _load_key_words(kcodes + start * CODE_ROW, kt, CODE_ROW, E4, E2, True, True)
-                    else:
-                        w4, w2 = _load_key_words(kcodes, start + kt, CODE_ROW, E4, E2, False, True)
-                    raw4 = _key_elements(w4)
-                    raw2 = _key_elements(w2)
-                elif STEP_ROW_BASE:
-                    raw4, raw2 = _load_keys(kcodes + start * CODE_ROW, kt, CODE_ROW, E4, E2, True)
                 else:
-                    raw4, raw2 = _load_keys(kcodes, start + kt, CODE_ROW, E4, E2)
+                    k_rows, k_tok = _step_rows(kcodes, start, kt, CODE_ROW, STEP_ROW_BASE)
+                    if KEY_LOADS_L2_256B:  # the hinted loads take words: the same elements
+                        w4, w2 = _load_key_words(k_rows, k_tok, CODE_ROW, E4, E2, STEP_ROW_BASE, True)
+                        raw4 = _key_elements(w4)
+                        raw2 = _key_elements(w2)
+                    else:
+                        raw4, raw2 = _load_keys(k_rows, k_tok, CODE_ROW, E4, E2, STEP_ROW_BASE)
                 s = _scores(
                     raw4, raw2, k0, k1, q0, q1, q2, q3, q4, q5, q6, q7, qc0, qc1, BLOCK_N, SCORE_OFFSET_IN_MMA
                 )
                 if KEYS_AHEAD and not KEYS_VIA_SMEM:
                     # this step's key words are spent: their registers take the next step's, whose
                     # global latency then hides behind this step's value work
-                    if STEP_ROW_BASE:
-                        next4, next2 = _load_key_words(
-                            kcodes + nxt * CODE_ROW, kt, CODE_ROW, E4, E2, True, KEY_LOADS_L2_256B
-                        )
-                    else:
-                        next4, next2 = _load_key_words(
-                            kcodes, nxt + kt, CODE_ROW, E4, E2, False, KEY_LOADS_L2_256B
-                        )
+                    k_rows, k_tok = _step_rows(kcodes, nxt, kt, CODE_ROW, STEP_ROW_BASE)
+                    next4, next2 = _load_key_words(
+                        k_rows, k_tok, CODE_ROW, E4, E2, STEP_ROW_BASE, KEY_LOADS_L2_256B
+                    )
                 if not KEYS_VIA_SMEM:
                     async_copy.wait_group(STAGES - 1)
                 state = _accumulate_values(
