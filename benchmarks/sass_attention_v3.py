@@ -7,6 +7,7 @@ far its global loads issue ahead of their first use.
         [--copy-layout-tokens] [--value-scales-in-b] [--score-offset-in-mma] [--p-movmatrix]
         [--step-row-base] [--row-copies] [--block-m 4] [--pdl] [--out build/sass_v3]
     python benchmarks/sass_attention_v3.py --tuned    # the package's tuned decode config
+    python benchmarks/sass_attention_v3.py --tuned --value-copies-l2-256b   # ... plus an option
 
 No GPU needed (triton.compile builds for a named target, interpreter setting or not; the CUDA tools
 Triton ships disassemble). Why: the
@@ -112,6 +113,8 @@ def compile_v3(args: argparse.Namespace) -> tuple[str, str, int, str]:
         KEY_LOADS_L2_256B=args.key_loads_l2_256b,
         PREFETCH_VALUE_ROWS=args.prefetch_value_rows,
         FILL_VALUE_ROWS_L2=args.fill_value_rows_l2,
+        VALUE_COPIES_L2_256B=args.value_copies_l2_256b,
+        PLAIN_LOADS_L2_256B=args.plain_loads_l2_256b,
     )
     pointer_types = dict(qw_ptr="*fp16", kc_ptr="*u8", vc_ptr="*u8", ks_ptr="*fp16", vs_ptr="*fp16")
     pointer_types.update(seq_lens_ptr="*i32", slot_coef_ptr="*i32")
@@ -151,12 +154,13 @@ def loads_before_pdl_wait(ptx: str) -> int:
 
 
 def disassemble(kernel, out: pathlib.Path, name: str) -> tuple[str, str]:
-    """Write a compiled kernel's cubin, TTGIR and SASS under `out` as name.*; return (ptxas resource
+    """Write a compiled kernel's cubin, TTGIR, PTX and SASS under `out` as name.*; return (ptxas resource
     line, SASS), with the CUDA tools Triton ships."""
     out.mkdir(parents=True, exist_ok=True)
     cubin = out / f"{name}.cubin"
     cubin.write_bytes(kernel.asm["cubin"])
     (out / f"{name}.ttgir").write_text(kernel.asm["ttgir"])
+    (out / f"{name}.ptx").write_text(kernel.asm["ptx"])
     tools = pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
     run = dict(capture_output=True, text=True, check=True)
     sass = subprocess.run([str(tools / "nvdisasm"), "-c", str(cubin)], **run).stdout
@@ -177,8 +181,8 @@ def apply_tuned(args: argparse.Namespace) -> None:
     # every flag named after a LaunchConfig field (PDL stays the --pdl flag's: a launch property)
     fields = {f.name for f in dataclasses.fields(config)} - {"pdl", "maxnreg"}
     for name in vars(args):
-        if name in fields:
-            setattr(args, name, getattr(config, name))
+        if name in fields:  # an option flag given as well adds that option to the tuned ones
+            setattr(args, name, getattr(config, name) or getattr(args, name))
 
 
 def main() -> None:
@@ -214,11 +218,17 @@ def main() -> None:
     p.add_argument(
         "--fill-value-rows-l2", action="store_true", help="hinted loads fill the next value rows' L2 blocks"
     )
+    p.add_argument(
+        "--value-copies-l2-256b", action="store_true", help="the code tiles' cp.async with the L2::256B hint"
+    )
+    p.add_argument(
+        "--plain-loads-l2-256b", action="store_true", help="plain global loads (scales) with the hint too"
+    )
     p.add_argument("--out", default="build/sass_v3")
     p.add_argument(
         "--tuned",
         action="store_true",
-        help="the package's tuned config for decode (TUNED_CONFIGS), whatever the other flags say",
+        help="the package's tuned config for decode (TUNED_CONFIGS), plus any option flag given",
     )
     args = p.parse_args()
     if args.tuned:

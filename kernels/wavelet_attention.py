@@ -1099,6 +1099,11 @@ class LaunchConfig:
     # step's words into a sink kept alive by a store no run makes (prepared in the seventeenth
     # session, not yet timed)
     fill_value_rows_l2: bool = False
+    # v3: the code tiles' cp.async copies ask L2 for the 256-byte block on a miss, like the key-word
+    # loads (Triton has no operand for it: the kernel's PTX is patched, kernels/ptx_patches.py)
+    value_copies_l2_256b: bool = False
+    # v3: the same for every plain global load of the kernel (in the loop: the scale pairs)
+    plain_loads_l2_256b: bool = False
     # v3: full steps address their code rows from a scalar pointer to the step's first row, so the
     # per-lane token offsets are loop-invariant and, since the seventeenth session, fold into the
     # loads' immediates (offline 770 loop instructions with the layout options, 886 without it;
@@ -1151,7 +1156,8 @@ class LaunchConfig:
                 f"needs kernel='v3' and keys_via_smem=False, got kernel={self.kernel!r}, "
                 f"keys_via_smem={self.keys_via_smem}"
             )
-        for name in ("prefetch_value_rows", "fill_value_rows_l2"):
+        hints = ("value_copies_l2_256b", "plain_loads_l2_256b")
+        for name in ("prefetch_value_rows", "fill_value_rows_l2", *hints):
             if getattr(self, name) and self.kernel != "v3":
                 raise ValueError(
                     f"LaunchConfig.{name} is a v3 option: it needs kernel='v3', got {self.kernel!r}"
@@ -3421,6 +3427,8 @@ V3_ONLY_OPTIONS = (
     "key_loads_l2_256b",
     "prefetch_value_rows",
     "fill_value_rows_l2",
+    "value_copies_l2_256b",
+    "plain_loads_l2_256b",
     "copy_layout_tokens",
     "value_scales_in_b",
     "score_offset_in_mma",
@@ -3565,6 +3573,8 @@ def _launch_v3(
         KEY_LOADS_L2_256B=config.key_loads_l2_256b,
         PREFETCH_VALUE_ROWS=config.prefetch_value_rows,
         FILL_VALUE_ROWS_L2=config.fill_value_rows_l2,
+        VALUE_COPIES_L2_256B=config.value_copies_l2_256b,
+        PLAIN_LOADS_L2_256B=config.plain_loads_l2_256b,
         num_warps=1,
         **split_options,
         **_dependent(_pdl(config, q.device)),

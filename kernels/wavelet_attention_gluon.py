@@ -32,6 +32,7 @@ compiles the kernel for sm_90 (so CI's Triton proves it still builds).
 
 from __future__ import annotations
 
+from . import ptx_patches
 from .wavelet_attention import _MODE_MAGIC, MAGIC_OFFSET, _field_asm, field_layout
 
 try:  # Gluon ships with Triton >= 3.5; without it v3 is simply unavailable
@@ -88,6 +89,10 @@ if HAS_GLUON:
             gl.constexpr(field_centre(2, f)) for f in range(8)
         )
         _NEG_BIG = gl.constexpr(-1.0e30)
+        # markers that have the kernel's PTX patched (kernels/ptx_patches.py)
+        _MARK_COPIES_L2_256B = gl.constexpr(ptx_patches.marker_asm("cp_async_l2_256b"))
+        _MARK_LOADS_L2_256B = gl.constexpr(ptx_patches.marker_asm("ld_global_l2_256b"))
+        ptx_patches.install()
     except Exception as exc:  # noqa: BLE001 - a Gluon whose layout API differs: no v3
         HAS_GLUON = False
         GLUON_IMPORT_ERROR = f"Gluon layouts: {type(exc).__name__}: {exc}"
@@ -569,6 +574,11 @@ if HAS_GLUON:
         # each step loads one word per 256-byte block of the next step's value rows with the
         # L2::256B hint, and folds the previous step's words into a sink (prepared, not timed)
         FILL_VALUE_ROWS_L2: gl.constexpr = False,
+        # every cp.async copy (the code tiles) asks L2 for 256-byte blocks on a miss: PTX patched
+        # after Triton writes it (kernels/ptx_patches.py)
+        VALUE_COPIES_L2_256B: gl.constexpr = False,
+        # every plain global load (in the loop: the scale pairs) the same, by the same patch
+        PLAIN_LOADS_L2_256B: gl.constexpr = False,
     ):
         """One (split, sequence, kv head, row block): online softmax over a range of compressed
         tokens in the coefficient domain; grid (num_splits, programs)."""
@@ -585,6 +595,10 @@ if HAS_GLUON:
                 is_pure=False,
                 pack=1,
             )
+        if VALUE_COPIES_L2_256B:
+            gl.inline_asm_elementwise(_MARK_COPIES_L2_256B, "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+        if PLAIN_LOADS_L2_256B:
+            gl.inline_asm_elementwise(_MARK_LOADS_L2_256B, "=r", [], dtype=gl.int32, is_pure=False, pack=1)
         split = gl.program_id(0)
         pid = gl.program_id(1)
         row_block = pid % n_row_blocks

@@ -148,6 +148,8 @@ def test_v3_falls_back_off_the_gpu():
         dict(kernel="v3", keys_ahead=True, keys_via_smem=True),
         dict(kernel="v1", prefetch_value_rows=True),
         dict(kernel="v1", fill_value_rows_l2=True),
+        dict(kernel="v1", value_copies_l2_256b=True),
+        dict(kernel="v2", plain_loads_l2_256b=True),
     ],
 )
 def test_v3_config_is_validated(bad):
@@ -211,8 +213,17 @@ def test_a_v3_build_failure_falls_back_to_v1_once(monkeypatch, config):
         + ["--fill-value-rows-l2"],
         ["--row-copies", "--keys-via-smem", "--no-cache-tiles", "--stages", "2"]
         + ["--value-scales-in-b", "--p-movmatrix"],
+        ["--tuned", "--pdl", "--value-copies-l2-256b", "--plain-loads-l2-256b"],
     ],
-    ids=["plain", "keys_ahead", "lazy_rescale", "tuned", "layout_options_keys_in_step", "row_copies"],
+    ids=[
+        "plain",
+        "keys_ahead",
+        "lazy_rescale",
+        "tuned",
+        "layout_options_keys_in_step",
+        "row_copies",
+        "tuned_ptx_hints",
+    ],
 )
 def test_v3_compiles_for_sm90_on_this_triton(tmp_path, options):
     # Gluon's API moves between Triton releases (3.9 renamed the cp.async copy, which broke v3's
@@ -243,7 +254,11 @@ def test_v3_compiles_for_sm90_on_this_triton(tmp_path, options):
         assert distance >= 200, out
         assert step < 830, out
         hinted = re.search(r"(\d+)\s+LDG\.E\.LTC256B", out)
-        assert hinted and int(hinted.group(1)) == 24, out  # the step's 24 key-word loads
+        # the step's 24 key-word loads, and its 4 scale-pair loads when the PTX patch hints them
+        assert hinted and int(hinted.group(1)) == (28 if "--plain-loads-l2-256b" in options else 24), out
+        copies = re.search(r"(\d+)\s+LDGSTS\.E\.(LTC256B\.)?64", out)
+        assert copies and int(copies.group(1)) == 16, out  # the value tiles' 8-byte copies
+        assert bool(copies.group(2)) == ("--value-copies-l2-256b" in options), out
         # launched with PDL, no load of the caches (which earlier kernels write) may precede the wait
         assert "global loads before the PDL wait: 0" in out, out
 

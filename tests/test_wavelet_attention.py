@@ -591,7 +591,8 @@ def test_gpu_v3_layout_options_leave_the_result_bit_identical():
             config = dataclasses.replace(base, **changed)
             assert torch.equal(_run_triton(args, codec, 128**-0.5, config=config, num_splits=7), want), config
         # the key words loaded with an L2 prefetch-size hint (a step ahead or in-step), the next
-        # value rows prefetched or filled into L2 by hinted loads: the same words
+        # value rows prefetched or filled into L2 by hinted loads, the copies and scale loads
+        # hinted: the same words
         for keys_ahead in (False, True):
             options = {**dict.fromkeys(layout_options, True), "keys_ahead": keys_ahead}
             hinted = dataclasses.replace(base, **options, key_loads_l2_256b=True)
@@ -599,6 +600,8 @@ def test_gpu_v3_layout_options_leave_the_result_bit_identical():
                 hinted,
                 dataclasses.replace(hinted, prefetch_value_rows=True),
                 dataclasses.replace(hinted, fill_value_rows_l2=True),
+                # the same hint added to the cp.async copies and plain loads by a PTX patch
+                dataclasses.replace(hinted, value_copies_l2_256b=True, plain_loads_l2_256b=True),
             ):
                 assert torch.equal(_run_triton(args, codec, 128**-0.5, config=config, num_splits=7), want)
         # row_copies reads the same code words through shared memory (keys too), two stages ahead
