@@ -4,6 +4,12 @@ launch configs (CUDA-graph medians, the same method as bench_attention.py).
     python benchmarks/probe_attention.py once --config JSON [--shape B,N]      # for ncu
     python benchmarks/probe_attention.py grid --configs FILE.json --out DIR   # list of LaunchConfig dicts
     python benchmarks/probe_attention.py kernels --configs FILE.json           # per-kernel times
+    python benchmarks/probe_attention.py timeline --configs FILE.json          # when each kernel runs
+
+timeline: a CUDA graph of back-to-back calls (the bench's method) replayed under torch.profiler;
+per kernel of a call, the median start and end in us after the call's prologue starts, and the
+call's period (prologue to next prologue). It shows what lies on the critical path besides the
+split kernel: the launch gaps, the exact-token kernel on its side stream, the reduce.
 """
 
 from __future__ import annotations
@@ -57,9 +63,61 @@ def precompile(configs: list[dict]) -> None:
     print(f"precompiled {len(configs)} configs in {time.time() - t:.0f}s", flush=True)
 
 
+def timeline(setup: ba.Setup, config: wa.LaunchConfig | None, calls: int = 12) -> str:
+    """Median start / end (us after the call's prologue starts) of each kernel of a call, from a
+    CUDA graph of `calls` back-to-back calls replayed under torch.profiler."""
+    import statistics
+    import tempfile
+
+    from torch.profiler import ProfilerActivity, profile
+
+    fns = [lambda i=i: setup.call(i % len(setup.copies), config) for i in range(calls)]
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for f in fns:  # warm-up: compile, allocate
+            f()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for f in fns:
+            f()
+    graph.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        graph.replay()
+        torch.cuda.synchronize()
+    with tempfile.NamedTemporaryFile(suffix=".json") as tmp:
+        prof.export_chrome_trace(tmp.name)
+        trace = json.loads(pathlib.Path(tmp.name).read_text())
+    kernels = sorted(
+        (e for e in trace["traceEvents"] if e.get("cat") == "kernel" and e.get("ph") == "X"),
+        key=lambda e: e["ts"],
+    )
+    starts = [e["ts"] for e in kernels if "prologue" in e["name"]]
+    if len(starts) < 3:
+        return f"  {len(kernels)} kernels, {len(starts)} prologues: no timeline"
+    spans: dict[str, list[tuple[float, float]]] = {}
+    streams: dict[str, int] = {}
+    for i, t0 in enumerate(starts[1:-1], start=1):  # the first and last calls see the graph's edges
+        for e in kernels:
+            if t0 <= e["ts"] < starts[i + 1]:
+                spans.setdefault(e["name"], []).append((e["ts"] - t0, e["ts"] + e["dur"] - t0))
+                streams[e["name"]] = e.get("args", {}).get("stream", -1)
+    period = statistics.median(b - a for a, b in zip(starts[1:-1], starts[2:], strict=False))
+    lines = [f"  period {period:.1f} us (prologue to next prologue)"]
+    for name, s in sorted(spans.items(), key=lambda kv: statistics.median(x for x, _ in kv[1])):
+        start = statistics.median(x for x, _ in s)
+        end = statistics.median(y for _, y in s)
+        where = f"stream {streams[name]:>3}  {start:8.1f} -> {end:8.1f} us"
+        lines.append(f"  {name[:40]:40s} {where}  ({len(s)} calls)")
+    return "\n".join(lines)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("mode", choices=["once", "grid", "kernels"])
+    p.add_argument("mode", choices=["once", "grid", "kernels", "timeline"])
     p.add_argument("--config", default="{}")
     p.add_argument("--configs", default="")
     p.add_argument("--shape", default="8,131072")
@@ -87,6 +145,16 @@ def main() -> None:
                 times = ba.kernel_breakdown(s, wa.LaunchConfig(**c))
                 listing = ", ".join(f"{k.strip('_')[:24]} {v}" for k, v in times.items())
                 print(f"({b}, {n}) {c}: {listing}", flush=True)
+            s.free()
+        return
+    if a.mode == "timeline":
+        for b, n in shapes:
+            s = ba.Setup(b, n, ba.HQ, ba.HKV, "cuda", smoke=False)
+            s.use_codec(UNIFORM)
+            s.dense.clear()
+            for c in configs:  # "auto": the package's choice for the shape
+                print(f"({b}, {n}) {c}:", flush=True)
+                print(timeline(s, None if c == "auto" else wa.LaunchConfig(**c)), flush=True)
             s.free()
         return
     precompile(configs)
