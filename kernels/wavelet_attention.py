@@ -1041,6 +1041,11 @@ class LaunchConfig:
     ctas_per_sm: float = 16.0  # flash-decoding splits: aim for this many programs per SM ...
     min_split_tokens: int = 512  # ... but give each split at least this many compressed tokens
     exact_block: int = 32  # exact sink/window tokens per step (64 spills v2's registers)
+    # v3: the exact sink/window tokens' kernel cut into this many programs per (sequence, kv head),
+    # each writing its own partial. One program per pair runs 132 tokens in 5 serial steps: 6.8 us
+    # alone at one sequence, and beside the split kernel's last programs (sharing their SMs' issue
+    # slots) it ended 2.7-3.9 us after them at the large decode shapes (eighteenth session)
+    exact_chunks: int = 1
     # "v1": byte planes (every layout); "v2": int16 field planes (affine layouts; else v1 runs);
     # "v3": the Gluon kernel (kernels/wavelet_attention_gluon.py; its layout family on CUDA, else v1)
     kernel: str = "v2"
@@ -1199,6 +1204,8 @@ class LaunchConfig:
                 f"of overlap_exact: got kernel={self.kernel!r}, overlap_exact={self.overlap_exact}, "
                 f"pdl={self.pdl}"
             )
+        if self.exact_chunks < 1:
+            raise ValueError(f"LaunchConfig.exact_chunks must be >= 1, got {self.exact_chunks}")
         if self.whole_waves and self.maxnreg is None:
             raise ValueError(
                 "LaunchConfig.whole_waves needs maxnreg: the register cap fixes how many programs an "
@@ -2145,11 +2152,15 @@ if HAS_TRITON:
         SINKS: tl.constexpr,
         WINDOW: tl.constexpr,
         SPLIT_B: tl.constexpr,
+        slot_lo,
+        slot_hi,
     ):
         """_exact_part with tokens on the MMA's M (scores^T, acc^T) and head_dim cut into 32-wide
         pieces, like the compressed loop: the few query rows only pad N and the exact tokens stay
         in their 16-bit dtype (query and p split hi + lo), so this path needs fewer registers than
-        the compressed loop and does not raise the kernel's register budget."""
+        the compressed loop and does not raise the kernel's register budget. slot_lo / slot_hi:
+        the exact slots (sinks, then the window's ring) this call covers; slot_lo a multiple of
+        EXACT_BLOCK."""
         DC: tl.constexpr = 32
         dc = tl.arange(0, DC)
         local = tl.arange(0, BLOCK_M)
@@ -2160,7 +2171,7 @@ if HAS_TRITON:
             acc_t = acc_t + (tl.zeros([DC, BLOCK_M], tl.float32),)
         ring_base = seq_len - WINDOW
         ring_lo = tl.maximum(ring_base, SINKS)
-        for start in range(0, SINKS + WINDOW, EXACT_BLOCK):
+        for start in range(slot_lo, slot_hi, EXACT_BLOCK):
             slot = start + tl.arange(0, EXACT_BLOCK)
             in_sinks = slot < SINKS
             if WINDOW > 0:
@@ -2169,7 +2180,7 @@ if HAS_TRITON:
             else:
                 ring_pos = slot * 0 - 1
             pos = tl.where(in_sinks, slot, ring_pos)
-            valid = (slot < SINKS + WINDOW) & (in_sinks | (pos >= ring_lo)) & (pos >= 0)
+            valid = (slot < slot_hi) & (in_sinks | (pos >= ring_lo)) & (pos >= 0)
             s = tl.zeros([EXACT_BLOCK, BLOCK_M], tl.float32)
             for c in tl.static_range(D // DC):
                 cols = c * DC + dc
@@ -2878,6 +2889,8 @@ if HAS_TRITON:
                 SINKS,
                 WINDOW,
                 EXACT_SPLIT,
+                0,
+                SINKS + WINDOW,
             )
         else:
             if SUBNORMAL:
@@ -3043,6 +3056,7 @@ if HAS_TRITON:
         n_new,
         n_row_blocks,
         num_splits,
+        n_parts,  # partials per program: num_splits compressed ranges, then the exact chunks
         qk_scale,
         D: tl.constexpr,
         BLOCK_M: tl.constexpr,
@@ -3050,18 +3064,21 @@ if HAS_TRITON:
         SINKS: tl.constexpr,
         WINDOW: tl.constexpr,
         EXACT_SPLIT: tl.constexpr,
+        CHUNK_SLOTS: tl.constexpr,  # exact slots per program (a multiple of EXACT_BLOCK)
         # launched with PDL after the split kernel it does not read (LaunchConfig.exact_in_chain):
         # the reduce may launch at once; this kernel's inputs were written before the attention
         # call, so it runs without waiting, and it waits for the split kernel only before it ends,
         # so that the reduce's own wait (for this kernel) also covers the split kernel
         PDL_CHAIN: tl.constexpr = False,
     ):
-        """The exact sink/window tokens of one (sequence, kv head, row block) as partial num_splits,
-        for split kernels that handle only the compressed ranges (v3, which Gluon writes and which
-        cannot call Triton functions)."""
+        """The exact sink/window tokens of one (sequence, kv head, row block) as partials num_splits
+        onwards, one per chunk of CHUNK_SLOTS slots (grid (programs, chunks)), for split kernels that
+        handle only the compressed ranges (v3, which Gluon writes and which cannot call Triton
+        functions)."""
         if PDL_CHAIN:
             tl.extra.cuda.gdc_launch_dependents()
         pid = tl.program_id(0)
+        chunk = tl.program_id(1)
         row_block = pid % n_row_blocks
         kv_head = (pid // n_row_blocks) % n_kv_heads
         batch = pid // (n_row_blocks * n_kv_heads)
@@ -3070,7 +3087,7 @@ if HAS_TRITON:
         token = rows % n_new
         seq_len = tl.load(seq_lens_ptr + batch).to(tl.int32)
         limit = tl.where(row_ok, seq_len - n_new + token + 1, 0)
-        part = pid * (num_splits + 1) + num_splits
+        part = pid * n_parts + num_splits + chunk
         head = kv_head * group + rows // n_new
         _exact_part_t(
             q_ptr + batch * q_stride_b + head * q_stride_h + token * q_stride_t,
@@ -3091,6 +3108,8 @@ if HAS_TRITON:
             SINKS,
             WINDOW,
             EXACT_SPLIT,
+            chunk * CHUNK_SLOTS,
+            tl.minimum(chunk * CHUNK_SLOTS + CHUNK_SLOTS, SINKS + WINDOW),
         )
         if PDL_CHAIN:
             tl.extra.cuda.gdc_wait()
@@ -3132,6 +3151,71 @@ if HAS_TRITON:
         tl.store(out_rows[:, None] + cols[None, :], o.to(out_rows.dtype.element_ty), mask=row_ok[:, None])
 
     @triton.jit
+    def _merge_exact_in_place(
+        m_ptr, l_ptr, acc_ptr, first, n_exact, row_ok, D: tl.constexpr, BLOCK_M: tl.constexpr
+    ):
+        """Merge exact-token partials first + 1 .. first + n_exact - 1 (LaunchConfig.exact_chunks)
+        into partial `first`, in place, for the block reduce, which then reads `first` as the one
+        exact part. Only this program reads these partials."""
+        if n_exact > 1:
+            local = tl.arange(0, BLOCK_M)
+            d = tl.arange(0, D)
+            rows = first * BLOCK_M + local
+            m_e = tl.load(m_ptr + rows, mask=row_ok, other=_NEG_BIG)
+            l_e = tl.load(l_ptr + rows, mask=row_ok, other=0.0)
+            acc_e = tl.load(acc_ptr + rows[:, None] * D + d[None, :], mask=row_ok[:, None], other=0.0)
+            for e in range(1, n_exact):
+                other = (first + e) * BLOCK_M + local
+                m_o = tl.load(m_ptr + other, mask=row_ok, other=_NEG_BIG)
+                m_new = tl.maximum(m_e, m_o)
+                a = tl.exp2(m_e - m_new)
+                b = tl.exp2(m_o - m_new)
+                l_e = l_e * a + tl.load(l_ptr + other, mask=row_ok, other=0.0) * b
+                acc_o = tl.load(acc_ptr + other[:, None] * D + d[None, :], mask=row_ok[:, None], other=0.0)
+                acc_e = acc_e * a[:, None] + acc_o * b[:, None]
+                m_e = m_new
+            tl.debug_barrier()  # every thread has read `first` before any overwrites it
+            tl.store(m_ptr + rows, m_e, mask=row_ok)
+            tl.store(l_ptr + rows, l_e, mask=row_ok)
+            tl.store(acc_ptr + rows[:, None] * D + d[None, :], acc_e, mask=row_ok[:, None])
+            tl.debug_barrier()  # and the caller's loads see the merged partial
+
+    @triton.jit
+    def _merge_parts_row(
+        m_ptr,
+        l_ptr,
+        acc_ptr,
+        base,
+        lo,
+        hi,
+        row_local,
+        D: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        CHUNK: tl.constexpr,
+    ):
+        """One query row's partials lo .. hi - 1 of program `base` merged under one softmax:
+        (max, denominator, sums), CHUNK partials per wide load (a serial chain of one small load
+        per split waited on memory latency each time: 36.6 us for 66 splits at B = 8)."""
+        d = tl.arange(0, D)
+        m_i = tl.max(tl.full([CHUNK], _NEG_BIG, tl.float32), axis=0)
+        l_i = tl.sum(tl.zeros([CHUNK], tl.float32), axis=0)
+        acc = tl.zeros([D], tl.float32)
+        for first in range(lo, hi, CHUNK):
+            split = first + tl.arange(0, CHUNK)
+            ok = split < hi
+            part = (base + split) * BLOCK_M + row_local
+            m_s = tl.load(m_ptr + part, mask=ok, other=_NEG_BIG)
+            l_s = tl.load(l_ptr + part, mask=ok, other=0.0)
+            acc_s = tl.load(acc_ptr + part[:, None] * D + d[None, :], mask=ok[:, None], other=0.0)
+            m_new = tl.maximum(m_i, tl.max(m_s, axis=0))
+            alpha = tl.exp2(m_i - m_new)
+            w = tl.exp2(m_s - m_new)
+            acc = acc * alpha + tl.sum(acc_s * w[:, None], axis=0)
+            l_i = l_i * alpha + tl.sum(l_s * w, axis=0)
+            m_i = m_new
+        return m_i, l_i, acc
+
+    @triton.jit
     def _reduce_kernel(
         m_ptr,
         l_ptr,
@@ -3150,7 +3234,8 @@ if HAS_TRITON:
         group,
         n_new,
         n_row_blocks,
-        num_splits,
+        num_splits,  # compressed splits: partials 0 .. num_splits - 1 of each program
+        n_parts,  # partials per program: then the exact tokens' (one, or exact_chunks for v3)
         D: tl.constexpr,
         BLOCK_M: tl.constexpr,
         D_CHUNK: tl.constexpr,
@@ -3174,7 +3259,10 @@ if HAS_TRITON:
         m_i = tl.full([BLOCK_M], _NEG_BIG, tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, D], tl.float32)
-        base = pid * (num_splits + 1)
+        base = pid * n_parts
+        _merge_exact_in_place(
+            m_ptr, l_ptr, acc_ptr, base + num_splits, n_parts - num_splits, row_ok, D, BLOCK_M
+        )
         # SPLIT_CHUNK partials per step in one wide load: a serial chain of one small load per
         # split waited on memory latency each time (measured 36.6 us for 66 splits at B = 8)
         for first in range(0, num_splits, SPLIT_CHUNK):
@@ -3254,13 +3342,15 @@ if HAS_TRITON:
         group,
         n_new,
         n_row_blocks,
-        num_splits,
+        num_splits,  # compressed splits: partials 0 .. num_splits - 1 of each program
+        n_parts,  # partials per program: then the exact tokens' (one, or exact_chunks for v3)
         D: tl.constexpr,
         BLOCK_M: tl.constexpr,
         SPLIT_CHUNK: tl.constexpr,
         OFFSET: tl.constexpr,
         PDL: tl.constexpr = False,  # launched with programmatic dependent launch (see _pdl)
         MERGE_ONLY: tl.constexpr = False,  # leave the transform to _transform_heads_kernel
+        EXACT_CHUNK: tl.constexpr = 1,  # exact partials merged per load (>= n_parts - num_splits)
     ):
         """_reduce_kernel with one program per query row, for launches with few (sequence, kv head)
         pairs: SPLIT_CHUNK splits merged per step (one wide load, not a serial chain of small
@@ -3279,32 +3369,20 @@ if HAS_TRITON:
         row = row_block * BLOCK_M + row_local
         if row < group * n_new:
             d = tl.arange(0, D)
-            base = program * (num_splits + 1)
-            m_i = tl.max(tl.full([SPLIT_CHUNK], _NEG_BIG, tl.float32), axis=0)
-            l_i = tl.sum(tl.zeros([SPLIT_CHUNK], tl.float32), axis=0)
-            acc = tl.zeros([D], tl.float32)
-            for first in range(0, num_splits, SPLIT_CHUNK):
-                split = first + tl.arange(0, SPLIT_CHUNK)
-                ok = split < num_splits
-                part = (base + split) * BLOCK_M + row_local
-                m_s = tl.load(m_ptr + part, mask=ok, other=_NEG_BIG)
-                l_s = tl.load(l_ptr + part, mask=ok, other=0.0)
-                acc_s = tl.load(acc_ptr + part[:, None] * D + d[None, :], mask=ok[:, None], other=0.0)
-                m_new = tl.maximum(m_i, tl.max(m_s, axis=0))
-                alpha = tl.exp2(m_i - m_new)
-                w = tl.exp2(m_s - m_new)
-                acc = acc * alpha + tl.sum(acc_s * w[:, None], axis=0)
-                l_i = l_i * alpha + tl.sum(l_s * w, axis=0)
-                m_i = m_new
+            base = program * n_parts
+            # the compressed splits (coefficient domain), then the exact tokens' (channel domain)
+            m_i, l_i, acc = _merge_parts_row(
+                m_ptr, l_ptr, acc_ptr, base, 0, num_splits, row_local, D, BLOCK_M, SPLIT_CHUNK
+            )
+            m_e, l_e, acc_e = _merge_parts_row(
+                m_ptr, l_ptr, acc_ptr, base, num_splits, n_parts, row_local, D, BLOCK_M, EXACT_CHUNK
+            )
             exact = (base + num_splits) * BLOCK_M + row_local
-            m_e = tl.load(m_ptr + exact)
-            l_e = tl.load(l_ptr + exact)
             m_f = tl.maximum(m_i, m_e)
             alpha = tl.exp2(m_i - m_f)
             beta = tl.exp2(m_e - m_f)
             denom = l_i * alpha + l_e * beta
             if MERGE_ONLY:
-                acc_e = tl.load(acc_ptr + exact * D + d)
                 tl.store(acc_ptr + (base * BLOCK_M + row_local) * D + d, acc * (alpha / denom))
                 tl.store(acc_ptr + exact * D + d, acc_e * (beta / denom))
                 return
@@ -3314,7 +3392,7 @@ if HAS_TRITON:
             )  # [coef, channel]
             values = tl.sum(acc[:, None] * w_t, axis=0)
             values = values * tl.load(v_channel_scale_ptr + kv_head * v_scale_stride_h + d).to(tl.float32)
-            o = (values * alpha + tl.load(acc_ptr + exact * D + d) * beta) / denom
+            o = (values * alpha + acc_e * beta) / denom
             if OFFSET:
                 o = o + tl.load(v_offset_ptr + kv_head * v_offset_stride_h + d).to(tl.float32)
             head = kv_head * group + row // n_new
@@ -3339,7 +3417,8 @@ if HAS_TRITON:
         group,
         n_new,
         n_seqs,
-        num_splits,
+        num_splits,  # compressed splits (the merged exact part sits at partial num_splits)
+        n_parts,  # partials per (sequence, kv head)
         D: tl.constexpr,
         BLOCK_M: tl.constexpr,  # query rows of one (sequence, kv head): one row block (decode)
         TILE: tl.constexpr,  # rows per program, all of one kv head (sequences side by side)
@@ -3361,7 +3440,7 @@ if HAS_TRITON:
         seq = r // BLOCK_M
         local = r % BLOCK_M
         row_ok = (seq < n_seqs) & (local < group * n_new)
-        base = (seq * n_kv_heads + kv_head) * (num_splits + 1)
+        base = (seq * n_kv_heads + kv_head) * n_parts
         d = tl.arange(0, D)
         cols = tl.program_id(1) * D_CHUNK + tl.arange(0, D_CHUNK)
         merged = tl.load(
@@ -3401,6 +3480,15 @@ def reduce_split_chunk(config: LaunchConfig, num_splits: int) -> int:
     16 per load 0.2904 / 0.2888 ms against 64's 0.2916 / 0.2916; at B = 8 (49 splits) 16 was 1-2.5%
     slower than 64, and this keeps 64 there."""
     return min(config.reduce_split_chunk, 1 << max(num_splits - 1, 0).bit_length())
+
+
+def exact_chunks(config: LaunchConfig, layout: CompressedLayout) -> tuple[int, int]:
+    """(programs per (sequence, kv head, row block), slots each) of the exact-token kernel: the
+    config's exact_chunks, in whole EXACT_BLOCK steps, none of them empty."""
+    slots = layout.sinks + layout.window
+    per_chunk = max(1, -(-slots // max(1, config.exact_chunks)))
+    per_chunk = -(-per_chunk // config.exact_block) * config.exact_block
+    return max(1, -(-slots // per_chunk)), per_chunk
 
 
 def uses_reduce_gemm(config: LaunchConfig, rows: int, n_row_blocks: int) -> bool:
@@ -3462,10 +3550,11 @@ def _launch_exact(
     current stream (arguments as for _launch_v3). chain: launched with PDL right after the split
     kernel (LaunchConfig.exact_in_chain)."""
     _, _, m_part, l_part, acc_part = parts
-    hkv, group, tq, n_row_blocks, num_splits, _, block_m, d, programs, qk_scale = dims
+    hkv, group, tq, n_row_blocks, num_splits, _, block_m, d, programs, qk_scale, n_parts = dims
+    chunks, chunk_slots = exact_chunks(config, layout)
     launch(
         _exact_kernel,
-        (programs,),
+        (programs, chunks),
         q,
         q.stride(0),
         q.stride(1),
@@ -3479,6 +3568,7 @@ def _launch_exact(
         tq,
         n_row_blocks,
         num_splits,
+        n_parts,
         qk_scale,
         D=d,
         BLOCK_M=block_m,
@@ -3486,6 +3576,7 @@ def _launch_exact(
         SINKS=layout.sinks,
         WINDOW=layout.window,
         EXACT_SPLIT=common_exact[0].dtype in (torch.float16, torch.bfloat16),
+        CHUNK_SLOTS=chunk_slots,
         num_warps=1,
         **({"PDL_CHAIN": True, "launch_pdl": True} if chain else {}),
     )
@@ -3514,7 +3605,7 @@ def _launch_v3(
     from .wavelet_attention_gluon import split_kernel_v3
 
     qw, qc, m_part, l_part, acc_part = parts
-    hkv, group, tq, n_row_blocks, num_splits, n_qc, block_m, d, programs, qk_scale = dims
+    hkv, group, tq, n_row_blocks, num_splits, n_qc, block_m, d, programs, qk_scale, n_parts = dims
     chain = config.exact_in_chain and _pdl(config, q.device)
     if side is None and not config.exact_in_chain:
         _launch_exact(q, common_exact, parts, dims, layout, config)
@@ -3547,6 +3638,7 @@ def _launch_v3(
         tq,
         n_row_blocks,
         num_splits,
+        n_parts,
         CODE_ROW=k_codes.stride(2) // 2,
         SCALE_ROW=k_scales.stride(2),
         E4=layout.band_byte_offsets[0] // 2,
@@ -3656,6 +3748,9 @@ def wavelet_attention_triton(
     programs = batch * hkv * n_row_blocks
     if num_splits is None:
         num_splits = choose_num_splits(programs, capacity, layout, config, q.device)
+    # partials per program: the compressed splits, then the exact tokens' (v3: exact_chunks of them,
+    # from their own kernel; v1 and v2: one, from the split kernel's last split)
+    n_parts = num_splits + (exact_chunks(config, layout)[0] if use_v3 else 1)
     device = q.device
     if use_v3 or use_v2:
         plan2 = _plan_v3(layout, device) if use_v3 else _plan_v2(layout, device, config.subnormal)
@@ -3682,9 +3777,9 @@ def wavelet_attention_triton(
     n_qc = n_slots // d_chunk
     qw = torch.empty(programs, block_m, n_slots, device=device, dtype=torch.float16)
     qc = torch.empty(programs, n_qc, block_m, 4, device=device, dtype=torch.float32)
-    m_part = torch.empty(programs, num_splits + 1, block_m, device=device, dtype=torch.float32)
+    m_part = torch.empty(programs, n_parts, block_m, device=device, dtype=torch.float32)
     l_part = torch.empty_like(m_part)
-    acc_part = torch.empty(programs, num_splits + 1, block_m, d, device=device, dtype=torch.float32)
+    acc_part = torch.empty(programs, n_parts, block_m, d, device=device, dtype=torch.float32)
     out = torch.empty(q.shape, device=device, dtype=q.dtype)
     qk_scale = float(sm_scale) * LOG2E
     # views into the caller's channel tensors (no per-call copies): kernels read them with a
@@ -3792,7 +3887,7 @@ def wavelet_attention_triton(
                     seq_lens,
                     plan2,
                     (qw, qc, m_part, l_part, acc_part),
-                    (hkv, group, tq, n_row_blocks, num_splits, n_qc, block_m, d, programs, qk_scale),
+                    (hkv, group, tq, n_row_blocks, num_splits, n_qc, block_m, d, programs, qk_scale, n_parts),
                     layout,
                     config,
                     split_options,
@@ -3948,7 +4043,7 @@ def wavelet_attention_triton(
         out.stride(1),
         out.stride(2),
     )
-    reduce_args = (m_part, l_part, acc_part, *output_args, hkv, group, tq, n_row_blocks, num_splits)
+    reduce_args = (m_part, l_part, acc_part, *output_args, hkv, group, tq, n_row_blocks, num_splits, n_parts)
     channel_flags = dict(OFFSET=v_offset is not None)
     # the reduce waits in-kernel for the split kernel (PDL) unless a stream join comes between them
     if programs * block_m <= config.row_reduce_max_programs * _sm_count(device):
@@ -3961,6 +4056,7 @@ def wavelet_attention_triton(
             D=d,
             BLOCK_M=block_m,
             SPLIT_CHUNK=reduce_split_chunk(config, num_splits),
+            EXACT_CHUNK=1 << (n_parts - num_splits - 1).bit_length(),
             num_warps=4,
             **channel_flags,
             **_dependent(pdl and side is None),
@@ -3978,6 +4074,7 @@ def wavelet_attention_triton(
                 tq,
                 batch,
                 num_splits,
+                n_parts,
                 D=d,
                 BLOCK_M=block_m,
                 TILE=tile,

@@ -522,14 +522,15 @@ if HAS_GLUON:
         v_step_ptr,  # fp32 [128] per value slot (see _plan_v3)
         v_shift_ptr,  # fp32 [128]
         slot_coef_ptr,  # int32 [128]: coefficient held by each value slot
-        m_ptr,  # fp32 [programs, num_splits + 1, BLOCK_M]: running max (log2 domain)
-        l_ptr,  # fp32 [programs, num_splits + 1, BLOCK_M]: softmax denominator
-        acc_ptr,  # fp32 [programs, num_splits + 1, BLOCK_M, D]: coefficient sums
+        m_ptr,  # fp32 [programs, n_parts, BLOCK_M]: running max (log2 domain)
+        l_ptr,  # fp32 [programs, n_parts, BLOCK_M]: softmax denominator
+        acc_ptr,  # fp32 [programs, n_parts, BLOCK_M, D]: coefficient sums
         n_kv_heads,
         group,  # q heads per kv head
         n_new,  # new tokens per sequence (1 for decode)
         n_row_blocks,
-        num_splits,  # compressed splits; partial num_splits (the exact tokens) is not written here
+        num_splits,  # compressed splits; partials num_splits onwards (the exact tokens) are not written here
+        n_parts,  # partials per program (the compressed splits, then the exact tokens' chunks)
         CODE_ROW: gl.constexpr,  # int16 elements per code row (token stride)
         SCALE_ROW: gl.constexpr,  # fp16 scales per row (token stride)
         E4: gl.constexpr,  # first int16 element of the 4-bit band
@@ -780,7 +781,7 @@ if HAS_GLUON:
                 # fill loads alive
                 sink = sink ^ fill
                 never = gl.full([32], n_new, gl.int32, layout=_LANES) < 0
-                slot = (pid * (num_splits + 1) + split) * BLOCK_M + gl.arange(0, 32, layout=_LANES) % BLOCK_M
+                slot = (pid * n_parts + split) * BLOCK_M + gl.arange(0, 32, layout=_LANES) % BLOCK_M
                 gl.store(m_ptr + slot, sink.to(gl.float32), mask=never)
         # ---- the rest: tokens clamped to the range (loads stay in bounds), scores masked per row
         last = hi - 1
@@ -822,7 +823,7 @@ if HAS_GLUON:
             )
         # ---- partials in the reduce's format
         m_i, a0, a1, a2, a3, a4, a5, a6, a7, l_acc, wsa, wsb = state
-        part = pid * (num_splits + 1) + split
+        part = pid * n_parts + split
         gl.store(m_ptr + part * BLOCK_M + local, m_i, mask=row_ok)
         gl.store(l_ptr + part * BLOCK_M + local, gl.max(l_acc, axis=0), mask=row_ok)
         acc_out = acc_ptr + part * BLOCK_M * D

@@ -274,31 +274,41 @@ def test_band_warps_spike_compiles_for_sm90(tmp_path):
     assert int(re.search(r"(\d+)\s+MOVM", out).group(1)) == 16, out  # p and p * scale
 
 
-@pytest.mark.parametrize("tq,group", [(1, 4), (2, 4)])
-def test_exact_kernel_writes_the_exact_tokens_partial(tq, group):
+@pytest.mark.parametrize("tq,group,chunks", [(1, 4, 1), (2, 4, 1), (1, 4, 3), (2, 4, 8)])
+def test_exact_kernel_writes_the_exact_tokens_partial(tq, group, chunks):
     # v3's exact sink/window tokens run in their own Triton kernel (Gluon cannot call Triton
-    # functions): under the interpreter, its partial (running max in log2 units, denominator,
-    # p-weighted sum of the exact values) must match attention over exactly those positions,
-    # written at split index num_splits of each program's partials
+    # functions): under the interpreter, its partials (running max in log2 units, denominator,
+    # p-weighted sum of the exact values), one per chunk of the exact slots (exact_chunks), merged,
+    # must match attention over exactly those positions, written at split indices num_splits
+    # onwards of each program's partials
     from test_wavelet_attention import make_case
 
-    sinks, window, capacity = 2, 8, 40
-    seq_lens = [40, 13, tq]
+    sinks, window, capacity = 2, 40, 80
+    seq_lens = [80, 13, 47, tq]
     codec, args = make_case(
-        f"default;window={window};sinks={sinks}", 3, 2, group, tq, 128, seq_lens, capacity, torch.float16
+        f"default;window={window};sinks={sinks}", 4, 2, group, tq, 128, seq_lens, capacity, torch.float16
     )
     q, _, _, _, _, k_exact, v_exact, lens, _, _ = args
     batch, hq, _, d = q.shape
     hkv, rows = k_exact.shape[1], group * tq
     block_m = K._block_m(rows)
+    config = K.LaunchConfig(kernel="v3", exact_block=16, exact_chunks=chunks)
+    layout = ops.compressed_layout(codec.spec, d)
+    n_chunks, chunk_slots = K.exact_chunks(config, layout)
+    # 42 slots in 16-slot steps: at most 3 programs, none empty
+    assert (
+        n_chunks == min(chunks, 3) and (n_chunks - 1) * chunk_slots < sinks + window <= n_chunks * chunk_slots
+    )
     programs, num_splits, qk_scale = batch * hkv, 3, 0.125 * K.LOG2E
-    m_part = torch.full((programs, num_splits + 1, block_m), float("nan"))
+    n_parts = num_splits + n_chunks
+    m_part = torch.full((programs, n_parts, block_m), float("nan"))
     l_part = torch.full_like(m_part, float("nan"))
-    acc_part = torch.full((programs, num_splits + 1, block_m, d), float("nan"))
-    K._exact_kernel[(programs,)](
+    acc_part = torch.full((programs, n_parts, block_m, d), float("nan"))
+    K._exact_kernel[(programs, n_chunks)](
         q, *q.stride()[:3], k_exact, *k_exact.stride()[:3], v_exact, *v_exact.stride()[:3], lens,
-        m_part, l_part, acc_part, hkv, group, tq, 1, num_splits, qk_scale,
-        D=d, BLOCK_M=block_m, EXACT_BLOCK=32, SINKS=sinks, WINDOW=window, EXACT_SPLIT=False,
+        m_part, l_part, acc_part, hkv, group, tq, 1, num_splits, n_parts, qk_scale,
+        D=d, BLOCK_M=block_m, EXACT_BLOCK=16, SINKS=sinks, WINDOW=window, EXACT_SPLIT=False,
+        CHUNK_SLOTS=chunk_slots,
     )  # fmt: skip
     for b, n in enumerate(seq_lens):
         positions = [p for p in range(n) if p < sinks or p >= n - window]
@@ -314,11 +324,17 @@ def test_exact_kernel_writes_the_exact_tokens_partial(tq, group):
                 s = s.masked_fill(~visible, float("-inf"))
                 m = s.max()
                 p = torch.exp2(s - m)
-                got_m, got_l = m_part[pid, num_splits, r].item(), l_part[pid, num_splits, r].item()
-                assert got_m == pytest.approx(m.item(), rel=1e-4, abs=1e-4)
-                assert got_l == pytest.approx(p.sum().item(), rel=1e-4)
-                torch.testing.assert_close(acc_part[pid, num_splits, r].double(), p @ v, rtol=1e-3, atol=1e-3)
-    # only the exact partial is written: the compressed splits' slots keep their NaN fill
+                # the chunks' partials merged as the reduce merges them
+                chunk_m = m_part[pid, num_splits:, r].double()
+                got_m = chunk_m.max()
+                w = torch.exp2(chunk_m - got_m)
+                got_l = (l_part[pid, num_splits:, r].double() * w).sum()
+                got_acc = (acc_part[pid, num_splits:, r].double() * w[:, None]).sum(0)
+                assert got_m.item() == pytest.approx(m.item(), rel=1e-4, abs=1e-4)
+                assert got_l.item() == pytest.approx(p.sum().item(), rel=1e-4)
+                torch.testing.assert_close(got_acc, p @ v, rtol=1e-3, atol=1e-3)
+    # the exact partials are all written, the compressed splits' slots keep their NaN fill
+    assert not torch.isnan(m_part[:, num_splits:]).any() and not torch.isnan(acc_part[:, num_splits:]).any()
     assert torch.isnan(m_part[:, :num_splits]).all()
 
 
@@ -340,3 +356,59 @@ def test_key_value_warps_spike_compiles_for_sm90(tmp_path):
     # at 80 registers a thread, so three programs fit an SM (84 fits two: registers go per warp in
     # units of 256)
     assert re.search(r"specialized_kernel \(8 warps: .*\): REG:80 ", out), out
+
+
+@pytest.mark.parametrize("n_exact", [1, 3])
+@pytest.mark.parametrize("reduce", ["rows", "rows_then_heads", "block"])
+def test_reduces_merge_every_exact_partial(n_exact, reduce):
+    # With exact_chunks, v3's exact tokens arrive as several partials after the compressed splits'
+    # (channel domain, where the compressed ones hold coefficient sums). Every reduce must merge
+    # them all under one softmax with the compressed ones: random partials here, the reduce under
+    # the interpreter against the same merge in float64.
+    torch.manual_seed(0)
+    batch, hkv, group, d, num_splits = 2, 2, 4, 64, 5
+    block_m, programs = 4, batch * hkv
+    n_parts = num_splits + n_exact
+    m = torch.randn(programs, n_parts, block_m) * 4
+    den = torch.rand(programs, n_parts, block_m) + 0.5
+    acc = torch.randn(programs, n_parts, block_m, d)
+    m[:, 1] = -1.0e30  # an empty split (no tokens)
+    den[:, 1], acc[:, 1] = 0.0, 0.0
+    transform = torch.randn(hkv, d, d) / d**0.5  # [coefficient, channel] per kv head
+    scale = torch.rand(hkv, d) + 0.5
+    out = torch.full((batch, hkv * group, 1, d), float("nan"))
+
+    def merged(lo, hi):
+        mm = m[:, lo:hi].double()
+        top = mm.max(dim=1).values
+        w = torch.exp2(mm - top[:, None])
+        return top, (den[:, lo:hi].double() * w).sum(1), (acc[:, lo:hi].double() * w[..., None]).sum(1)
+
+    m_c, l_c, acc_c = merged(0, num_splits)
+    m_e, l_e, acc_e = merged(num_splits, n_parts)
+    top = torch.maximum(m_c, m_e)
+    a, b = torch.exp2(m_c - top), torch.exp2(m_e - top)
+    heads = torch.arange(programs) % hkv
+    values = torch.einsum("prc,pcd->prd", acc_c, transform[heads].double()) * scale[heads, None].double()
+    want = (values * a[..., None] + acc_e * b[..., None]) / (l_c * a + l_e * b)[..., None]
+    want = want.reshape(batch, hkv * group, 1, d)
+
+    output_args = (transform, transform.stride(0), scale, scale.stride(0), scale, 0, out, *out.stride()[:3])
+    args = (m, den, acc, *output_args, hkv, group, 1, 1, num_splits, n_parts)
+    if reduce == "block":
+        K._reduce_kernel[(programs,)](*args, D=d, BLOCK_M=block_m, D_CHUNK=32, OFFSET=False)
+    else:
+        exact_chunk = 1 << (n_exact - 1).bit_length()
+        merge_only = reduce == "rows_then_heads"
+        K._reduce_rows_kernel[(programs * block_m,)](
+            *args, D=d, BLOCK_M=block_m, SPLIT_CHUNK=4, OFFSET=False, MERGE_ONLY=merge_only,
+            EXACT_CHUNK=exact_chunk,
+        )  # fmt: skip
+        if merge_only:
+            tile = K.REDUCE_GEMM_TILE
+            K._transform_heads_kernel[(hkv * -(-batch * block_m // tile), d // 32)](
+                acc, *output_args, hkv, group, 1, batch, num_splits, n_parts,
+                D=d, BLOCK_M=block_m, TILE=tile, D_CHUNK=32, OFFSET=False,
+            )  # fmt: skip
+    assert not torch.isnan(out).any()
+    torch.testing.assert_close(out.double(), want, rtol=2e-4, atol=2e-4)

@@ -640,6 +640,39 @@ def test_gpu_exact_tokens_on_a_side_stream_equal_the_in_order_launch_also_in_a_c
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("chunks,exact_block", [(3, 32), (5, 32), (9, 16)])
+def test_gpu_v3_exact_tokens_in_chunks_match_one_exact_partial(chunks, exact_block):
+    # exact_chunks cuts the exact-token kernel into several programs per (sequence, kv head), each
+    # writing its own partial, which the reduce merges with the others (the same math in another
+    # order): the result must match the single exact partial's to rounding and the reference as
+    # closely, on the side stream, in order and in a CUDA graph with fresh exact tokens.
+    codec, args = make_case(
+        UNIFORM_REAL, 5, 2, 4, 1, 128, [4096, 1, 1000, 2049, 133], 4096, torch.bfloat16, "cuda", "full"
+    )
+    tuned = K.TUNED_CONFIGS[(128, 4, "affine")]
+    one = _run_triton(args, codec, 128**-0.5, config=tuned, num_splits=7)
+    ref = dense_reference(codec, args, 128**-0.5)
+    for overlap in (True, False):
+        config = dataclasses.replace(
+            tuned, exact_chunks=chunks, exact_block=exact_block, overlap_exact=overlap
+        )
+        got = _run_triton(args, codec, 128**-0.5, config=config, num_splits=7)
+        assert not torch.isnan(got).any()
+        assert rel_err(got, one) <= 2e-3, (overlap, rel_err(got, one))
+        assert rel_err(got, ref) <= rel_err(one, ref) * 1.1 + 1e-4, (rel_err(got, ref), rel_err(one, ref))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = _run_triton(args, codec, 128**-0.5, config=config, num_splits=7)
+    for exact in (args[5], args[6]):  # k_exact, v_exact: fresh values in the captured tensors
+        exact.copy_(torch.randn_like(exact))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, _run_triton(args, codec, 128**-0.5, config=config, num_splits=7))
+    assert rel_err(captured, dense_reference(codec, args, 128**-0.5)) <= 1e-2
+    assert not K._V3_FAILURE, K._V3_FAILURE
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("batch", [1, 5])
 def test_gpu_v3_exact_tokens_in_the_pdl_chain_equal_the_in_order_launch_also_in_a_cuda_graph(batch):
     # exact_in_chain launches the exact-token kernel right after the split kernel with PDL: it runs
