@@ -1286,6 +1286,14 @@ class LaunchConfig:
 # ms (means of 4 and 3 runs; faster in every round but the first at (8, 131072)). 18:36 UTC: the next
 # step's value rows prefetched into L2 as well (prefetch_value_rows) +0.5% at the first two shapes,
 # -1.3% at (8, 32768): off.
+# Eighteenth session (2026-12-01 19:33-19:41 UTC, same grid, two calls, interleaved): the exact-token
+# kernel in 5 programs per (sequence, kv head), one 32-token step each (exact_chunks; one program
+# ran 132 tokens in 5 serial steps and, sharing the SMs' issue slots with the split kernel's last
+# programs, ended 2.7-3.9 us after them): 0.2502 / 0.2575 / 0.2592 -> 0.2465 / 0.2473 ms at
+# (8, 131072), 0.2614 / 0.2588 / 0.2625 -> 0.2598 / 0.2625 at (32, 32768), 0.0868 / 0.0873 / 0.0877
+# -> 0.0831 / 0.0833 at (8, 32768); 3 programs of 16-token steps or 9 of one step each within the
+# same spread. The L2::256B hint on the value copies or the scale loads (a PTX patch), and
+# fill_value_rows_l2, were within the spread (0.2455-0.2526 ms tuned at (8, 131072)): off.
 # Where v3 cannot run (no Gluon, the interpreter) this entry runs v1 with these settings.
 TUNED_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
     (128, 4, "affine"): LaunchConfig(
@@ -1311,6 +1319,7 @@ TUNED_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
         step_row_base=True,
         score_offset_in_mma=True,
         key_loads_l2_256b=True,
+        exact_chunks=5,
     ),
     (128, 4, "table"): LaunchConfig(
         block_n=32, num_stages=3, ctas_per_sm=32.0, min_split_tokens=512, kernel="v1"
@@ -1329,9 +1338,16 @@ TUNED_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
 # 256-token splits (the exact kernel in the PDL chain instead of on a side stream, exact_in_chain,
 # did not close the gap); at (2, 32768), 16 programs, v1 0.0458 / 0.0462, v3 0.0405 / 0.0405; at
 # (4, 32768) v1 0.0798 / 0.0796, v3 0.0557 / 0.0560. So only one sequence (8 programs with 8 kv
-# heads) keeps v1.
+# heads) kept v1. Eighteenth session (19:38-19:43 UTC, two calls): with the exact tokens in 5
+# programs (exact_chunks) v3 overtook v1 at one sequence: (1, 32768) v1 0.0279 / 0.0283 / 0.0283 /
+# 0.0288 ms, v3 with 256-token splits 0.0258 / 0.0258 / 0.0259 (128 / 192 / 384 / 512-token splits
+# 0.0281 / 0.0271-0.0276 / 0.0272 / 0.0284); the single exact program had cost v3 6.8 us there.
 SMALL_LAUNCH_PROGRAMS = 8
 SMALL_LAUNCH_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
+    (128, 4, "affine"): replace(TUNED_CONFIGS[(128, 4, "affine")], min_split_tokens=256),
+}
+# where v3 cannot run a small launch (other layouts, no Gluon, the interpreter): v1's own best
+SMALL_LAUNCH_V1_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
     (128, 4, "affine"): LaunchConfig(
         block_n=128,
         num_warps=2,
@@ -1343,6 +1359,15 @@ SMALL_LAUNCH_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
         pdl=True,
     ),
 }
+
+
+def v1_fallback(config: LaunchConfig) -> LaunchConfig:
+    """What runs where `config` asks for v3 and v3 cannot run: for a small-launch config, the v1
+    settings tuned for small launches; else the same settings on v1, without v3's options."""
+    for key, small in SMALL_LAUNCH_CONFIGS.items():
+        if config == small and key in SMALL_LAUNCH_V1_CONFIGS:
+            return SMALL_LAUNCH_V1_CONFIGS[key]
+    return replace(config, kernel="v1", **dict.fromkeys(V3_ONLY_OPTIONS, False))
 
 
 def tuned_config(
@@ -3741,6 +3766,8 @@ def wavelet_attention_triton(
     if config is None:
         config = tuned_config(layout, d, block_m, batch * hkv * n_row_blocks)
     kernel = split_kernel_choice(config, layout, k_codes, k_scales, block_m)
+    if config.kernel == "v3" and kernel != "v3":
+        config = v1_fallback(config)
     use_v3, use_v2 = kernel == "v3", kernel == "v2"
     if use_v2 and block_m > V2_MAX_BLOCK_M:
         block_m = V2_MAX_BLOCK_M
@@ -3914,7 +3941,7 @@ def wavelet_attention_triton(
                 v_channel_scale,
                 layout,
                 sm_scale,
-                replace(config, kernel="v1", **dict.fromkeys(V3_ONLY_OPTIONS, False)),
+                v1_fallback(config),
                 num_splits,
                 validate=False,
             )

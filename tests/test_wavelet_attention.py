@@ -289,13 +289,24 @@ def test_value_transform_cache_follows_the_channel_tensor():
 
 
 def test_tuned_config_by_launch_size():
-    # one sequence (few programs, latency-bound splits) takes the small-launch table (two-warp
-    # 128-token steps), larger launches the one-warp 64-token config (the measured winners,
-    # benchmarks/RESULTS.md); table grids have no small-launch entry
+    # one sequence (few programs, latency-bound splits) takes the small-launch table (v3 with
+    # shorter splits; where v3 cannot run, v1's two-warp 128-token steps), larger launches the
+    # one-warp 64-token config (the measured winners, benchmarks/RESULTS.md); table grids have no
+    # small-launch entry
     affine = ops.compressed_layout("default", 128)
     small = K.tuned_config(affine, 128, 4, programs=8)
     large = K.tuned_config(affine, 128, 4, programs=K.SMALL_LAUNCH_PROGRAMS + 1)
-    assert (small.block_n, small.num_warps) == (128, 2)
+    assert (small.kernel, small.min_split_tokens) == ("v3", 256)
+    assert small == dataclasses.replace(large, min_split_tokens=256)
+    small_v1 = K.v1_fallback(small)
+    assert (small_v1.kernel, small_v1.block_n, small_v1.num_warps) == ("v1", 128, 2)
+    large_v1 = K.v1_fallback(large)  # the same settings, v3's options dropped
+    assert (large_v1.kernel, large_v1.block_n, large_v1.maxnreg, large_v1.keys_ahead) == (
+        "v1",
+        64,
+        168,
+        False,
+    )
     assert (large.kernel, large.block_n, large.num_warps, large.maxnreg) == ("v3", 64, 1, 168)
     assert K.tuned_config(affine, 128, 4) == large
     # two sequences of 8 kv heads already run faster on v3 (sixteenth session: 0.0405 against 0.046 ms)
@@ -702,7 +713,8 @@ def test_gpu_v3_exact_tokens_in_the_pdl_chain_equal_the_in_order_launch_also_in_
 @pytest.mark.parametrize(
     "batch, config",
     [
-        (2, K.SMALL_LAUNCH_CONFIGS[(128, 4, "affine")]),  # v1 split, per-row reduce
+        (2, K.SMALL_LAUNCH_V1_CONFIGS[(128, 4, "affine")]),  # v1 split, per-row reduce
+        (1, K.SMALL_LAUNCH_CONFIGS[(128, 4, "affine")]),  # v3, 256-token splits, exact chunks
         (5, K.TUNED_CONFIGS[(128, 4, "affine")]),  # v3, exact kernel on the side stream
         (17, K.TUNED_CONFIGS[(128, 4, "affine")]),  # v3 after the per-kv-head prologue
         (5, dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], overlap_exact=False)),  # PDL reduce
@@ -742,10 +754,10 @@ def test_gpu_repeated_calls_reuse_compiled_kernels_and_stay_correct():
     # inputs of the same shapes and alignment must give results as correct as the first call's
     from wmoe_compile.kernels import fast_launch
 
-    # 1 sequence x 8 kv heads = 8 programs: the small-launch config (v1 split), the per-row reduce;
-    # 2 sequences: v3 with the exact-token kernel beside it
+    # 1 sequence x 8 kv heads = 8 programs: the small-launch config (v3, shorter splits), the
+    # per-row reduce; 2 sequences: v3 with the exact-token kernel beside it
     for lens, kernels in (
-        ([3000], (K._prologue_kernel, K._split_kernel, K._reduce_rows_kernel)),
+        ([3000], (K._prologue_kernel, K._exact_kernel, K._reduce_rows_kernel)),
         ([3000, 1234], (K._prologue_kernel, K._exact_kernel, K._reduce_rows_kernel)),
     ):
         fast_launch.clear()
