@@ -3211,34 +3211,50 @@ if HAS_TRITON:
         l_ptr,
         acc_ptr,
         base,
-        lo,
-        hi,
+        num_splits,
+        n_parts,
         row_local,
         D: tl.constexpr,
         BLOCK_M: tl.constexpr,
         CHUNK: tl.constexpr,
     ):
-        """One query row's partials lo .. hi - 1 of program `base` merged under one softmax:
-        (max, denominator, sums), CHUNK partials per wide load (a serial chain of one small load
-        per split waited on memory latency each time: 36.6 us for 66 splits at B = 8)."""
+        """One query row's partials of program `base`, CHUNK per wide load (a serial chain of one
+        small load per split waited on memory latency each time: 36.6 us for 66 splits at B = 8),
+        merged under one softmax in two groups: the compressed splits (0 .. num_splits - 1,
+        coefficient sums) and the exact tokens' (num_splits .. n_parts - 1, channel sums). One
+        load serves both, so several exact partials (exact_chunks) cost no second round trip.
+        Returns (max, denominator, sums) of each group."""
         d = tl.arange(0, D)
-        m_i = tl.max(tl.full([CHUNK], _NEG_BIG, tl.float32), axis=0)
-        l_i = tl.sum(tl.zeros([CHUNK], tl.float32), axis=0)
-        acc = tl.zeros([D], tl.float32)
-        for first in range(lo, hi, CHUNK):
+        m_c = tl.max(tl.full([CHUNK], _NEG_BIG, tl.float32), axis=0)
+        l_c = tl.sum(tl.zeros([CHUNK], tl.float32), axis=0)
+        acc_c = tl.zeros([D], tl.float32)
+        m_e = m_c
+        l_e = l_c
+        acc_e = tl.zeros([D], tl.float32)
+        for first in range(0, n_parts, CHUNK):
             split = first + tl.arange(0, CHUNK)
-            ok = split < hi
+            ok = split < n_parts
+            exact = split >= num_splits
             part = (base + split) * BLOCK_M + row_local
             m_s = tl.load(m_ptr + part, mask=ok, other=_NEG_BIG)
             l_s = tl.load(l_ptr + part, mask=ok, other=0.0)
             acc_s = tl.load(acc_ptr + part[:, None] * D + d[None, :], mask=ok[:, None], other=0.0)
-            m_new = tl.maximum(m_i, tl.max(m_s, axis=0))
-            alpha = tl.exp2(m_i - m_new)
-            w = tl.exp2(m_s - m_new)
-            acc = acc * alpha + tl.sum(acc_s * w[:, None], axis=0)
-            l_i = l_i * alpha + tl.sum(l_s * w, axis=0)
-            m_i = m_new
-        return m_i, l_i, acc
+            m_sc = tl.where(exact, _NEG_BIG, m_s)
+            m_se = tl.where(exact, m_s, _NEG_BIG)
+            new_c = tl.maximum(m_c, tl.max(m_sc, axis=0))
+            new_e = tl.maximum(m_e, tl.max(m_se, axis=0))
+            # each group's weights are zero on the other group's partials
+            w_c = tl.where(exact, 0.0, tl.exp2(m_sc - new_c))
+            w_e = tl.where(exact, tl.exp2(m_se - new_e), 0.0)
+            alpha_c = tl.exp2(m_c - new_c)
+            alpha_e = tl.exp2(m_e - new_e)
+            acc_c = acc_c * alpha_c + tl.sum(acc_s * w_c[:, None], axis=0)
+            acc_e = acc_e * alpha_e + tl.sum(acc_s * w_e[:, None], axis=0)
+            l_c = l_c * alpha_c + tl.sum(l_s * w_c, axis=0)
+            l_e = l_e * alpha_e + tl.sum(l_s * w_e, axis=0)
+            m_c = new_c
+            m_e = new_e
+        return m_c, l_c, acc_c, m_e, l_e, acc_e
 
     @triton.jit
     def _reduce_kernel(
@@ -3375,7 +3391,6 @@ if HAS_TRITON:
         OFFSET: tl.constexpr,
         PDL: tl.constexpr = False,  # launched with programmatic dependent launch (see _pdl)
         MERGE_ONLY: tl.constexpr = False,  # leave the transform to _transform_heads_kernel
-        EXACT_CHUNK: tl.constexpr = 1,  # exact partials merged per load (>= n_parts - num_splits)
     ):
         """_reduce_kernel with one program per query row, for launches with few (sequence, kv head)
         pairs: SPLIT_CHUNK splits merged per step (one wide load, not a serial chain of small
@@ -3395,12 +3410,9 @@ if HAS_TRITON:
         if row < group * n_new:
             d = tl.arange(0, D)
             base = program * n_parts
-            # the compressed splits (coefficient domain), then the exact tokens' (channel domain)
-            m_i, l_i, acc = _merge_parts_row(
-                m_ptr, l_ptr, acc_ptr, base, 0, num_splits, row_local, D, BLOCK_M, SPLIT_CHUNK
-            )
-            m_e, l_e, acc_e = _merge_parts_row(
-                m_ptr, l_ptr, acc_ptr, base, num_splits, n_parts, row_local, D, BLOCK_M, EXACT_CHUNK
+            # the compressed splits (coefficient domain) and the exact tokens' (channel domain)
+            m_i, l_i, acc, m_e, l_e, acc_e = _merge_parts_row(
+                m_ptr, l_ptr, acc_ptr, base, num_splits, n_parts, row_local, D, BLOCK_M, SPLIT_CHUNK
             )
             exact = (base + num_splits) * BLOCK_M + row_local
             m_f = tl.maximum(m_i, m_e)
@@ -3499,12 +3511,12 @@ PROLOGUE_TILE_ROWS = 64
 PROLOGUE_HEADS_MIN_ROWS = 64
 
 
-def reduce_split_chunk(config: LaunchConfig, num_splits: int) -> int:
-    """Split partials the per-row reduce merges per load: the config's chunk, or the next power of
-    two at or above num_splits when that is smaller. Twelfth session (H200, (32, 32768), 12 splits):
+def reduce_split_chunk(config: LaunchConfig, n_parts: int) -> int:
+    """Partials the per-row reduce merges per load: the config's chunk, or the next power of two at
+    or above the program's n_parts (compressed splits and exact partials) when that is smaller. Twelfth session (H200, (32, 32768), 12 splits):
     16 per load 0.2904 / 0.2888 ms against 64's 0.2916 / 0.2916; at B = 8 (49 splits) 16 was 1-2.5%
     slower than 64, and this keeps 64 there."""
-    return min(config.reduce_split_chunk, 1 << max(num_splits - 1, 0).bit_length())
+    return min(config.reduce_split_chunk, 1 << max(n_parts - 1, 0).bit_length())
 
 
 def exact_chunks(config: LaunchConfig, layout: CompressedLayout) -> tuple[int, int]:
@@ -4082,8 +4094,7 @@ def wavelet_attention_triton(
             *reduce_args,
             D=d,
             BLOCK_M=block_m,
-            SPLIT_CHUNK=reduce_split_chunk(config, num_splits),
-            EXACT_CHUNK=1 << (n_parts - num_splits - 1).bit_length(),
+            SPLIT_CHUNK=reduce_split_chunk(config, n_parts),
             num_warps=4,
             **channel_flags,
             **_dependent(pdl and side is None),

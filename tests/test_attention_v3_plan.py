@@ -398,12 +398,11 @@ def test_reduces_merge_every_exact_partial(n_exact, reduce):
     if reduce == "block":
         K._reduce_kernel[(programs,)](*args, D=d, BLOCK_M=block_m, D_CHUNK=32, OFFSET=False)
     else:
-        exact_chunk = 1 << (n_exact - 1).bit_length()
         merge_only = reduce == "rows_then_heads"
+        # 4 partials per load: the chunks straddle the compressed / exact boundary
         K._reduce_rows_kernel[(programs * block_m,)](
-            *args, D=d, BLOCK_M=block_m, SPLIT_CHUNK=4, OFFSET=False, MERGE_ONLY=merge_only,
-            EXACT_CHUNK=exact_chunk,
-        )  # fmt: skip
+            *args, D=d, BLOCK_M=block_m, SPLIT_CHUNK=4, OFFSET=False, MERGE_ONLY=merge_only
+        )
         if merge_only:
             tile = K.REDUCE_GEMM_TILE
             K._transform_heads_kernel[(hkv * -(-batch * block_m // tile), d // 32)](
