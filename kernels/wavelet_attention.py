@@ -1342,9 +1342,14 @@ TUNED_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
 # programs (exact_chunks) v3 overtook v1 at one sequence: (1, 32768) v1 0.0279 / 0.0283 / 0.0283 /
 # 0.0288 ms, v3 with 256-token splits 0.0258 / 0.0258 / 0.0259 (128 / 192 / 384 / 512-token splits
 # 0.0281 / 0.0271-0.0276 / 0.0272 / 0.0284); the single exact program had cost v3 6.8 us there.
+# 19:52 UTC, after the reduce merged the exact partials in the same loads: 256-token splits 0.0276
+# / 0.0269 ms with 64 partials per reduce load (133 partials: three serial loads, the reduce 6.1-7.2
+# us), 0.0259 with 128 per load (384-token splits 0.0271-0.0279 / 0.0261, 512 0.0293-0.0296).
 SMALL_LAUNCH_PROGRAMS = 8
 SMALL_LAUNCH_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
-    (128, 4, "affine"): replace(TUNED_CONFIGS[(128, 4, "affine")], min_split_tokens=256),
+    (128, 4, "affine"): replace(
+        TUNED_CONFIGS[(128, 4, "affine")], min_split_tokens=256, reduce_split_chunk=128
+    ),
 }
 # where v3 cannot run a small launch (other layouts, no Gluon, the interpreter): v1's own best
 SMALL_LAUNCH_V1_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {

@@ -358,9 +358,9 @@ def test_key_value_warps_spike_compiles_for_sm90(tmp_path):
     assert re.search(r"specialized_kernel \(8 warps: .*\): REG:80 ", out), out
 
 
-@pytest.mark.parametrize("n_exact", [1, 3])
+@pytest.mark.parametrize("n_exact,split_chunk", [(1, 4), (3, 4), (3, 128)])
 @pytest.mark.parametrize("reduce", ["rows", "rows_then_heads", "block"])
-def test_reduces_merge_every_exact_partial(n_exact, reduce):
+def test_reduces_merge_every_exact_partial(n_exact, split_chunk, reduce):
     # With exact_chunks, v3's exact tokens arrive as several partials after the compressed splits'
     # (channel domain, where the compressed ones hold coefficient sums). Every reduce must merge
     # them all under one softmax with the compressed ones: random partials here, the reduce under
@@ -399,9 +399,10 @@ def test_reduces_merge_every_exact_partial(n_exact, reduce):
         K._reduce_kernel[(programs,)](*args, D=d, BLOCK_M=block_m, D_CHUNK=32, OFFSET=False)
     else:
         merge_only = reduce == "rows_then_heads"
-        # 4 partials per load: the chunks straddle the compressed / exact boundary
+        # 4 partials per load: the chunks straddle the compressed / exact boundary; 128: one load
+        # of all of them, most masked
         K._reduce_rows_kernel[(programs * block_m,)](
-            *args, D=d, BLOCK_M=block_m, SPLIT_CHUNK=4, OFFSET=False, MERGE_ONLY=merge_only
+            *args, D=d, BLOCK_M=block_m, SPLIT_CHUNK=split_chunk, OFFSET=False, MERGE_ONLY=merge_only
         )
         if merge_only:
             tile = K.REDUCE_GEMM_TILE

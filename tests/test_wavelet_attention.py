@@ -296,8 +296,8 @@ def test_tuned_config_by_launch_size():
     affine = ops.compressed_layout("default", 128)
     small = K.tuned_config(affine, 128, 4, programs=8)
     large = K.tuned_config(affine, 128, 4, programs=K.SMALL_LAUNCH_PROGRAMS + 1)
-    assert (small.kernel, small.min_split_tokens) == ("v3", 256)
-    assert small == dataclasses.replace(large, min_split_tokens=256)
+    assert (small.kernel, small.min_split_tokens, small.reduce_split_chunk) == ("v3", 256, 128)
+    assert small == dataclasses.replace(large, min_split_tokens=256, reduce_split_chunk=128)
     small_v1 = K.v1_fallback(small)
     assert (small_v1.kernel, small_v1.block_n, small_v1.num_warps) == ("v1", 128, 2)
     large_v1 = K.v1_fallback(large)  # the same settings, v3's options dropped
