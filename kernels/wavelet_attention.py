@@ -3518,9 +3518,9 @@ PROLOGUE_HEADS_MIN_ROWS = 64
 
 def reduce_split_chunk(config: LaunchConfig, n_parts: int) -> int:
     """Partials the per-row reduce merges per load: the config's chunk, or the next power of two at
-    or above the program's n_parts (compressed splits and exact partials) when that is smaller. Twelfth session (H200, (32, 32768), 12 splits):
-    16 per load 0.2904 / 0.2888 ms against 64's 0.2916 / 0.2916; at B = 8 (49 splits) 16 was 1-2.5%
-    slower than 64, and this keeps 64 there."""
+    or above the program's n_parts (compressed splits and exact partials) when that is smaller.
+    Twelfth session (H200, (32, 32768), 12 splits): 16 per load 0.2904 / 0.2888 ms against 64's
+    0.2916 / 0.2916; at B = 8 (49 splits) 16 was 1-2.5% slower than 64, and this keeps 64 there."""
     return min(config.reduce_split_chunk, 1 << max(n_parts - 1, 0).bit_length())
 
 
