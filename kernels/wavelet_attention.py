@@ -1066,6 +1066,9 @@ class LaunchConfig:
     # all sequences (_transform_heads_kernel), instead of every row's program reading the whole
     # transform; 0: never
     reduce_gemm_min_rows: int = 0
+    reduce_warps: int = 4  # per-row reduce: warps per program
+    # per-row reduce: the transform loaded before the partials are merged (overlapping the loads)
+    reduce_transform_first: bool = False
     maxnreg: int | None = None  # split kernel register cap: 168 -> 12 one-warp programs per SM
     # affine value fields centred through the MMA's accumulator input (see _band_values) instead of
     # one packed subtract per operand pair
@@ -1204,6 +1207,8 @@ class LaunchConfig:
                 f"of overlap_exact: got kernel={self.kernel!r}, overlap_exact={self.overlap_exact}, "
                 f"pdl={self.pdl}"
             )
+        if self.reduce_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"LaunchConfig.reduce_warps must be 1, 2, 4, 8 or 16, got {self.reduce_warps}")
         if self.exact_chunks < 1:
             raise ValueError(f"LaunchConfig.exact_chunks must be >= 1, got {self.exact_chunks}")
         if self.whole_waves and self.maxnreg is None:
@@ -3396,6 +3401,9 @@ if HAS_TRITON:
         OFFSET: tl.constexpr,
         PDL: tl.constexpr = False,  # launched with programmatic dependent launch (see _pdl)
         MERGE_ONLY: tl.constexpr = False,  # leave the transform to _transform_heads_kernel
+        # load the transform before merging (it depends on nothing the merge computes), so the
+        # two loads' latencies overlap instead of adding up
+        TRANSFORM_FIRST: tl.constexpr = False,
     ):
         """_reduce_kernel with one program per query row, for launches with few (sequence, kv head)
         pairs: SPLIT_CHUNK splits merged per step (one wide load, not a serial chain of small
@@ -3414,7 +3422,12 @@ if HAS_TRITON:
         row = row_block * BLOCK_M + row_local
         if row < group * n_new:
             d = tl.arange(0, D)
+            c = tl.arange(0, D)
             base = program * n_parts
+            if TRANSFORM_FIRST and not MERGE_ONLY:
+                w_t = tl.load(
+                    transform_ptr + kv_head * transform_stride_h + c[:, None] * D + d[None, :]
+                )  # [coef, channel]
             # the compressed splits (coefficient domain) and the exact tokens' (channel domain)
             m_i, l_i, acc, m_e, l_e, acc_e = _merge_parts_row(
                 m_ptr, l_ptr, acc_ptr, base, num_splits, n_parts, row_local, D, BLOCK_M, SPLIT_CHUNK
@@ -3428,10 +3441,10 @@ if HAS_TRITON:
                 tl.store(acc_ptr + (base * BLOCK_M + row_local) * D + d, acc * (alpha / denom))
                 tl.store(acc_ptr + exact * D + d, acc_e * (beta / denom))
                 return
-            c = tl.arange(0, D)
-            w_t = tl.load(
-                transform_ptr + kv_head * transform_stride_h + c[:, None] * D + d[None, :]
-            )  # [coef, channel]
+            if not TRANSFORM_FIRST:
+                w_t = tl.load(
+                    transform_ptr + kv_head * transform_stride_h + c[:, None] * D + d[None, :]
+                )  # [coef, channel]
             values = tl.sum(acc[:, None] * w_t, axis=0)
             values = values * tl.load(v_channel_scale_ptr + kv_head * v_scale_stride_h + d).to(tl.float32)
             o = (values * alpha + acc_e * beta) / denom
@@ -4100,7 +4113,8 @@ def wavelet_attention_triton(
             D=d,
             BLOCK_M=block_m,
             SPLIT_CHUNK=reduce_split_chunk(config, n_parts),
-            num_warps=4,
+            num_warps=config.reduce_warps,
+            **({"TRANSFORM_FIRST": True} if config.reduce_transform_first else {}),
             **channel_flags,
             **_dependent(pdl and side is None),
             **({"MERGE_ONLY": True} if gemm else {}),

@@ -359,7 +359,7 @@ def test_key_value_warps_spike_compiles_for_sm90(tmp_path):
 
 
 @pytest.mark.parametrize("n_exact,split_chunk", [(1, 4), (3, 4), (3, 128)])
-@pytest.mark.parametrize("reduce", ["rows", "rows_then_heads", "block"])
+@pytest.mark.parametrize("reduce", ["rows", "rows_transform_first", "rows_then_heads", "block"])
 def test_reduces_merge_every_exact_partial(n_exact, split_chunk, reduce):
     # With exact_chunks, v3's exact tokens arrive as several partials after the compressed splits'
     # (channel domain, where the compressed ones hold coefficient sums). Every reduce must merge
@@ -402,8 +402,9 @@ def test_reduces_merge_every_exact_partial(n_exact, split_chunk, reduce):
         # 4 partials per load: the chunks straddle the compressed / exact boundary; 128: one load
         # of all of them, most masked
         K._reduce_rows_kernel[(programs * block_m,)](
-            *args, D=d, BLOCK_M=block_m, SPLIT_CHUNK=split_chunk, OFFSET=False, MERGE_ONLY=merge_only
-        )
+            *args, D=d, BLOCK_M=block_m, SPLIT_CHUNK=split_chunk, OFFSET=False, MERGE_ONLY=merge_only,
+            TRANSFORM_FIRST=reduce == "rows_transform_first",
+        )  # fmt: skip
         if merge_only:
             tile = K.REDUCE_GEMM_TILE
             K._transform_heads_kernel[(hkv * -(-batch * block_m // tile), d // 32)](
