@@ -169,6 +169,29 @@ class Setup:
         self.dense.clear()
 
 
+def warm_up(calls: list) -> None:
+    """Run the calls once on a side stream (compile, allocate), as graph capture wants."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for c in calls:
+            c()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+
+
+def capture(calls: list, repeat: int = 1) -> torch.cuda.CUDAGraph:
+    """A CUDA graph of the calls, `repeat` times back to back, replayed once."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(repeat):
+            for c in calls:
+                c()
+    graph.replay()
+    torch.cuda.synchronize()
+    return graph
+
+
 def time_calls(calls: list, smoke: bool, min_ms: float = 2.0, replays: int = 15) -> float:
     """Median ms per call: a CUDA graph of the calls (repeated to >= min_ms), replayed."""
     if smoke:
@@ -176,13 +199,7 @@ def time_calls(calls: list, smoke: bool, min_ms: float = 2.0, replays: int = 15)
         for c in calls:
             c()
         return (time.perf_counter() - t) * 1e3 / len(calls)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for c in calls:  # warm-up: compile, allocate
-            c()
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
+    warm_up(calls)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for c in calls:
@@ -191,13 +208,7 @@ def time_calls(calls: list, smoke: bool, min_ms: float = 2.0, replays: int = 15)
     torch.cuda.synchronize()
     per_round = max(start.elapsed_time(end), 1e-3)
     repeat = max(1, min(200, math.ceil(min_ms / per_round)))
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(repeat):
-            for c in calls:
-                c()
-    graph.replay()
-    torch.cuda.synchronize()
+    graph = capture(calls, repeat)
     times = []
     for _ in range(replays):
         start.record()

@@ -72,19 +72,8 @@ def timeline(setup: ba.Setup, config: wa.LaunchConfig | None, calls: int = 12) -
     from torch.profiler import ProfilerActivity, profile
 
     fns = [lambda i=i: setup.call(i % len(setup.copies), config) for i in range(calls)]
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for f in fns:  # warm-up: compile, allocate
-            f()
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for f in fns:
-            f()
-    graph.replay()
-    torch.cuda.synchronize()
+    ba.warm_up(fns)
+    graph = ba.capture(fns)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         graph.replay()
         torch.cuda.synchronize()

@@ -1044,7 +1044,7 @@ class LaunchConfig:
     # v3: the exact sink/window tokens' kernel cut into this many programs per (sequence, kv head),
     # each writing its own partial. One program per pair runs 132 tokens in 5 serial steps: 6.8 us
     # alone at one sequence, and beside the split kernel's last programs (sharing their SMs' issue
-    # slots) it ended 2.7-3.9 us after them at the large decode shapes (eighteenth session)
+    # slots) it ended 2.7-5.9 us after them at the large decode shapes (eighteenth session)
     exact_chunks: int = 1
     # "v1": byte planes (every layout); "v2": int16 field planes (affine layouts; else v1 runs);
     # "v3": the Gluon kernel (kernels/wavelet_attention_gluon.py; its layout family on CUDA, else v1)
@@ -1294,7 +1294,7 @@ class LaunchConfig:
 # Eighteenth session (2026-12-01 19:33-19:41 UTC, same grid, two calls, interleaved): the exact-token
 # kernel in 5 programs per (sequence, kv head), one 32-token step each (exact_chunks; one program
 # ran 132 tokens in 5 serial steps and, sharing the SMs' issue slots with the split kernel's last
-# programs, ended 2.7-3.9 us after them): 0.2502 / 0.2575 / 0.2592 -> 0.2465 / 0.2473 ms at
+# programs, ended 2.7-5.9 us after them): 0.2502 / 0.2575 / 0.2592 -> 0.2465 / 0.2473 ms at
 # (8, 131072), 0.2614 / 0.2588 / 0.2625 -> 0.2598 / 0.2625 at (32, 32768), 0.0868 / 0.0873 / 0.0877
 # -> 0.0831 / 0.0833 at (8, 32768); 3 programs of 16-token steps or 9 of one step each within the
 # same spread. The L2::256B hint on the value copies or the scale loads (a PTX patch), and
