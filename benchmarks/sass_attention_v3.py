@@ -233,6 +233,10 @@ def main() -> None:
     args = p.parse_args()
     if args.tuned:
         apply_tuned(args)
+    if args.value_copies_l2_256b or args.plain_loads_l2_256b:
+        from wmoe_compile.kernels import ptx_patches
+
+        ptx_patches.install()  # as the launcher does before a marked kernel compiles
     reason = gluon_kernels.gluon_reason()
     if reason is not None:  # e.g. Triton 3.5: its Gluon has no mma_v2
         raise SystemExit(f"v3 cannot be built with triton {triton.__version__}: {reason}")

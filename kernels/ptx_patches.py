@@ -7,10 +7,13 @@ Gluon gives inline asm no shared-memory address to issue the copies itself. So a
 emitting a marker (`marker_asm(name)`, one `mov` in inline asm), and a Triton stages hook rewrites
 the PTX of every kernel that carries the marker, and no other.
 
-The hook is installed once, at import of a module that emits markers (`install()`), and chains any
-hook installed before it. The marker's kernel is compiled with the flag that emits it as a
+The hook is installed on first need (`install()`: the attention launcher calls it before it
+launches a kernel with a marker, so processes that never ask for a patch get no hook) and chains
+any hook installed before it. The marker's kernel is compiled with the flag that emits it as a
 constexpr, so its cache entry differs from the unpatched kernel's; on Triton versions whose cache
-key takes the hook's key (3.9), the hook adds its version to every kernel's key in the process.
+key takes the hook's key (3.9), the hook adds its version to every kernel's key compiled after it.
+A marked kernel compiled without the hook (launched directly, not through the launcher) simply
+lacks the qualifiers: the patches change no result.
 """
 
 from __future__ import annotations

@@ -3661,6 +3661,10 @@ def _launch_v3(
 
     qw, qc, m_part, l_part, acc_part = parts
     hkv, group, tq, n_row_blocks, num_splits, n_qc, block_m, d, programs, qk_scale, n_parts = dims
+    if config.value_copies_l2_256b or config.plain_loads_l2_256b:
+        from . import ptx_patches
+
+        ptx_patches.install()  # before the marked kernel compiles
     chain = config.exact_in_chain and _pdl(config, q.device)
     if side is None and not config.exact_in_chain:
         _launch_exact(q, common_exact, parts, dims, layout, config)

@@ -92,7 +92,6 @@ if HAS_GLUON:
         # markers that have the kernel's PTX patched (kernels/ptx_patches.py)
         _MARK_COPIES_L2_256B = gl.constexpr(ptx_patches.marker_asm("cp_async_l2_256b"))
         _MARK_LOADS_L2_256B = gl.constexpr(ptx_patches.marker_asm("ld_global_l2_256b"))
-        ptx_patches.install()
     except Exception as exc:  # noqa: BLE001 - a Gluon whose layout API differs: no v3
         HAS_GLUON = False
         GLUON_IMPORT_ERROR = f"Gluon layouts: {type(exc).__name__}: {exc}"
