@@ -21,6 +21,11 @@
 #                                                 # the attention op under each launch config in
 #                                                 # FILE (probe_attention.py grid, CUDA-graph
 #                                                 # medians at the three large decode shapes)
+#   bash benchmarks/device_pending.sh timeline FILE.json
+#                                                 # when each kernel of a call starts and ends
+#                                                 # (probe_attention.py timeline) under each
+#                                                 # config in FILE ("auto": the package's choice),
+#                                                 # at (8, 131072), (32, 32768) and (1, 32768)
 #   bash benchmarks/device_pending.sh stalls [tuned|keys_in_step]
 #                                                 # where the v3 split kernel's warps wait, per SASS
 #                                                 # instruction, plus the memory-throughput
@@ -28,14 +33,14 @@
 set -u
 case "${1:-}" in
 tests | attention | decode | inductor | overlap | profile | stalls | kvwarps) ;;
-grid)
+grid | timeline)
     if [ ! -f "${2:-}" ]; then
-        echo "grid needs a JSON file of LaunchConfig dicts (e.g. benchmarks/probe_one_block_step.json), got '${2:-}'" >&2
+        echo "$1 needs a JSON file of LaunchConfig dicts (e.g. benchmarks/probe_one_block_step.json), got '${2:-}'" >&2
         exit 2
     fi
     ;;
 *)
-    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|grid FILE.json|stalls [tuned|keys_in_step]" >&2
+    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|grid FILE.json|timeline FILE.json|stalls [tuned|keys_in_step]" >&2
     exit 2
     ;;
 esac
@@ -130,6 +135,11 @@ profile)
 grid)
     run 400 python3 -P benchmarks/probe_attention.py grid --configs "$2" \
         --shapes "8,131072;32,32768;8,32768" --out "$OUT"
+    ;;
+timeline)
+    # eighteenth session: the exact-token kernel's tail and the reduce, outside the split kernel
+    run 300 python3 -P benchmarks/probe_attention.py timeline --configs "$2" \
+        --shapes "8,131072;32,32768;1,32768"
     ;;
 kvwarps)
     # fifteenth session: partials bit-identical to v3's, 0.79x its token rate (RESULTS.md, issue 3)
