@@ -3601,12 +3601,13 @@ def _launch_exact(
     config: LaunchConfig,
     chain: bool = False,
 ) -> None:
-    """The exact sink/window tokens' partial (slot num_splits) for the v3 split kernel, on the
-    current stream (arguments as for _launch_v3). chain: launched with PDL right after the split
-    kernel (LaunchConfig.exact_in_chain)."""
+    """The exact sink/window tokens' partials (slots num_splits onwards, one per exact program:
+    exact_chunks) for the v3 split kernel, on the current stream (arguments as for _launch_v3; dims
+    end with n_parts and the exact slots per program). chain: launched with PDL right after the
+    split kernel (LaunchConfig.exact_in_chain)."""
     _, _, m_part, l_part, acc_part = parts
-    hkv, group, tq, n_row_blocks, num_splits, _, block_m, d, programs, qk_scale, n_parts = dims
-    chunks, chunk_slots = exact_chunks(config, layout)
+    hkv, group, tq, n_row_blocks, num_splits, _, block_m, d, programs, qk_scale, n_parts, chunk_slots = dims
+    chunks = n_parts - num_splits
     launch(
         _exact_kernel,
         (programs, chunks),
@@ -3660,7 +3661,7 @@ def _launch_v3(
     from .wavelet_attention_gluon import split_kernel_v3
 
     qw, qc, m_part, l_part, acc_part = parts
-    hkv, group, tq, n_row_blocks, num_splits, n_qc, block_m, d, programs, qk_scale, n_parts = dims
+    hkv, group, tq, n_row_blocks, num_splits, n_qc, block_m, d, programs, qk_scale, n_parts, _ = dims
     if config.value_copies_l2_256b or config.plain_loads_l2_256b:
         from . import ptx_patches
 
@@ -3811,7 +3812,8 @@ def wavelet_attention_triton(
         num_splits = choose_num_splits(programs, capacity, layout, config, q.device)
     # partials per program: the compressed splits, then the exact tokens' (v3: exact_chunks of them,
     # from their own kernel; v1 and v2: one, from the split kernel's last split)
-    n_parts = num_splits + (exact_chunks(config, layout)[0] if use_v3 else 1)
+    exact_programs, exact_slots = exact_chunks(config, layout) if use_v3 else (1, 0)
+    n_parts = num_splits + exact_programs
     device = q.device
     if use_v3 or use_v2:
         plan2 = _plan_v3(layout, device) if use_v3 else _plan_v2(layout, device, config.subnormal)
@@ -3948,7 +3950,8 @@ def wavelet_attention_triton(
                     seq_lens,
                     plan2,
                     (qw, qc, m_part, l_part, acc_part),
-                    (hkv, group, tq, n_row_blocks, num_splits, n_qc, block_m, d, programs, qk_scale, n_parts),
+                    (hkv, group, tq, n_row_blocks, num_splits, n_qc, block_m, d, programs, qk_scale)
+                    + (n_parts, exact_slots),
                     layout,
                     config,
                     split_options,
