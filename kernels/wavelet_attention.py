@@ -1066,6 +1066,9 @@ class LaunchConfig:
     # all sequences (_transform_heads_kernel), instead of every row's program reading the whole
     # transform; 0: never
     reduce_gemm_min_rows: int = 0
+    # with reduce_gemm_min_rows: each merge program takes this many of a row's D sums (a power of
+    # two), so a row's merge spreads over D / this programs instead of one; 0: all D
+    reduce_merge_channels: int = 0
     reduce_warps: int = 4  # per-row reduce: warps per program
     # per-row reduce: the transform loaded before the partials are merged (overlapping the loads)
     reduce_transform_first: bool = False
@@ -1140,16 +1143,40 @@ class LaunchConfig:
     # wave leaves SMs idle while its programs finish (twelfth session: 2 whole waves 2-3% faster
     # than 2.6)
     whole_waves: bool = False
+    # with whole_waves: of 1 .. the wave count ctas_per_sm asks for, take the one whose launch costs
+    # the fewest steps per program slot, waves x (the longest split's steps + this): each program
+    # costs about this many steps more than its steps (its setup, its partial and the reduce's
+    # share of it). 0: the ctas_per_sm count. Nineteenth session (H200, interleaved A/B, 4 rounds):
+    # one wave instead of two -1.7% at (32, 32768) (6 splits of 85 steps against 12 of 43) and -5.2%
+    # at (8, 32768) (24 of 22 against 49 of 11), +0.5% at (8, 131072) (24 of 85 against 49 of 42); a
+    # cost of 1 step per program chooses each shape's faster count
+    wave_program_steps: float = 0.0
     # programmatic dependent launch (sm_90+): the split kernel and the reduce are launched while the
     # kernel before them finishes and wait for it in-kernel (griddepcontrol.wait), hiding the launch
     # gap; the prologue lets the split kernel launch as soon as it starts
     pdl: bool = False
+    # v3 with pdl: the split kernel's programs, resident while the prologue runs, first issue the
+    # cache reads of their first steps (this many steps prefetched into L2, the first one's key
+    # words and scales into registers), then wait for the prologue and load the query; 0: every
+    # load after the wait. (Only the query comes from the prologue; everything the caches hold
+    # was written before the prologue started, which is a plain launch.)
+    loads_before_pdl_wait: int = 0
 
     def __post_init__(self) -> None:
         for name in ("block_n", "reduce_split_chunk"):
             value = getattr(self, name)
             if value < 1 or value & (value - 1):
                 raise ValueError(f"LaunchConfig.{name} must be a power of two >= 1, got {value}")
+        if self.loads_before_pdl_wait < 0 or (self.loads_before_pdl_wait and self.kernel != "v3"):
+            raise ValueError(
+                "LaunchConfig.loads_before_pdl_wait is a v3 option, a step count >= 0: got "
+                f"{self.loads_before_pdl_wait} with kernel={self.kernel!r}"
+            )
+        channels = self.reduce_merge_channels
+        if channels < 0 or channels & (channels - 1):
+            raise ValueError(
+                f"LaunchConfig.reduce_merge_channels must be 0 (whole rows) or a power of two, got {channels}"
+            )
         if self.kernel not in ("v1", "v2", "v3"):
             raise ValueError(f"LaunchConfig.kernel must be 'v1', 'v2' or 'v3', got {self.kernel!r}")
         if self.keys_ahead and (self.kernel != "v3" or self.keys_via_smem):
@@ -1304,8 +1331,9 @@ TUNED_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
     (128, 4, "affine"): LaunchConfig(
         block_n=64,
         num_stages=1,
-        ctas_per_sm=24.0,  # two whole waves of 12 resident programs per SM (whole_waves)
+        ctas_per_sm=24.0,  # two whole waves of 12 resident programs per SM (whole_waves) ...
         whole_waves=True,
+        wave_program_steps=1.0,  # ... or one, where it takes fewer steps per slot
         pdl=True,
         min_split_tokens=512,
         kernel="v3",
@@ -1350,10 +1378,17 @@ TUNED_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
 # 19:52 UTC, after the reduce merged the exact partials in the same loads: 256-token splits 0.0276
 # / 0.0269 ms with 64 partials per reduce load (133 partials: three serial loads, the reduce 6.1-7.2
 # us), 0.0259 with 128 per load (384-token splits 0.0271-0.0279 / 0.0261, 512 0.0293-0.0296).
+# Nineteenth session (2026-12-01 20:44-20:49 UTC, two calls, probe_early_loads_one_sequence.json):
+# the first step's cache reads issued before the split kernel's wait for the prologue
+# (loads_before_pdl_wait=1) 0.0269 / 0.0260 / 0.0265 / 0.0264 / 0.0264 -> 0.0262 / 0.0254 / 0.0258
+# / 0.0259 / 0.0259 ms; two steps 0.0265. At the large shapes within the spread (not tuned there).
 SMALL_LAUNCH_PROGRAMS = 8
 SMALL_LAUNCH_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
     (128, 4, "affine"): replace(
-        TUNED_CONFIGS[(128, 4, "affine")], min_split_tokens=256, reduce_split_chunk=128
+        TUNED_CONFIGS[(128, 4, "affine")],
+        min_split_tokens=256,
+        reduce_split_chunk=128,
+        loads_before_pdl_wait=1,
     ),
 }
 # where v3 cannot run a small launch (other layouts, no Gluon, the interpreter): v1's own best
@@ -1473,7 +1508,8 @@ def split_count(
     With ``config.whole_waves`` the launch then takes the nearest whole number of waves of
     ``resident_per_sm * sms`` programs (at least one; no more than the cap's splits fill), as
     many splits as fill them without going over (the last wave at most one program per split
-    short), still within the cap."""
+    short), still within the cap; with ``config.wave_program_steps``, fewer whole waves where their
+    launch takes fewer steps per program slot (see LaunchConfig.wave_program_steps)."""
     programs = max(programs, 1)
     cap = max(min(-(-tokens // max(config.min_split_tokens, 1)), -(-tokens // config.block_n)), 1)
     splits = int(min(max(round(config.ctas_per_sm * sms / programs), 1), cap))
@@ -1481,7 +1517,20 @@ def split_count(
         return splits
     wave = resident_per_sm * sms
     waves = max(min(round(programs * splits / wave), programs * cap // wave), 1)
-    return int(min(max(waves * wave // programs, 1), cap))
+    best = int(min(max(waves * wave // programs, 1), cap))
+    if config.wave_program_steps <= 0:
+        return best
+
+    def steps_per_slot(splits: int) -> float:
+        split_tokens = -(-tokens // splits)
+        longest = -(-split_tokens // config.block_n)  # the kernel's split: whole steps
+        return -(-programs * splits // wave) * (longest + config.wave_program_steps)
+
+    for fewer in range(waves - 1, 0, -1):  # a tie keeps the larger count
+        splits = int(min(max(fewer * wave // programs, 1), cap))
+        if steps_per_slot(splits) < steps_per_slot(best):
+            best = splits
+    return best
 
 
 def choose_num_splits(
@@ -3227,20 +3276,26 @@ if HAS_TRITON:
         D: tl.constexpr,
         BLOCK_M: tl.constexpr,
         CHUNK: tl.constexpr,
+        first_channel=0,
+        CHANNELS: tl.constexpr = 0,
     ):
         """One query row's partials of program `base`, CHUNK per wide load (a serial chain of one
         small load per split waited on memory latency each time: 36.6 us for 66 splits at B = 8),
         merged under one softmax in two groups: the compressed splits (0 .. num_splits - 1,
         coefficient sums) and the exact tokens' (num_splits .. n_parts - 1, channel sums). One
         load serves both, so several exact partials (exact_chunks) cost no second round trip.
-        Returns (max, denominator, sums) of each group."""
-        d = tl.arange(0, D)
+        CHANNELS > 0: only sums first_channel .. first_channel + CHANNELS - 1 (the maxima and
+        denominators are whole either way). Returns (max, denominator, sums) of each group."""
+        if CHANNELS > 0:
+            d = first_channel + tl.arange(0, CHANNELS)
+        else:
+            d = tl.arange(0, D)
         m_c = tl.max(tl.full([CHUNK], _NEG_BIG, tl.float32), axis=0)
         l_c = tl.sum(tl.zeros([CHUNK], tl.float32), axis=0)
-        acc_c = tl.zeros([D], tl.float32)
+        acc_c = tl.zeros(d.shape, tl.float32)
         m_e = m_c
         l_e = l_c
-        acc_e = tl.zeros([D], tl.float32)
+        acc_e = tl.zeros(d.shape, tl.float32)
         for first in range(0, n_parts, CHUNK):
             split = first + tl.arange(0, CHUNK)
             ok = split < n_parts
@@ -3404,13 +3459,16 @@ if HAS_TRITON:
         # load the transform before merging (it depends on nothing the merge computes), so the
         # two loads' latencies overlap instead of adding up
         TRANSFORM_FIRST: tl.constexpr = False,
+        # MERGE_ONLY: each program merges this many of the row's D sums (grid (rows, D / CHANNELS));
+        # 0: all of them. The maxima and denominators are merged whole by each of the row's programs.
+        CHANNELS: tl.constexpr = 0,
     ):
         """_reduce_kernel with one program per query row, for launches with few (sequence, kv head)
         pairs: SPLIT_CHUNK splits merged per step (one wide load, not a serial chain of small
         ones), then the inverse transform as a [D] x [D, D] product. MERGE_ONLY: no transform; the
         row's merged coefficient sums, divided by the softmax denominator, replace its split-0
         partial, and its exact part, weighted likewise, replaces the exact partial (only this
-        program reads either)."""
+        program reads either; with CHANNELS, only its own channels of them)."""
         if PDL:  # the previous kernel's writes are visible after this, none before it
             tl.extra.cuda.gdc_wait()
         pid = tl.program_id(0)
@@ -3421,7 +3479,13 @@ if HAS_TRITON:
         batch = program // (n_row_blocks * n_kv_heads)
         row = row_block * BLOCK_M + row_local
         if row < group * n_new:
-            d = tl.arange(0, D)
+            first_channel = 0
+            if CHANNELS > 0:
+                tl.static_assert(MERGE_ONLY, "CHANNELS splits the merge only (MERGE_ONLY)")
+                first_channel = tl.program_id(1) * CHANNELS
+                d = first_channel + tl.arange(0, CHANNELS)
+            else:
+                d = tl.arange(0, D)
             c = tl.arange(0, D)
             base = program * n_parts
             if TRANSFORM_FIRST and not MERGE_ONLY:
@@ -3430,7 +3494,18 @@ if HAS_TRITON:
                 )  # [coef, channel]
             # the compressed splits (coefficient domain) and the exact tokens' (channel domain)
             m_i, l_i, acc, m_e, l_e, acc_e = _merge_parts_row(
-                m_ptr, l_ptr, acc_ptr, base, num_splits, n_parts, row_local, D, BLOCK_M, SPLIT_CHUNK
+                m_ptr,
+                l_ptr,
+                acc_ptr,
+                base,
+                num_splits,
+                n_parts,
+                row_local,
+                D,
+                BLOCK_M,
+                SPLIT_CHUNK,
+                first_channel,
+                CHANNELS,
             )
             exact = (base + num_splits) * BLOCK_M + row_local
             m_f = tl.maximum(m_i, m_e)
@@ -3440,20 +3515,20 @@ if HAS_TRITON:
             if MERGE_ONLY:
                 tl.store(acc_ptr + (base * BLOCK_M + row_local) * D + d, acc * (alpha / denom))
                 tl.store(acc_ptr + exact * D + d, acc_e * (beta / denom))
-                return
-            if not TRANSFORM_FIRST:
-                w_t = tl.load(
-                    transform_ptr + kv_head * transform_stride_h + c[:, None] * D + d[None, :]
-                )  # [coef, channel]
-            values = tl.sum(acc[:, None] * w_t, axis=0)
-            values = values * tl.load(v_channel_scale_ptr + kv_head * v_scale_stride_h + d).to(tl.float32)
-            o = (values * alpha + acc_e * beta) / denom
-            if OFFSET:
-                o = o + tl.load(v_offset_ptr + kv_head * v_offset_stride_h + d).to(tl.float32)
-            head = kv_head * group + row // n_new
-            token = row % n_new
-            out_row = out_ptr + batch * out_stride_b + head * out_stride_h + token * out_stride_t
-            tl.store(out_row + d, o.to(out_ptr.dtype.element_ty))
+            else:  # (not after a return: Triton would still compile this, with d a slice of D)
+                if not TRANSFORM_FIRST:
+                    w_t = tl.load(
+                        transform_ptr + kv_head * transform_stride_h + c[:, None] * D + d[None, :]
+                    )  # [coef, channel]
+                values = tl.sum(acc[:, None] * w_t, axis=0)
+                values = values * tl.load(v_channel_scale_ptr + kv_head * v_scale_stride_h + d).to(tl.float32)
+                o = (values * alpha + acc_e * beta) / denom
+                if OFFSET:
+                    o = o + tl.load(v_offset_ptr + kv_head * v_offset_stride_h + d).to(tl.float32)
+                head = kv_head * group + row // n_new
+                token = row % n_new
+                out_row = out_ptr + batch * out_stride_b + head * out_stride_h + token * out_stride_t
+                tl.store(out_row + d, o.to(out_ptr.dtype.element_ty))
 
     @triton.jit
     def _transform_heads_kernel(
@@ -3579,6 +3654,7 @@ V3_ONLY_OPTIONS = (
     "step_row_base",
     "exact_in_chain",
     "row_copies",
+    "loads_before_pdl_wait",
 )
 
 
@@ -3727,6 +3803,7 @@ def _launch_v3(
         FILL_VALUE_ROWS_L2=config.fill_value_rows_l2,
         VALUE_COPIES_L2_256B=config.value_copies_l2_256b,
         PLAIN_LOADS_L2_256B=config.plain_loads_l2_256b,
+        **({"LOADS_BEFORE_WAIT": config.loads_before_pdl_wait} if config.loads_before_pdl_wait else {}),
         num_warps=1,
         **split_options,
         **_dependent(_pdl(config, q.device)),
@@ -4113,9 +4190,11 @@ def wavelet_attention_triton(
     if programs * block_m <= config.row_reduce_max_programs * _sm_count(device):
         # few (sequence, kv head) pairs and many splits: one program per query row
         gemm = uses_reduce_gemm(config, programs * block_m, n_row_blocks)
+        # the merge of each row over several programs, a slice of its D sums each
+        channels = min(config.reduce_merge_channels, d) if gemm else 0
         launch(
             _reduce_rows_kernel,
-            (programs * block_m,),
+            (programs * block_m, d // channels) if channels else (programs * block_m,),
             *reduce_args,
             D=d,
             BLOCK_M=block_m,
@@ -4125,6 +4204,7 @@ def wavelet_attention_triton(
             **channel_flags,
             **_dependent(pdl and side is None),
             **({"MERGE_ONLY": True} if gemm else {}),
+            **({"CHANNELS": channels} if channels else {}),
         )
         if gemm:
             tile = REDUCE_GEMM_TILE

@@ -502,6 +502,103 @@ if HAS_GLUON:
         gl.store(acc_out + rows[None, :] * D + coef[:, None], values, mask=row_ok[None, :])
 
     @gluon.jit
+    def _wait_for_prologue():
+        """griddepcontrol.wait (PDL): the prologue's writes (qw, qc) are visible after this."""
+        gl.inline_asm_elementwise(
+            "griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1
+        )
+
+    @gluon.jit
+    def _load_query(qw_ptr, qc_ptr, pid, BLOCK_M: gl.constexpr, N_QC: gl.constexpr):
+        """The prologue's transformed query rows of program `pid` as the key MMAs' 8 B operands (16
+        slots each, rows on N), and each band's score offset per row (the sum of the prologue's
+        N_QC chunk shares). Returns (q0, ..., q7, qc0, qc1)."""
+        qs = gl.arange(0, 16, layout=gl.SliceLayout(1, _B))
+        qr = gl.arange(0, 8, layout=gl.SliceLayout(0, _B))
+        q_rows = qw_ptr + pid * BLOCK_M * 128 + qr[None, :] * 128 + qs[:, None]
+        q_ok = (qr < BLOCK_M)[None, :]
+        q0 = gl.load(q_rows + 0 * 16, mask=q_ok, other=0.0)
+        q1 = gl.load(q_rows + 1 * 16, mask=q_ok, other=0.0)
+        q2 = gl.load(q_rows + 2 * 16, mask=q_ok, other=0.0)
+        q3 = gl.load(q_rows + 3 * 16, mask=q_ok, other=0.0)
+        q4 = gl.load(q_rows + 4 * 16, mask=q_ok, other=0.0)
+        q5 = gl.load(q_rows + 5 * 16, mask=q_ok, other=0.0)
+        q6 = gl.load(q_rows + 6 * 16, mask=q_ok, other=0.0)
+        q7 = gl.load(q_rows + 7 * 16, mask=q_ok, other=0.0)
+        local = gl.arange(0, 8, layout=gl.SliceLayout(0, _MMA))
+        qc_rows = qc_ptr + pid * N_QC * BLOCK_M * 4 + local * 4
+        qc0 = gl.zeros([8], gl.float32, layout=gl.SliceLayout(0, _MMA))
+        qc1 = gl.zeros([8], gl.float32, layout=gl.SliceLayout(0, _MMA))
+        for k in gl.static_range(N_QC):
+            qc0 += gl.load(qc_rows + k * BLOCK_M * 4 + 0, mask=local < BLOCK_M, other=0.0)
+            qc1 += gl.load(qc_rows + k * BLOCK_M * 4 + 1, mask=local < BLOCK_M, other=0.0)
+        return q0, q1, q2, q3, q4, q5, q6, q7, qc0, qc1
+
+    @gluon.jit
+    def _masked_steps(
+        rest,
+        query,
+        state,
+        CODE_ROW: gl.constexpr,
+        SCALE_ROW: gl.constexpr,
+        E4: gl.constexpr,
+        E2: gl.constexpr,
+        KEYS_VIA_SMEM: gl.constexpr,
+        CACHE_TILES: gl.constexpr,
+        ROW_COPIES: gl.constexpr,
+        VALUE_SCALES_IN_B: gl.constexpr,
+        SCORE_OFFSET_IN_MMA: gl.constexpr,
+        LAZY_RESCALE: gl.constexpr,
+        P_ONCE: gl.constexpr,
+        P_MOVMATRIX: gl.constexpr,
+    ):
+        """split_kernel_v3's steps after its full ones (rest: the ring, the caches, the range
+        full_hi .. hi, the rows' limits, the token index vectors and the ones operand): tokens
+        clamped to the range (loads stay in bounds), scores masked per row, one stage in flight.
+        Returns the updated softmax state."""
+        ring, kcodes, vcodes, kscales, vscales, full_hi, hi, row_hi, vt, st, kt, mt, ones = rest
+        q0, q1, q2, q3, q4, q5, q6, q7, qc0, qc1 = query
+        BLOCK_N: gl.constexpr = ones.shape[1]
+        last = hi - 1
+        for start in range(full_hi, hi, BLOCK_N):
+            tok = gl.minimum(start + vt, last)
+            _issue_stage(
+                ring, 0, kcodes, vcodes, tok, CODE_ROW, E4, E2, KEYS_VIA_SMEM, CACHE_TILES, ROW_COPIES
+            )
+            k0, k1 = _split_scales(_load_scale_pairs(kscales, gl.minimum(start + st, last), SCALE_ROW))
+            w_pair = _load_scale_pairs(vscales, gl.minimum(start + st, last), SCALE_ROW)
+            if VALUE_SCALES_IN_B:
+                w0, w1 = _split_value_scales(w_pair)
+            else:
+                w0, w1 = _split_scales(w_pair)
+            k4t, k2t, v4t, v2t = _stage_tiles(ring, 0, ROW_COPIES)
+            if KEYS_VIA_SMEM:
+                async_copy.wait_group(0)
+                raw4 = k4t.load(_A)
+                raw2 = k2t.load(_A)
+            else:
+                raw4, raw2 = _load_keys(kcodes, gl.minimum(start + kt, last), CODE_ROW, E4, E2)
+                async_copy.wait_group(0)
+            s = _scores(
+                raw4, raw2, k0, k1, q0, q1, q2, q3, q4, q5, q6, q7, qc0, qc1, BLOCK_N, SCORE_OFFSET_IN_MMA
+            )
+            s = gl.where((start + mt)[:, None] < row_hi[None, :], s, float("-inf"))
+            state = _accumulate_values(
+                s,
+                state,
+                w0,
+                w1,
+                v4t,
+                v2t,
+                ones,
+                LAZY_RESCALE,
+                P_ONCE,
+                VALUE_SCALES_IN_B,
+                P_MOVMATRIX,
+            )
+        return state
+
+    @gluon.jit
     def split_kernel_v3(
         qw_ptr,  # fp16 [programs, BLOCK_M, 128]: transformed query in v3 slot order (prologue)
         qc_ptr,  # fp32 [programs, N_QC, BLOCK_M, 4]: chunk shares of each band's score offset
@@ -579,13 +676,16 @@ if HAS_GLUON:
         VALUE_COPIES_L2_256B: gl.constexpr = False,
         # every plain global load (in the loop: the scale pairs) the same, by the same patch
         PLAIN_LOADS_L2_256B: gl.constexpr = False,
+        # with PDL: the first full steps' cache reads issued before the wait for the prologue (they
+        # need nothing from it): this many steps' key, value and scale rows prefetched into L2, and
+        # the first step's key words and scale pairs loaded into registers; the query after the
+        # wait. 0: every load after the wait
+        LOADS_BEFORE_WAIT: gl.constexpr = 0,
     ):
         """One (split, sequence, kv head, row block): online softmax over a range of compressed
         tokens in the coefficient domain; grid (num_splits, programs)."""
-        if PDL:  # the previous kernel's writes (the prologue's qw/qc) are visible after this
-            gl.inline_asm_elementwise(
-                "griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1
-            )
+        if PDL and LOADS_BEFORE_WAIT == 0:
+            _wait_for_prologue()
         if TRIGGER_DEPENDENTS:
             gl.inline_asm_elementwise(
                 "griddepcontrol.launch_dependents; // dummy $0",
@@ -621,25 +721,8 @@ if HAS_GLUON:
         all_hi = gl.min(gl.where(row_ok, row_hi, hi), axis=0)
         full_hi = lo + gl.maximum(all_hi - lo, 0) // BLOCK_N * BLOCK_N
         # ---- loop invariants
-        qs = gl.arange(0, 16, layout=gl.SliceLayout(1, _B))
-        qr = gl.arange(0, 8, layout=gl.SliceLayout(0, _B))
-        q_rows = qw_ptr + pid * BLOCK_M * 128 + qr[None, :] * 128 + qs[:, None]
-        q_ok = (qr < BLOCK_M)[None, :]
-        q0 = gl.load(q_rows + 0 * 16, mask=q_ok, other=0.0)
-        q1 = gl.load(q_rows + 1 * 16, mask=q_ok, other=0.0)
-        q2 = gl.load(q_rows + 2 * 16, mask=q_ok, other=0.0)
-        q3 = gl.load(q_rows + 3 * 16, mask=q_ok, other=0.0)
-        q4 = gl.load(q_rows + 4 * 16, mask=q_ok, other=0.0)
-        q5 = gl.load(q_rows + 5 * 16, mask=q_ok, other=0.0)
-        q6 = gl.load(q_rows + 6 * 16, mask=q_ok, other=0.0)
-        q7 = gl.load(q_rows + 7 * 16, mask=q_ok, other=0.0)
-        # each band's score offset: the sum of the prologue's N_QC chunk shares
-        qc_rows = qc_ptr + pid * N_QC * BLOCK_M * 4 + local * 4
-        qc0 = gl.zeros([8], gl.float32, layout=gl.SliceLayout(0, _MMA))
-        qc1 = gl.zeros([8], gl.float32, layout=gl.SliceLayout(0, _MMA))
-        for k in gl.static_range(N_QC):
-            qc0 += gl.load(qc_rows + k * BLOCK_M * 4 + 0, mask=local < BLOCK_M, other=0.0)
-            qc1 += gl.load(qc_rows + k * BLOCK_M * 4 + 1, mask=local < BLOCK_M, other=0.0)
+        if LOADS_BEFORE_WAIT == 0:
+            q0, q1, q2, q3, q4, q5, q6, q7, qc0, qc1 = _load_query(qw_ptr, qc_ptr, pid, BLOCK_M, N_QC)
         ones = gl.full([16, BLOCK_N], 1.0, gl.float16, layout=_A)  # token sums through the MMA
         kcodes = (kc_ptr + batch * kc_stride_b + kv_head * kc_stride_h).to(
             gl.pointer_type(gl.int16), bitcast=True
@@ -696,6 +779,18 @@ if HAS_GLUON:
             v_pair = _load_scale_pairs(vscales, lo + st, SCALE_ROW)
             if KEYS_AHEAD:
                 next4, next2 = _load_key_words(kcodes, lo + kt, CODE_ROW, E4, E2, False, KEY_LOADS_L2_256B)
+            if LOADS_BEFORE_WAIT > 0:
+                for i in gl.static_range(LOADS_BEFORE_WAIT):
+                    first = gl.minimum(lo + i * BLOCK_N, last_full)
+                    _fetch_rows_into_l2(vcodes + first * CODE_ROW, CODE_ROW, BLOCK_N)
+                    if i > 0 or not KEYS_AHEAD:  # (step 0's key words are loaded above)
+                        _fetch_rows_into_l2(kcodes + first * CODE_ROW, CODE_ROW, BLOCK_N)
+                    if i > 0:  # (and its scale pairs)
+                        _fetch_rows_into_l2(kscales + first * SCALE_ROW, SCALE_ROW, BLOCK_N)
+                        _fetch_rows_into_l2(vscales + first * SCALE_ROW, SCALE_ROW, BLOCK_N)
+                if PDL:
+                    _wait_for_prologue()
+                q0, q1, q2, q3, q4, q5, q6, q7, qc0, qc1 = _load_query(qw_ptr, qc_ptr, pid, BLOCK_M, N_QC)
             if FILL_VALUE_ROWS_L2:
                 fill = gl.zeros([32], gl.int32, layout=_LANES)
                 sink = gl.zeros([32], gl.int32, layout=_LANES)
@@ -783,41 +878,46 @@ if HAS_GLUON:
                 slot = (pid * n_parts + split) * BLOCK_M + gl.arange(0, 32, layout=_LANES) % BLOCK_M
                 gl.store(m_ptr + slot, sink.to(gl.float32), mask=never)
         # ---- the rest: tokens clamped to the range (loads stay in bounds), scores masked per row
-        last = hi - 1
-        for start in range(full_hi, hi, BLOCK_N):
-            tok = gl.minimum(start + vt, last)
-            _issue_stage(
-                ring, 0, kcodes, vcodes, tok, CODE_ROW, E4, E2, KEYS_VIA_SMEM, CACHE_TILES, ROW_COPIES
-            )
-            k0, k1 = _split_scales(_load_scale_pairs(kscales, gl.minimum(start + st, last), SCALE_ROW))
-            w_pair = _load_scale_pairs(vscales, gl.minimum(start + st, last), SCALE_ROW)
-            if VALUE_SCALES_IN_B:
-                w0, w1 = _split_value_scales(w_pair)
-            else:
-                w0, w1 = _split_scales(w_pair)
-            k4t, k2t, v4t, v2t = _stage_tiles(ring, 0, ROW_COPIES)
-            if KEYS_VIA_SMEM:
-                async_copy.wait_group(0)
-                raw4 = k4t.load(_A)
-                raw2 = k2t.load(_A)
-            else:
-                raw4, raw2 = _load_keys(kcodes, gl.minimum(start + kt, last), CODE_ROW, E4, E2)
-                async_copy.wait_group(0)
-            s = _scores(
-                raw4, raw2, k0, k1, q0, q1, q2, q3, q4, q5, q6, q7, qc0, qc1, BLOCK_N, SCORE_OFFSET_IN_MMA
-            )
-            s = gl.where((start + mt)[:, None] < row_hi[None, :], s, float("-inf"))
-            state = _accumulate_values(
-                s,
+        rest = (ring, kcodes, vcodes, kscales, vscales, full_hi, hi, row_hi, vt, st, kt, mt, ones)
+        if LOADS_BEFORE_WAIT > 0:
+            if hi > full_hi:  # (a program with full steps has waited already: this returns at once)
+                if PDL:
+                    _wait_for_prologue()
+                query = _load_query(qw_ptr, qc_ptr, pid, BLOCK_M, N_QC)
+                state = _masked_steps(
+                    rest,
+                    query,
+                    state,
+                    CODE_ROW,
+                    SCALE_ROW,
+                    E4,
+                    E2,
+                    KEYS_VIA_SMEM,
+                    CACHE_TILES,
+                    ROW_COPIES,
+                    VALUE_SCALES_IN_B,
+                    SCORE_OFFSET_IN_MMA,
+                    LAZY_RESCALE,
+                    P_ONCE,
+                    P_MOVMATRIX,
+                )
+        else:
+            query = (q0, q1, q2, q3, q4, q5, q6, q7, qc0, qc1)
+            state = _masked_steps(
+                rest,
+                query,
                 state,
-                w0,
-                w1,
-                v4t,
-                v2t,
-                ones,
+                CODE_ROW,
+                SCALE_ROW,
+                E4,
+                E2,
+                KEYS_VIA_SMEM,
+                CACHE_TILES,
+                ROW_COPIES,
+                VALUE_SCALES_IN_B,
+                SCORE_OFFSET_IN_MMA,
                 LAZY_RESCALE,
                 P_ONCE,
-                VALUE_SCALES_IN_B,
                 P_MOVMATRIX,
             )
         # ---- partials in the reduce's format

@@ -214,6 +214,7 @@ def test_a_v3_build_failure_falls_back_to_v1_once(monkeypatch, config):
         ["--row-copies", "--keys-via-smem", "--no-cache-tiles", "--stages", "2"]
         + ["--value-scales-in-b", "--p-movmatrix"],
         ["--tuned", "--pdl", "--value-copies-l2-256b", "--plain-loads-l2-256b"],
+        ["--tuned", "--pdl", "--loads-before-pdl-wait", "2"],
     ],
     ids=[
         "plain",
@@ -223,6 +224,7 @@ def test_a_v3_build_failure_falls_back_to_v1_once(monkeypatch, config):
         "layout_options_keys_in_step",
         "row_copies",
         "tuned_ptx_hints",
+        "tuned_loads_before_wait",
     ],
 )
 def test_v3_compiles_for_sm90_on_this_triton(tmp_path, options):
@@ -259,8 +261,11 @@ def test_v3_compiles_for_sm90_on_this_triton(tmp_path, options):
         copies = re.search(r"(\d+)\s+LDGSTS\.E\.(LTC256B\.)?64", out)
         assert copies and int(copies.group(1)) == 16, out  # the value tiles' 8-byte copies
         assert bool(copies.group(2)) == ("--value-copies-l2-256b" in options), out
-        # launched with PDL, no load of the caches (which earlier kernels write) may precede the wait
-        assert "global loads before the PDL wait: 0" in out, out
+        # launched with PDL, no load of what the prologue writes (the query) may precede the wait.
+        # Tuned: no load at all. loads_before_pdl_wait: the sequence length, the first step's 4
+        # scale-pair loads and 24 key words (written before the prologue, a plain launch, began)
+        before = 29 if "--loads-before-pdl-wait" in options else 0
+        assert f"global loads before the PDL wait: {before}" in out, out
 
 
 def test_band_warps_spike_compiles_for_sm90(tmp_path):
@@ -358,8 +363,55 @@ def test_key_value_warps_spike_compiles_for_sm90(tmp_path):
     assert re.search(r"specialized_kernel \(8 warps: .*\): REG:80 ", out), out
 
 
+_COMPILE_REDUCE = """
+import sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from wmoe_compile.kernels import wavelet_attention as wa
+
+fn = wa._reduce_rows_kernel
+for merge_only, channels in ((False, 0), (True, 0), (True, 32)):
+    constexprs = dict(D=128, BLOCK_M=4, SPLIT_CHUNK=128, OFFSET=True)
+    constexprs.update(MERGE_ONLY=merge_only, CHANNELS=channels)
+    signature = {
+        name: "constexpr" if name in constexprs else ("*fp32" if name.endswith("_ptr") else "i32")
+        for name in fn.arg_names if name not in ("PDL", "TRANSFORM_FIRST")
+    }
+    signature.update(PDL="constexpr", TRANSFORM_FIRST="constexpr", out_ptr="*bf16")
+    constexprs.update(PDL=True, TRANSFORM_FIRST=False)
+    source = ASTSource(
+        fn=fn,
+        signature={name: signature[name] for name in fn.arg_names},
+        constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()},
+    )
+    triton.compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
+    print("compiled", merge_only, channels)
+"""
+
+
+def test_per_row_reduce_compiles_for_sm90_in_every_mode():
+    # The interpreter runs what a constexpr branch returns from and stops; the compiler still
+    # builds the code after the return (a slice of the row's sums met the transform's [D, D] there
+    # and failed on the GPU only). Compile each mode for an H200 target, no GPU needed.
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run(
+        [sys.executable, "-c", _COMPILE_REDUCE], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split("\n")[:3] == ["compiled False 0", "compiled True 0", "compiled True 32"], (
+        run.stdout
+    )
+
+
 @pytest.mark.parametrize("n_exact,split_chunk", [(1, 4), (3, 4), (3, 128)])
-@pytest.mark.parametrize("reduce", ["rows", "rows_transform_first", "rows_then_heads", "block"])
+@pytest.mark.parametrize(
+    "reduce", ["rows", "rows_transform_first", "rows_then_heads", "row_slices_then_heads", "block"]
+)
 def test_reduces_merge_every_exact_partial(n_exact, split_chunk, reduce):
     # With exact_chunks, v3's exact tokens arrive as several partials after the compressed splits'
     # (channel domain, where the compressed ones hold coefficient sums). Every reduce must merge
@@ -398,12 +450,15 @@ def test_reduces_merge_every_exact_partial(n_exact, split_chunk, reduce):
     if reduce == "block":
         K._reduce_kernel[(programs,)](*args, D=d, BLOCK_M=block_m, D_CHUNK=32, OFFSET=False)
     else:
-        merge_only = reduce == "rows_then_heads"
+        merge_only = reduce in ("rows_then_heads", "row_slices_then_heads")
+        # row_slices: each row's merge in d / 16 programs of 16 sums each
+        channels = 16 if reduce == "row_slices_then_heads" else 0
+        grid = (programs * block_m, d // channels) if channels else (programs * block_m,)
         # 4 partials per load: the chunks straddle the compressed / exact boundary; 128: one load
         # of all of them, most masked
-        K._reduce_rows_kernel[(programs * block_m,)](
+        K._reduce_rows_kernel[grid](
             *args, D=d, BLOCK_M=block_m, SPLIT_CHUNK=split_chunk, OFFSET=False, MERGE_ONLY=merge_only,
-            TRANSFORM_FIRST=reduce == "rows_transform_first",
+            TRANSFORM_FIRST=reduce == "rows_transform_first", CHANNELS=channels,
         )  # fmt: skip
         if merge_only:
             tile = K.REDUCE_GEMM_TILE

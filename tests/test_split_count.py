@@ -38,22 +38,29 @@ def test_resident_programs_per_sm(changes, resident):
 
 
 @pytest.mark.parametrize(
-    "programs, context, splits",
+    "programs, context, two_waves, tuned",
     [
-        (64, 131072, 49),  # B=8: 3,136 programs, 1.98 waves of 1,584 (was 66 splits, 2.67 waves)
-        (256, 32768, 12),  # B=32: 3,072, 1.94 waves (was 16, 2.59)
-        (64, 32768, 49),
-        (128, 32768, 24),
-        (32, 32768, 49),  # the 512-token minimum caps it at 64 splits (1.29 waves): one whole wave
-        (40, 32768, 39),  # capped at 64 (1.62 waves): one whole wave
-        (24, 32768, 64),  # less than one wave even at the cap: the cap
-        (64, 1024, 2),  # a short context: the cap
+        # B=8: 3,136 programs, 1.98 waves of 1,584 (was 66 splits, 2.67 waves). One wave (24 splits)
+        # would run 85-step splits: 85 + 1 steps a slot against 2 x (42 + 1), a tie: two stay
+        (64, 131072, 49, 49),
+        # B=32: 3,072, 1.94 waves (was 16, 2.59); one wave of 6 splits: 85 + 1 against 2 x (43 + 1)
+        (256, 32768, 12, 6),
+        (64, 32768, 49, 24),  # 22 + 1 steps against 2 x (11 + 1)
+        (128, 32768, 24, 12),  # 43 + 1 against 2 x (22 + 1)
+        (32, 32768, 49, 49),  # the 512-token minimum caps it at 64 splits (1.29 waves): one whole wave
+        (40, 32768, 39, 39),  # capped at 64 (1.62 waves): one whole wave
+        (24, 32768, 64, 64),  # less than one wave even at the cap: the cap
+        (64, 1024, 2, 2),  # a short context: the cap
     ],
 )
-def test_whole_waves_on_the_h200(programs, context, splits):
+def test_whole_waves_on_the_h200(programs, context, two_waves, tuned):
     tokens = context - 132  # the codec default's exact sinks and window
     resident = K.resident_programs_per_sm(TUNED)
-    assert K.split_count(programs, tokens, TUNED, H200_SMS, resident) == splits
+    # the wave count ctas_per_sm asks for (two), and the tuned choice of fewer where they cost
+    # fewer steps per program slot (LaunchConfig.wave_program_steps)
+    by_ctas = dataclasses.replace(TUNED, wave_program_steps=0.0)
+    assert K.split_count(programs, tokens, by_ctas, H200_SMS, resident) == two_waves
+    assert K.split_count(programs, tokens, TUNED, H200_SMS, resident) == tuned
 
 
 def test_whole_waves_fill_their_waves():

@@ -235,14 +235,18 @@ def test_reduce_gemm_equals_the_per_row_reduce(channel, splits):
     want = dense_reference(codec, args, 0.125)
     rows = K.LaunchConfig(block_n=16, row_reduce_max_programs=1e9)
     per_row = _run_triton(args, codec, 0.125, config=rows, num_splits=splits)
-    got = _run_triton(
-        args, codec, 0.125, config=dataclasses.replace(rows, reduce_gemm_min_rows=1), num_splits=splits
-    )
+    gemm = dataclasses.replace(rows, reduce_gemm_min_rows=1)
+    got = _run_triton(args, codec, 0.125, config=gemm, num_splits=splits)
     assert torch.isfinite(got).all()
     assert rel_err(got, want) <= 1e-2
     # the same sums in another order (scaled before the transform, a tf32x3 dot): fp32-close, but
     # the fp16 outputs may round one ulp (2^-11) apart; a wrong row or scale is far beyond this
     assert rel_err(got, per_row) <= 1e-3
+    # each row's merge spread over 4 programs of 16 sums: the same sums, bit for bit
+    sliced = _run_triton(
+        args, codec, 0.125, config=dataclasses.replace(gemm, reduce_merge_channels=16), num_splits=splits
+    )
+    assert torch.equal(sliced, got)
 
 
 def test_query_transform_cache_follows_the_channel_tensor():
@@ -720,6 +724,24 @@ def test_gpu_v3_exact_tokens_in_the_pdl_chain_equal_the_in_order_launch_also_in_
         (5, dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], overlap_exact=False)),  # PDL reduce
         # the merge, then the per-kv-head transform launched as its dependent
         (17, dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], reduce_gemm_min_rows=1)),
+        # the split kernel's first cache reads before its wait for the prologue, the query after it
+        (5, dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], loads_before_pdl_wait=1)),
+        (
+            5,
+            dataclasses.replace(
+                K.TUNED_CONFIGS[(128, 4, "affine")], loads_before_pdl_wait=2, overlap_exact=False
+            ),
+        ),
+        # one sequence: the same, and each row's merge over 4 programs, then the per-kv-head transform
+        (
+            1,
+            dataclasses.replace(
+                K.SMALL_LAUNCH_CONFIGS[(128, 4, "affine")],
+                loads_before_pdl_wait=2,
+                reduce_gemm_min_rows=1,
+                reduce_merge_channels=32,
+            ),
+        ),
     ],
 )
 def test_gpu_programmatic_dependent_launch_equals_the_ordinary_launch_also_in_a_cuda_graph(batch, config):
@@ -737,6 +759,17 @@ def test_gpu_programmatic_dependent_launch_equals_the_ordinary_launch_also_in_a_
     ordinary = _run_triton(args, codec, 128**-0.5, config=config)
     assert torch.equal(_run_triton(args, codec, 128**-0.5, config=pdl), ordinary)
     assert rel_err(ordinary, dense_reference(codec, args, 128**-0.5)) <= 1e-2
+    # the early loads change no value; a row's merge in slices may sum in another order
+    plain = _run_triton(
+        args,
+        codec,
+        128**-0.5,
+        config=dataclasses.replace(config, loads_before_pdl_wait=0, reduce_merge_channels=0),
+    )
+    if config.reduce_merge_channels:
+        assert rel_err(ordinary, plain) <= 1e-3
+    else:
+        assert torch.equal(ordinary, plain)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         captured = _run_triton(args, codec, 128**-0.5, config=pdl)
