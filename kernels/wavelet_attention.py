@@ -1138,6 +1138,10 @@ class LaunchConfig:
     # wait (after overlap_exact's stream join it cannot). Sixteenth session, tuned splits: within
     # 1% at one to four sequences, 0.8% slower at the large decode shapes; not tuned
     exact_in_chain: bool = False
+    # v3 with overlap_exact: the exact-token kernel is enqueued on its stream before the split kernel
+    # is launched, not after (at one sequence the split kernel leaves SMs free, yet the exact
+    # kernel enqueued after it started only at 13 of 26 us, nineteenth session's timeline)
+    exact_before_split: bool = False
     # the split count set so the launch fills a whole number of waves of resident programs
     # (residency from maxnreg and num_warps, so it needs maxnreg; see split_count): a last, partial
     # wave leaves SMs idle while its programs finish (twelfth session: 2 whole waves 2-3% faster
@@ -3655,6 +3659,7 @@ V3_ONLY_OPTIONS = (
     "exact_in_chain",
     "row_copies",
     "loads_before_pdl_wait",
+    "exact_before_split",
 )
 
 
@@ -3745,6 +3750,9 @@ def _launch_v3(
     chain = config.exact_in_chain and _pdl(config, q.device)
     if side is None and not config.exact_in_chain:
         _launch_exact(q, common_exact, parts, dims, layout, config)
+    if side is not None and config.exact_before_split:
+        with torch.cuda.stream(side):
+            _launch_exact(q, common_exact, parts, dims, layout, config)
     launch(
         split_kernel_v3,
         (num_splits, programs),
@@ -3810,7 +3818,7 @@ def _launch_v3(
     )
     if config.exact_in_chain:  # in order after the split kernel (beside it with PDL)
         _launch_exact(q, common_exact, parts, dims, layout, config, chain=chain)
-    if side is not None:
+    if side is not None and not config.exact_before_split:
         with torch.cuda.stream(side):
             _launch_exact(q, common_exact, parts, dims, layout, config)
 

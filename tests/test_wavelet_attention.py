@@ -301,7 +301,10 @@ def test_tuned_config_by_launch_size():
     small = K.tuned_config(affine, 128, 4, programs=8)
     large = K.tuned_config(affine, 128, 4, programs=K.SMALL_LAUNCH_PROGRAMS + 1)
     assert (small.kernel, small.min_split_tokens, small.reduce_split_chunk) == ("v3", 256, 128)
-    assert small == dataclasses.replace(large, min_split_tokens=256, reduce_split_chunk=128)
+    # and the first step's cache reads before the wait for the prologue (nineteenth session)
+    assert small == dataclasses.replace(
+        large, min_split_tokens=256, reduce_split_chunk=128, loads_before_pdl_wait=1
+    )
     small_v1 = K.v1_fallback(small)
     assert (small_v1.kernel, small_v1.block_n, small_v1.num_warps) == ("v1", 128, 2)
     large_v1 = K.v1_fallback(large)  # the same settings, v3's options dropped
@@ -626,15 +629,17 @@ def test_gpu_v3_layout_options_leave_the_result_bit_identical():
 
 
 @pytest.mark.gpu
-def test_gpu_exact_tokens_on_a_side_stream_equal_the_in_order_launch_also_in_a_cuda_graph():
+@pytest.mark.parametrize("before_split", [False, True])
+def test_gpu_exact_tokens_on_a_side_stream_equal_the_in_order_launch_also_in_a_cuda_graph(before_split):
     # overlap_exact forks the exact-token kernel onto a second stream and joins it before the
     # reduce: the result must be bit-identical to the in-order launch, eagerly and replayed from a
-    # CUDA graph whose exact inputs changed after capture (a missing join would race the reduce)
+    # CUDA graph whose exact inputs changed after capture (a missing join would race the reduce);
+    # enqueued there before the split kernel's launch (exact_before_split) or after it
     codec, args = make_case(
         UNIFORM_REAL, 5, 2, 4, 1, 128, [4096, 1, 1000, 2049, 133], 4096, torch.bfloat16, "cuda", "full"
     )
     in_order = K.LaunchConfig(kernel="v3", num_stages=1, cache_tiles=True, convert_p_once=True, maxnreg=168)
-    overlap = dataclasses.replace(in_order, overlap_exact=True)
+    overlap = dataclasses.replace(in_order, overlap_exact=True, exact_before_split=before_split)
     K._SIDE_STREAMS.clear()
     assert torch.equal(
         _run_triton(args, codec, 128**-0.5, config=overlap),
