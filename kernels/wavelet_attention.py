@@ -1067,8 +1067,9 @@ class LaunchConfig:
     # transform; 0: never
     reduce_gemm_min_rows: int = 0
     # with reduce_gemm_min_rows: each merge program takes this many of a row's D sums (a power of
-    # two), so a row's merge spreads over D / this programs instead of one; 0: all D
-    reduce_merge_channels: int = 0
+    # two), so a row's merge spreads over D / this programs instead of one; 0: all D. Nineteenth
+    # session: at one sequence merge 3.9 + transform 3.1 us against the per-row reduce's 6.1, the op
+    # 3-5% slower (a second kernel's fixed cost): off
     reduce_warps: int = 4  # per-row reduce: warps per program
     # per-row reduce: the transform loaded before the partials are merged (overlapping the loads)
     reduce_transform_first: bool = False
@@ -1139,8 +1140,9 @@ class LaunchConfig:
     # 1% at one to four sequences, 0.8% slower at the large decode shapes; not tuned
     exact_in_chain: bool = False
     # v3 with overlap_exact: the exact-token kernel is enqueued on its stream before the split kernel
-    # is launched, not after (at one sequence the split kernel leaves SMs free, yet the exact
-    # kernel enqueued after it started only at 13 of 26 us, nineteenth session's timeline)
+    # is launched, not after. Nineteenth session: at one sequence the exact kernel, enqueued after,
+    # starts only at 13 of 26 us though the split kernel leaves SMs free; enqueued before, it started
+    # no sooner (the op within the spread): off
     exact_before_split: bool = False
     # the split count set so the launch fills a whole number of waves of resident programs
     # (residency from maxnreg and num_warps, so it needs maxnreg; see split_count): a last, partial
