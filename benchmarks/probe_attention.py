@@ -63,7 +63,30 @@ def precompile(configs: list[dict]) -> None:
     print(f"precompiled {len(configs)} configs in {time.time() - t:.0f}s", flush=True)
 
 
-def timeline(setup: ba.Setup, config: wa.LaunchConfig | None, calls: int = 12) -> str:
+def set_carveouts(spec: str) -> None:
+    """Set the preferred shared-memory carveout (percent of the most shared memory) of the compiled
+    kernels named in spec ("split_kernel_v3=44,_exact_kernel=44"), through the driver API: Triton
+    sets none, so the driver picks one per kernel, and an SM may have to drain before it runs a
+    kernel of another carveout (the question this probes)."""
+    import ctypes
+
+    from wmoe_compile.kernels import fast_launch
+    from wmoe_compile.kernels import wavelet_attention as attention
+    from wmoe_compile.kernels import wavelet_attention_gluon as gluon_kernels
+
+    preferred_carveout = 9  # CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
+    libcuda = ctypes.CDLL("libcuda.so.1")
+    for item in filter(None, spec.split(",")):
+        name, percent = item.split("=")
+        kernel = getattr(attention, name, None) or getattr(gluon_kernels, name)
+        for compiled, _ in fast_launch.kernel_info(kernel).compiled.values():
+            status = libcuda.cuFuncSetAttribute(
+                ctypes.c_void_p(compiled.function), preferred_carveout, int(percent)
+            )
+            print(f"  carveout {name} = {percent}%: status {status}", flush=True)
+
+
+def timeline(setup: ba.Setup, config: wa.LaunchConfig | None, calls: int = 12, carveouts: str = "") -> str:
     """Median start / end (us after the call's prologue starts) of each kernel of a call, from a
     CUDA graph of `calls` back-to-back calls replayed under torch.profiler."""
     import statistics
@@ -73,6 +96,8 @@ def timeline(setup: ba.Setup, config: wa.LaunchConfig | None, calls: int = 12) -
 
     fns = [lambda i=i: setup.call(i % len(setup.copies), config) for i in range(calls)]
     ba.warm_up(fns)
+    if carveouts:
+        set_carveouts(carveouts)
     graph = ba.capture(fns)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         graph.replay()
@@ -112,6 +137,7 @@ def main() -> None:
     p.add_argument("--shape", default="8,131072")
     p.add_argument("--shapes", default="8,131072;32,32768;1,32768")
     p.add_argument("--out", default="benchmarks/out")
+    p.add_argument("--carveouts", default="", help="timeline: name=percent,... set before capture")
     a = p.parse_args()
     if a.mode == "once":
         b, n = map(int, a.shape.split(","))
@@ -143,7 +169,10 @@ def main() -> None:
             s.dense.clear()
             for c in configs:  # "auto": the package's choice for the shape
                 print(f"({b}, {n}) {c}:", flush=True)
-                print(timeline(s, None if c == "auto" else wa.LaunchConfig(**c)), flush=True)
+                print(
+                    timeline(s, None if c == "auto" else wa.LaunchConfig(**c), carveouts=a.carveouts),
+                    flush=True,
+                )
             s.free()
         return
     precompile(configs)

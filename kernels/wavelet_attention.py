@@ -1070,6 +1070,7 @@ class LaunchConfig:
     # two), so a row's merge spreads over D / this programs instead of one; 0: all D. Nineteenth
     # session: at one sequence merge 3.9 + transform 3.1 us against the per-row reduce's 6.1, the op
     # 3-5% slower (a second kernel's fixed cost): off
+    reduce_merge_channels: int = 0
     reduce_warps: int = 4  # per-row reduce: warps per program
     # per-row reduce: the transform loaded before the partials are merged (overlapping the loads)
     reduce_transform_first: bool = False
