@@ -5,6 +5,7 @@ launch configs (CUDA-graph medians, the same method as bench_attention.py).
     python benchmarks/probe_attention.py grid --configs FILE.json --out DIR   # list of LaunchConfig dicts
     python benchmarks/probe_attention.py kernels --configs FILE.json           # per-kernel times
     python benchmarks/probe_attention.py timeline --configs FILE.json          # when each kernel runs
+        [--carveouts _exact_kernel=44,...]   # with kernels' shared-memory carveouts set first
 
 timeline: a CUDA graph of back-to-back calls (the bench's method) replayed under torch.profiler;
 per kernel of a call, the median start and end in us after the call's prologue starts, and the
