@@ -364,7 +364,6 @@ def test_key_value_warps_spike_compiles_for_sm90(tmp_path):
 
 
 _COMPILE_REDUCE = """
-import sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
