@@ -66,25 +66,19 @@ def precompile(configs: list[dict]) -> None:
 
 def set_carveouts(spec: str) -> None:
     """Set the preferred shared-memory carveout (percent of the most shared memory) of the compiled
-    kernels named in spec ("split_kernel_v3=44,_exact_kernel=44"), through the driver API: Triton
-    sets none, so the driver picks one per kernel, and an SM may have to drain before it runs a
-    kernel of another carveout (the question this probes)."""
-    import ctypes
-
+    kernels named in spec ("split_kernel_v3=44,_exact_kernel=44"), through the driver API
+    (fast_launch.set_preferred_carveout): Triton sets none, so the driver picks one per kernel, and
+    an SM may have to drain before it runs a kernel of another carveout (the question this probes)."""
     from wmoe_compile.kernels import fast_launch
     from wmoe_compile.kernels import wavelet_attention as attention
     from wmoe_compile.kernels import wavelet_attention_gluon as gluon_kernels
 
-    preferred_carveout = 9  # CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
-    libcuda = ctypes.CDLL("libcuda.so.1")
     for item in filter(None, spec.split(",")):
         name, percent = item.split("=")
         kernel = getattr(attention, name, None) or getattr(gluon_kernels, name)
         for compiled, _ in fast_launch.kernel_info(kernel).compiled.values():
-            status = libcuda.cuFuncSetAttribute(
-                ctypes.c_void_p(compiled.function), preferred_carveout, int(percent)
-            )
-            print(f"  carveout {name} = {percent}%: status {status}", flush=True)
+            fast_launch.set_preferred_carveout(compiled, int(percent))
+            print(f"  carveout {name} = {percent}%", flush=True)
 
 
 def timeline(setup: ba.Setup, config: wa.LaunchConfig | None, calls: int = 12, carveouts: str = "") -> str:

@@ -13,10 +13,19 @@ for other arguments: every tensor's dtype and 16-byte alignment, every int's exa
 specialises ints on == 1 and % 16), a float's type (runtime fp32, never specialised), every
 keyword (constexprs and launch options) and the current device. Off under the interpreter, where
 nothing is compiled, and for kernels whose runtime parameters do not all precede their constexprs.
+
+A kernel that declares a ``CARVEOUT`` constexpr gets, when launched with CARVEOUT >= 0, that
+preferred shared-memory carveout (percent of the SM's most shared memory) set on the compiled
+function it was launched with (``set_preferred_carveout``). Triton sets none, so the driver picks one
+per kernel, and an SM running one kernel's programs takes no program of a kernel with another
+carveout until it drains (nineteenth session: the attention's exact-token kernel waited that way
+for the split kernel). The constexpr makes each carveout its own compiled variant: the attribute
+belongs to the compiled function, not to one launch.
 """
 
 from __future__ import annotations
 
+import ctypes
 import inspect
 import os
 from dataclasses import dataclass, field
@@ -76,15 +85,52 @@ def argument_key(args: tuple) -> tuple:
     )
 
 
+_CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT = 9
+_LIBCUDA: list = []
+
+
+def set_preferred_carveout(compiled, percent: int) -> None:
+    """cuFuncSetAttribute(PREFERRED_SHARED_MEMORY_CARVEOUT, percent) on a launched CompiledKernel's
+    function: every later launch of it asks the driver for that split of L1 and shared memory."""
+    if not 0 <= percent <= 100:
+        raise ValueError(f"a shared-memory carveout is a percent from 0 to 100, got {percent}")
+    function = getattr(compiled, "function", None)
+    if function is None:
+        raise RuntimeError("the compiled kernel has no loaded function yet: launch it once first")
+    if not _LIBCUDA:
+        try:
+            _LIBCUDA.append(ctypes.CDLL("libcuda.so.1"))
+        except OSError as exc:
+            raise RuntimeError(
+                f"setting a shared-memory carveout needs the CUDA driver library: {exc}"
+            ) from exc
+    status = _LIBCUDA[0].cuFuncSetAttribute(
+        ctypes.c_void_p(function), _CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, int(percent)
+    )
+    if status != 0:
+        raise RuntimeError(f"cuFuncSetAttribute(preferred carveout {percent}%) failed: CUresult {status}")
+
+
+def _carveout(compiled, kwargs: dict) -> None:
+    """The preferred carveout a kernel's CARVEOUT constexpr asks for, on its freshly compiled function."""
+    percent = kwargs.get("CARVEOUT", -1)
+    if percent >= 0 and compiled is not None:
+        set_preferred_carveout(compiled, percent)
+
+
 def launch(kernel, grid: tuple, *args, **kwargs) -> None:
     """``kernel[grid](*args, **kwargs)``: runtime arguments positional, constexprs and launch options
-    (num_warps, num_stages, maxnreg) as keywords. Reuses the compiled kernel after the first call."""
-    if not ENABLED or interpreting():
+    (num_warps, num_stages, maxnreg) as keywords. Reuses the compiled kernel after the first call.
+    A CARVEOUT constexpr >= 0 is set on the compiled function after its first launch (see above)."""
+    if interpreting():
         kernel[grid](*args, **kwargs)
+        return
+    if not ENABLED:
+        _carveout(kernel[grid](*args, **kwargs), kwargs)
         return
     info = kernel_info(kernel)
     if not info.supported or len(args) != info.n_runtime:
-        kernel[grid](*args, **kwargs)
+        _carveout(kernel[grid](*args, **kwargs), kwargs)
         return
     try:
         key = (argument_key(args), tuple(kwargs.items()), torch.cuda.current_device())
@@ -98,6 +144,7 @@ def launch(kernel, grid: tuple, *args, **kwargs) -> None:
         compiled[(*grid, 1, 1)[:3]](*args, *tail)
         return
     compiled = kernel[grid](*args, **kwargs)
+    _carveout(compiled, kwargs)
     if hasattr(compiled, "packed_metadata") and len(info.compiled) < MAX_ENTRIES_PER_KERNEL:
         missing = [n for n in info.constexpr_names if n not in kwargs and n not in info.defaults]
         if not missing:

@@ -1145,6 +1145,15 @@ class LaunchConfig:
     # starts only at 13 of 26 us though the split kernel leaves SMs free; enqueued before, it started
     # no sooner (the op within the spread): off
     exact_before_split: bool = False
+    # v3 with overlap_exact: the exact-token kernel's preferred shared-memory carveout, in percent of
+    # the SM's most shared memory (-1: the driver's choice). The driver picks one per kernel, and an
+    # SM running split programs takes no exact program of another carveout until it drains: at one
+    # sequence the exact kernel started at 13 of 26 us. Nineteenth session, set through the driver
+    # API by probe_attention.py timeline --carveouts at 44% (the split kernel's): it ran at 5.5-10.8
+    # us and the call took 24.8 us instead of 25.5-25.7; at (32, 32768) 1.2% longer, at (8, 131072)
+    # the same. This option sets it from the launcher (kernels/fast_launch.py); prepared after that
+    # session's device budget was spent, so not yet run on the GPU through the launcher: off
+    exact_carveout: int = -1
     # the split count set so the launch fills a whole number of waves of resident programs
     # (residency from maxnreg and num_warps, so it needs maxnreg; see split_count): a last, partial
     # wave leaves SMs idle while its programs finish (twelfth session: 2 whole waves 2-3% faster
@@ -1178,6 +1187,11 @@ class LaunchConfig:
             raise ValueError(
                 "LaunchConfig.loads_before_pdl_wait is a v3 option, a step count >= 0: got "
                 f"{self.loads_before_pdl_wait} with kernel={self.kernel!r}"
+            )
+        if not -1 <= self.exact_carveout <= 100:
+            raise ValueError(
+                "LaunchConfig.exact_carveout is a percent from 0 to 100 of the SM's most shared memory, "
+                f"or -1 for the driver's choice: got {self.exact_carveout}"
             )
         channels = self.reduce_merge_channels
         if channels < 0 or channels & (channels - 1):
@@ -3161,6 +3175,9 @@ if HAS_TRITON:
         # call, so it runs without waiting, and it waits for the split kernel only before it ends,
         # so that the reduce's own wait (for this kernel) also covers the split kernel
         PDL_CHAIN: tl.constexpr = False,
+        # >= 0: the preferred shared-memory carveout (percent) that launch() sets on this compiled
+        # variant (LaunchConfig.exact_carveout; the body does not read it)
+        CARVEOUT: tl.constexpr = -1,
     ):
         """The exact sink/window tokens of one (sequence, kv head, row block) as partials num_splits
         onwards, one per chunk of CHUNK_SLOTS slots (grid (programs, chunks)), for split kernels that
@@ -3719,6 +3736,7 @@ def _launch_exact(
         CHUNK_SLOTS=chunk_slots,
         num_warps=1,
         **({"PDL_CHAIN": True, "launch_pdl": True} if chain else {}),
+        **({"CARVEOUT": config.exact_carveout} if config.exact_carveout >= 0 and q.is_cuda else {}),
     )
 
 

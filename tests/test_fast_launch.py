@@ -113,6 +113,67 @@ def test_kept_kernels_are_bounded(compiling, monkeypatch):
     assert _kinds(k)[-1] == "jit"
 
 
+def _body_with_carveout(x_ptr, n, BLOCK: tl.constexpr, CARVEOUT: tl.constexpr = -1):
+    pass
+
+
+class _CompiledWithFunction(_Compiled):
+    function = 1234  # a loaded CUfunction handle
+
+
+class _CarveoutKernel(_Kernel):
+    def __init__(self):
+        super().__init__()
+        self.fn = _body_with_carveout
+
+    def __getitem__(self, grid):
+        def run(*args, **kwargs):
+            self.log.append(("jit", grid, args, kwargs))
+            return _CompiledWithFunction(self.log)
+
+        return run
+
+
+def test_a_carveout_constexpr_is_set_on_each_compiled_variant_once(compiling, monkeypatch):
+    # CARVEOUT >= 0 keys its own compiled variant, whose function gets that preferred carveout after
+    # its first launch; a kept variant's later launches need no driver call; -1 asks for none
+    calls = []
+    monkeypatch.setattr(fl, "set_preferred_carveout", lambda compiled, percent: calls.append(percent))
+    k = _CarveoutKernel()
+    x = torch.zeros(64)
+    fl.launch(k, (1,), x, 7, BLOCK=32, CARVEOUT=44)
+    fl.launch(k, (1,), x, 7, BLOCK=32, CARVEOUT=44)
+    fl.launch(k, (1,), x, 7, BLOCK=32)  # the driver's choice: another variant, nothing set
+    fl.launch(k, (1,), x, 7, BLOCK=32, CARVEOUT=0)
+    assert _kinds(k) == ["jit", "compiled", "jit", "jit"]
+    assert calls == [44, 0]
+    monkeypatch.setattr(fl, "ENABLED", False)  # the ordinary launch every time: set every time
+    fl.launch(k, (1,), x, 7, BLOCK=32, CARVEOUT=44)
+    assert calls == [44, 0, 44]
+
+
+def test_a_carveout_out_of_range_or_without_a_loaded_function_is_refused():
+    with pytest.raises(ValueError, match="percent from 0 to 100"):
+        fl.set_preferred_carveout(_CompiledWithFunction([]), 101)
+    with pytest.raises(RuntimeError, match="no loaded function"):
+        fl.set_preferred_carveout(object(), 44)
+    if not torch.cuda.is_available():  # this machine has no driver library: said so, not a crash
+        saved = fl._LIBCUDA.copy()
+        fl._LIBCUDA.clear()
+        try:
+            with pytest.raises(RuntimeError, match="CUDA driver library"):
+                fl.set_preferred_carveout(_CompiledWithFunction([]), 44)
+        finally:
+            fl._LIBCUDA[:] = saved
+
+
+def test_exact_carveout_must_be_a_percent():
+    assert wa.LaunchConfig(exact_carveout=44).exact_carveout == 44
+    for bad in (-2, 101):
+        with pytest.raises(ValueError, match="exact_carveout is a percent"):
+            wa.LaunchConfig(exact_carveout=bad)
+
+
 @pytest.fixture
 def recorded_launches(monkeypatch):
     """(kernel name, positional args, runtime parameters) of every launch through the project's sites."""

@@ -737,6 +737,8 @@ def test_gpu_v3_exact_tokens_in_the_pdl_chain_equal_the_in_order_launch_also_in_
                 K.TUNED_CONFIGS[(128, 4, "affine")], loads_before_pdl_wait=2, overlap_exact=False
             ),
         ),
+        # one sequence with the exact-token kernel's shared-memory carveout set (exact_carveout)
+        (1, dataclasses.replace(K.SMALL_LAUNCH_CONFIGS[(128, 4, "affine")], exact_carveout=44)),
         # one sequence: the same, and each row's merge over 4 programs, then the per-kv-head transform
         (
             1,
@@ -783,6 +785,32 @@ def test_gpu_programmatic_dependent_launch_equals_the_ordinary_launch_also_in_a_
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(captured, _run_triton(args, codec, 128**-0.5, config=config)), round_
+    assert not K._V3_FAILURE, K._V3_FAILURE
+
+
+@pytest.mark.gpu
+def test_gpu_exact_carveout_is_set_on_its_own_variant_and_changes_no_value():
+    # LaunchConfig.exact_carveout compiles the exact-token kernel as a variant of its own and sets
+    # the preferred shared-memory carveout on it (read back from the driver here); the output must be
+    # bit-identical to the driver's choice, on the first call and from the kept variant
+    import ctypes
+
+    from wmoe_compile.kernels import fast_launch
+
+    codec, args = make_case(UNIFORM_REAL, 1, 8, 4, 1, 128, [3000], 3000, torch.bfloat16, "cuda", "full")
+    small = K.SMALL_LAUNCH_CONFIGS[(128, 4, "affine")]
+    want = _run_triton(args, codec, 128**-0.5, config=small)
+    carved = dataclasses.replace(small, exact_carveout=44)
+    for _ in range(2):
+        assert torch.equal(_run_triton(args, codec, 128**-0.5, config=carved), want)
+    kept = fast_launch.kernel_info(K._exact_kernel).compiled
+    variants = [compiled for key, (compiled, _) in kept.items() if ("CARVEOUT", 44) in key[1]]
+    assert variants, "no exact-kernel variant was launched with CARVEOUT=44"
+    value = ctypes.c_int(-7)
+    status = ctypes.CDLL("libcuda.so.1").cuFuncGetAttribute(
+        ctypes.byref(value), 9, ctypes.c_void_p(variants[0].function)
+    )  # 9: CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
+    assert status == 0 and value.value == 44, (status, value.value)
     assert not K._V3_FAILURE, K._V3_FAILURE
 
 
