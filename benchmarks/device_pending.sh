@@ -26,13 +26,16 @@
 #                                                 # (probe_attention.py timeline) under each
 #                                                 # config in FILE ("auto": the package's choice),
 #                                                 # at (8, 131072), (32, 32768) and (1, 32768)
+#   bash benchmarks/device_pending.sh carveout    # LaunchConfig.exact_carveout (prepared in the
+#                                                 # nineteenth session, not yet run): its GPU tests,
+#                                                 # then A/B at one sequence and the large shapes
 #   bash benchmarks/device_pending.sh stalls [tuned|keys_in_step]
 #                                                 # where the v3 split kernel's warps wait, per SASS
 #                                                 # instruction, plus the memory-throughput
 #                                                 # breakdown (Nsight Compute)
 set -u
 case "${1:-}" in
-tests | attention | decode | inductor | overlap | profile | stalls | kvwarps) ;;
+tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout) ;;
 grid | timeline)
     if [ ! -f "${2:-}" ]; then
         echo "$1 needs a JSON file of LaunchConfig dicts (e.g. benchmarks/probe_one_block_step.json), got '${2:-}'" >&2
@@ -40,7 +43,7 @@ grid | timeline)
     fi
     ;;
 *)
-    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|grid FILE.json|timeline FILE.json|stalls [tuned|keys_in_step]" >&2
+    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|grid FILE.json|timeline FILE.json|stalls [tuned|keys_in_step]" >&2
     exit 2
     ;;
 esac
@@ -140,6 +143,20 @@ timeline)
     # eighteenth session: the exact-token kernel's tail and the reduce, outside the split kernel
     run 300 python3 -P benchmarks/probe_attention.py timeline --configs "$2" \
         --shapes "8,131072;32,32768;1,32768"
+    ;;
+carveout)
+    # nineteenth session: the exact-token kernel waited for SMs of the split kernel's carveout to
+    # drain; measured through probe_attention.py timeline --carveouts (one sequence -3%, (32, 32768)
+    # +1.2%). The launcher's option: the variant's attribute read back, bit-identical outputs (also
+    # from a CUDA graph), then the op A/B'd, interleaved
+    workers=()
+    python3 -c "import xdist" 2>/dev/null && workers=(-n 6)
+    run 240 python3 -P -m pytest -q -m gpu tests/test_wavelet_attention.py -p no:benchmark \
+        -k "carveout or programmatic_dependent" ${workers[@]+"${workers[@]}"}
+    run 120 python3 -P benchmarks/probe_attention.py grid --configs benchmarks/probe_exact_carveout_one_sequence.json \
+        --shapes "1,32768" --out "$OUT/carveout_one"
+    run 200 python3 -P benchmarks/probe_attention.py grid --configs benchmarks/probe_exact_carveout.json \
+        --shapes "8,131072;32,32768;8,32768" --out "$OUT/carveout"
     ;;
 kvwarps)
     # fifteenth session: partials bit-identical to v3's, 0.79x its token rate (RESULTS.md, issue 3)
