@@ -879,33 +879,14 @@ if HAS_GLUON:
                 gl.store(m_ptr + slot, sink.to(gl.float32), mask=never)
         # ---- the rest: tokens clamped to the range (loads stay in bounds), scores masked per row
         rest = (ring, kcodes, vcodes, kscales, vscales, full_hi, hi, row_hi, vt, st, kt, mt, ones)
-        if LOADS_BEFORE_WAIT > 0:
-            if hi > full_hi:  # (a program with full steps has waited already: this returns at once)
+        if hi > full_hi:
+            if LOADS_BEFORE_WAIT > 0:  # (a program with full steps has waited already: at once)
                 if PDL:
                     _wait_for_prologue()
-                query = _load_query(qw_ptr, qc_ptr, pid, BLOCK_M, N_QC)
-                state = _masked_steps(
-                    rest,
-                    query,
-                    state,
-                    CODE_ROW,
-                    SCALE_ROW,
-                    E4,
-                    E2,
-                    KEYS_VIA_SMEM,
-                    CACHE_TILES,
-                    ROW_COPIES,
-                    VALUE_SCALES_IN_B,
-                    SCORE_OFFSET_IN_MMA,
-                    LAZY_RESCALE,
-                    P_ONCE,
-                    P_MOVMATRIX,
-                )
-        else:
-            query = (q0, q1, q2, q3, q4, q5, q6, q7, qc0, qc1)
+                q0, q1, q2, q3, q4, q5, q6, q7, qc0, qc1 = _load_query(qw_ptr, qc_ptr, pid, BLOCK_M, N_QC)
             state = _masked_steps(
                 rest,
-                query,
+                (q0, q1, q2, q3, q4, q5, q6, q7, qc0, qc1),
                 state,
                 CODE_ROW,
                 SCALE_ROW,
