@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from wmoe_compile.kernels import attention_config as C
 from wmoe_compile.kernels import wavelet_attention as K
 
 H200_SMS = 132
@@ -26,7 +27,7 @@ TUNED = K.TUNED_CONFIGS[(128, 4, "affine")]
         ({"maxnreg": 128}, 16),
         ({"maxnreg": 255}, 8),  # 8,160 per warp, allocated in units of 256: 8,192
         # (v1 takes none of the tuned config's v3-only options)
-        ({"kernel": "v1", "num_warps": 2, **dict.fromkeys(K.V3_ONLY_OPTIONS, False)}, 6),
+        ({"kernel": "v1", "num_warps": 2, **dict.fromkeys(C.V3_ONLY_OPTIONS, False)}, 6),
         # v3's cp.async ring: 4 stages x 8 KB (value and key tiles) + 1 KB a program, in 228 KB
         ({"num_stages": 4, "keys_via_smem": True, "keys_ahead": False, "key_loads_l2_256b": False}, 6),
         ({"maxnreg": None, "whole_waves": False}, None),  # no cap: the register count is unknown

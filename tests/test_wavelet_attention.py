@@ -13,6 +13,7 @@ import warnings
 
 import pytest
 import torch
+from wmoe_compile.kernels import attention_config
 from wmoe_compile.kernels import wavelet_attention as K
 from wmoe_compile.kernels.kv_codec import channel_params
 
@@ -722,7 +723,7 @@ def test_gpu_v3_exact_tokens_in_the_pdl_chain_equal_the_in_order_launch_also_in_
 @pytest.mark.parametrize(
     "batch, config",
     [
-        (2, K.SMALL_LAUNCH_V1_CONFIGS[(128, 4, "affine")]),  # v1 split, per-row reduce
+        (2, attention_config.SMALL_LAUNCH_V1_CONFIGS[(128, 4, "affine")]),  # v1 split, per-row reduce
         (1, K.SMALL_LAUNCH_CONFIGS[(128, 4, "affine")]),  # v3, 256-token splits, exact chunks
         (5, K.TUNED_CONFIGS[(128, 4, "affine")]),  # v3, exact kernel on the side stream
         (17, K.TUNED_CONFIGS[(128, 4, "affine")]),  # v3 after the per-kv-head prologue

@@ -1,0 +1,556 @@
+"""Launch configurations of the decode attention op (`wmoe::wavelet_attention`) and how a launch is
+sized: which kernel and options run, measured on an H200 (benchmarks/bench_attention.py,
+probe_attention.py; no per-call autotune), and how the compressed range is cut into splits.
+
+Why a module of its own: the tuned configs carry the measurement history that chose them, and the
+split count is pure arithmetic that tests check without a GPU; neither needs the kernels.
+(``tuned_config``, which also reads the layout's grids, stays beside the kernels.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from .wavelet_attention import CompressedLayout
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    block_n: int = 64  # compressed tokens per loop step
+    num_warps: int = 1
+    num_stages: int = 2
+    use_asm: bool = True  # field extraction in inline PTX (GPU only, never interpreted)
+    ctas_per_sm: float = 16.0  # flash-decoding splits: aim for this many programs per SM ...
+    min_split_tokens: int = 512  # ... but give each split at least this many compressed tokens
+    exact_block: int = 32  # exact sink/window tokens per step (64 spills v2's registers)
+    # v3: the exact sink/window tokens' kernel cut into this many programs per (sequence, kv head),
+    # each writing its own partial. One program per pair runs 132 tokens in 5 serial steps: 6.8 us
+    # alone at one sequence, and beside the split kernel's last programs (sharing their SMs' issue
+    # slots) it ended 2.7-5.9 us after them at the large decode shapes (eighteenth session)
+    exact_chunks: int = 1
+    # "v1": byte planes (every layout); "v2": int16 field planes (affine layouts; else v1 runs);
+    # "v3": the Gluon kernel (kernels/wavelet_attention_gluon.py; its layout family on CUDA, else v1)
+    kernel: str = "v2"
+    # v2 operand encoding. False: 1024-offset "magic" fields, values centred to small exact integers
+    # (one packed subtract per pair). True: fields as fp16 subnormals (no offset, no subtract; ~4%
+    # faster measured), but the value sums then carry the grid offset and cancel against it at the
+    # end: with diffuse attention over one 32k-token split the error reached 1.0e-2 on the H200.
+    subnormal: bool = False
+    # rescale the accumulators only when a running max grows (a branch in the loop); the tuned v3
+    # rescales every step instead (one basic block, fifteenth session)
+    lazy_rescale: bool = True
+    row_reduce_max_programs: float = 1.0  # per-row reduce while query rows <= this x SMs
+    # per-row reduce: split partials merged per wide load (power of 2); a launch with fewer splits
+    # merges the next power of two above its count (a wider load would only carry masked lanes)
+    reduce_split_chunk: int = 16
+    # decode (one row block per sequence and kv head) with the per-row reduce and at least this many
+    # query rows: merge per row, then the inverse transform as one dot per kv head over the rows of
+    # all sequences (_transform_heads_kernel), instead of every row's program reading the whole
+    # transform; 0: never
+    reduce_gemm_min_rows: int = 0
+    # with reduce_gemm_min_rows: each merge program takes this many of a row's D sums (a power of
+    # two), so a row's merge spreads over D / this programs instead of one; 0: all D. Nineteenth
+    # session: at one sequence merge 3.9 + transform 3.1 us against the per-row reduce's 6.1, the op
+    # 3-5% slower (a second kernel's fixed cost): off
+    reduce_merge_channels: int = 0
+    reduce_warps: int = 4  # per-row reduce: warps per program
+    # per-row reduce: the transform loaded before the partials are merged (overlapping the loads)
+    reduce_transform_first: bool = False
+    maxnreg: int | None = None  # split kernel register cap: 168 -> 12 one-warp programs per SM
+    # affine value fields centred through the MMA's accumulator input (see _band_values) instead of
+    # one packed subtract per operand pair
+    centre_in_mma: bool = False
+    keys_via_smem: bool = False  # v3: key code tiles through the cp.async ring (else loaded per step)
+    # v3: the next step's key words are loaded into registers (as int32 words) as soon as this step's
+    # scores have used theirs, so their latency overlaps this step's value work (24 more live
+    # registers; tuned since the seventeenth session, with step_row_base and score_offset_in_mma)
+    keys_ahead: bool = False
+    cache_tiles: bool = False  # v3: the ring's copies through L1 (cp.async.ca)
+    convert_p_once: bool = False  # v3: p to the value MMAs' layout once, scales applied after
+    # v3 with cache_tiles: the value tiles' token indices made in their copies' layout instead of
+    # shuffled into it each step (offline: 912 loop instructions instead of 928)
+    copy_layout_tokens: bool = False
+    # v3 with convert_p_once: the value scales split straight into the value MMAs' K layout in fp16
+    # (one conversion instead of two; offline 919 loop instructions instead of 928, 904 with
+    # copy_layout_tokens)
+    value_scales_in_b: bool = False
+    # v3: each band's score offset as its first key MMA's accumulator input instead of an add per
+    # score (offline 882 loop instructions instead of 904; sixteenth session: no faster, alone or
+    # with p_movmatrix; eleventh session, with the branchy step and alone: 6-12% slower; tuned with
+    # keys_ahead, where it leaves ptxas room enough to spill nothing)
+    score_offset_in_mma: bool = False
+    # v3 with convert_p_once: p taken to the value MMAs' B layout by one movmatrix.trans per 8 x 8
+    # block instead of a shuffle conversion (offline 886 instead of 904; -1.0 to -1.6%, tuned)
+    p_movmatrix: bool = False
+    # v3, keys loaded from global memory: the key words' loads ask L2 to fetch the 256-byte block on
+    # a miss (ld.global.L2::256B), so the next rows' requests find it there (seventeenth session:
+    # -4%, tuned)
+    key_loads_l2_256b: bool = False
+    # v3: each step prefetches the next step's value rows into L2 (prefetch.global.L2, one 128-byte
+    # line a lane), so the next step's copies find them there
+    prefetch_value_rows: bool = False
+    # v3: each step loads one word per 256-byte block of the next step's value rows with the
+    # L2::256B hint (so a miss fills the block for the next step's copies) and folds the previous
+    # step's words into a sink kept alive by a store no run makes (prepared in the seventeenth
+    # session, not yet timed)
+    fill_value_rows_l2: bool = False
+    # v3: the code tiles' cp.async copies ask L2 for the 256-byte block on a miss, like the key-word
+    # loads (Triton has no operand for it: the kernel's PTX is patched, kernels/ptx_patches.py)
+    value_copies_l2_256b: bool = False
+    # v3: the same for every plain global load of the kernel (in the loop: the scale pairs)
+    plain_loads_l2_256b: bool = False
+    # v3: full steps address their code rows from a scalar pointer to the step's first row, so the
+    # per-lane token offsets are loop-invariant and, since the seventeenth session, fold into the
+    # loads' immediates (offline 770 loop instructions with the layout options, 886 without it;
+    # sixteenth session, before the immediates: 7-9% slower alone, since ptxas then reads the key
+    # words sooner after their loads; with keys_ahead, which keeps them a step away, tuned)
+    step_row_base: bool = False
+    # v3 with keys_via_smem: the key and value code rows through one [tokens, 32] ring each by
+    # 16-byte copies, 4 lanes a token row, so a warp's copies cover whole 32-byte sectors of the
+    # 48-byte rows and need no L1 to merge them (cache_tiles does that with 8-byte copies); both
+    # operands then come from shared memory by ldmatrix, the keys a stage ahead like the values.
+    # Sixteenth session: 797 loop instructions instead of 886 but 35% slower (Nsight: the 16-byte
+    # copies' half-sector requests are not merged, L2 88% busy at 52% of DRAM; 5.5x the ideal
+    # shared-memory wavefronts for the copies' stores); not tuned
+    row_copies: bool = False
+    # v3: the exact-token kernel runs on a second stream, beside the split kernel
+    # (it reads the raw query and writes its own partial slot; the reduce waits for both)
+    overlap_exact: bool = False
+    # v3 with pdl: the exact-token kernel runs beside the split kernel in the same stream, as a
+    # link of the PDL chain (prologue -> split -> exact -> reduce): the split kernel lets it launch
+    # at once, it waits for the split kernel only before it ends, and the reduce keeps its PDL
+    # wait (after overlap_exact's stream join it cannot). Sixteenth session, tuned splits: within
+    # 1% at one to four sequences, 0.8% slower at the large decode shapes; not tuned
+    exact_in_chain: bool = False
+    # v3 with overlap_exact: the exact-token kernel is enqueued on its stream before the split kernel
+    # is launched, not after. Nineteenth session: at one sequence the exact kernel, enqueued after,
+    # starts only at 13 of 26 us though the split kernel leaves SMs free; enqueued before, it started
+    # no sooner (the op within the spread): off
+    exact_before_split: bool = False
+    # v3 with overlap_exact: the exact-token kernel's preferred shared-memory carveout, in percent of
+    # the SM's most shared memory (-1: the driver's choice). The driver picks one per kernel, and an
+    # SM running split programs takes no exact program of another carveout until it drains: at one
+    # sequence the exact kernel started at 13 of 26 us. Nineteenth session, set through the driver
+    # API by probe_attention.py timeline --carveouts at 44% (the split kernel's): it ran at 5.5-10.8
+    # us and the call took 24.8 us instead of 25.5-25.7; at (32, 32768) 1.2% longer, at (8, 131072)
+    # the same. This option sets it from the launcher (kernels/fast_launch.py); prepared after that
+    # session's device budget was spent, so not yet run on the GPU through the launcher: off
+    exact_carveout: int = -1
+    # the split count set so the launch fills a whole number of waves of resident programs
+    # (residency from maxnreg and num_warps, so it needs maxnreg; see split_count): a last, partial
+    # wave leaves SMs idle while its programs finish (twelfth session: 2 whole waves 2-3% faster
+    # than 2.6)
+    whole_waves: bool = False
+    # with whole_waves: of 1 .. the wave count ctas_per_sm asks for, take the one whose launch costs
+    # the fewest steps per program slot, waves x (the longest split's steps + this): each program
+    # costs about this many steps more than its steps (its setup, its partial and the reduce's
+    # share of it). 0: the ctas_per_sm count. Nineteenth session (H200, interleaved A/B, 4 rounds):
+    # one wave instead of two -1.7% at (32, 32768) (6 splits of 85 steps against 12 of 43) and -5.2%
+    # at (8, 32768) (24 of 22 against 49 of 11), +0.5% at (8, 131072) (24 of 85 against 49 of 42); a
+    # cost of 1 step per program chooses each shape's faster count
+    wave_program_steps: float = 0.0
+    # programmatic dependent launch (sm_90+): the split kernel and the reduce are launched while the
+    # kernel before them finishes and wait for it in-kernel (griddepcontrol.wait), hiding the launch
+    # gap; the prologue lets the split kernel launch as soon as it starts
+    pdl: bool = False
+    # v3 with pdl: the split kernel's programs, resident while the prologue runs, first issue the
+    # cache reads of their first steps (this many steps prefetched into L2, the first one's key
+    # words and scales into registers), then wait for the prologue and load the query; 0: every
+    # load after the wait. (Only the query comes from the prologue; everything the caches hold
+    # was written before the prologue started, which is a plain launch.)
+    loads_before_pdl_wait: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("block_n", "reduce_split_chunk"):
+            value = getattr(self, name)
+            if value < 1 or value & (value - 1):
+                raise ValueError(f"LaunchConfig.{name} must be a power of two >= 1, got {value}")
+        if self.loads_before_pdl_wait < 0 or (self.loads_before_pdl_wait and self.kernel != "v3"):
+            raise ValueError(
+                "LaunchConfig.loads_before_pdl_wait is a v3 option, a step count >= 0: got "
+                f"{self.loads_before_pdl_wait} with kernel={self.kernel!r}"
+            )
+        if not -1 <= self.exact_carveout <= 100:
+            raise ValueError(
+                "LaunchConfig.exact_carveout is a percent from 0 to 100 of the SM's most shared memory, "
+                f"or -1 for the driver's choice: got {self.exact_carveout}"
+            )
+        channels = self.reduce_merge_channels
+        if channels < 0 or channels & (channels - 1):
+            raise ValueError(
+                f"LaunchConfig.reduce_merge_channels must be 0 (whole rows) or a power of two, got {channels}"
+            )
+        if self.kernel not in ("v1", "v2", "v3"):
+            raise ValueError(f"LaunchConfig.kernel must be 'v1', 'v2' or 'v3', got {self.kernel!r}")
+        if self.keys_ahead and (self.kernel != "v3" or self.keys_via_smem):
+            raise ValueError(
+                "LaunchConfig.keys_ahead is a v3 option for keys loaded straight into registers: it "
+                f"needs kernel='v3' and keys_via_smem=False, got kernel={self.kernel!r}, "
+                f"keys_via_smem={self.keys_via_smem}"
+            )
+        if self.key_loads_l2_256b and (self.kernel != "v3" or self.keys_via_smem):
+            raise ValueError(
+                "LaunchConfig.key_loads_l2_256b hints v3's key-word loads from global memory: it "
+                f"needs kernel='v3' and keys_via_smem=False, got kernel={self.kernel!r}, "
+                f"keys_via_smem={self.keys_via_smem}"
+            )
+        hints = ("value_copies_l2_256b", "plain_loads_l2_256b")
+        for name in ("prefetch_value_rows", "fill_value_rows_l2", *hints):
+            if getattr(self, name) and self.kernel != "v3":
+                raise ValueError(
+                    f"LaunchConfig.{name} is a v3 option: it needs kernel='v3', got {self.kernel!r}"
+                )
+        if self.copy_layout_tokens and not (self.kernel == "v3" and self.cache_tiles):
+            raise ValueError(
+                "LaunchConfig.copy_layout_tokens is a v3 option for cache_tiles (the 8-byte copies' "
+                f"layout): got kernel={self.kernel!r}, cache_tiles={self.cache_tiles}"
+            )
+        if self.value_scales_in_b and not (self.kernel == "v3" and self.convert_p_once):
+            raise ValueError(
+                "LaunchConfig.value_scales_in_b is a v3 option for convert_p_once (the scales applied in "
+                f"the B layout): got kernel={self.kernel!r}, convert_p_once={self.convert_p_once}"
+            )
+        if self.row_copies and not (
+            self.kernel == "v3"
+            and self.keys_via_smem
+            and not self.cache_tiles
+            and not self.copy_layout_tokens
+            and not self.step_row_base
+        ):
+            raise ValueError(
+                "LaunchConfig.row_copies is a v3 option with keys_via_smem, instead of cache_tiles, "
+                f"copy_layout_tokens and step_row_base: got kernel={self.kernel!r}, "
+                f"keys_via_smem={self.keys_via_smem}, cache_tiles={self.cache_tiles}, "
+                f"copy_layout_tokens={self.copy_layout_tokens}, step_row_base={self.step_row_base}"
+            )
+        for name in ("score_offset_in_mma", "step_row_base"):
+            if getattr(self, name) and self.kernel != "v3":
+                raise ValueError(f"LaunchConfig.{name} is a v3 option, got kernel={self.kernel!r}")
+        if self.p_movmatrix and not (self.kernel == "v3" and self.convert_p_once):
+            raise ValueError(
+                "LaunchConfig.p_movmatrix is a v3 option for convert_p_once (p converted once): "
+                f"got kernel={self.kernel!r}, convert_p_once={self.convert_p_once}"
+            )
+        if self.exact_in_chain and (self.kernel != "v3" or self.overlap_exact or not self.pdl):
+            raise ValueError(
+                "LaunchConfig.exact_in_chain is a v3 option for programmatic dependent launch, instead "
+                f"of overlap_exact: got kernel={self.kernel!r}, overlap_exact={self.overlap_exact}, "
+                f"pdl={self.pdl}"
+            )
+        if self.reduce_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"LaunchConfig.reduce_warps must be 1, 2, 4, 8 or 16, got {self.reduce_warps}")
+        if self.exact_chunks < 1:
+            raise ValueError(f"LaunchConfig.exact_chunks must be >= 1, got {self.exact_chunks}")
+        if self.whole_waves and self.maxnreg is None:
+            raise ValueError(
+                "LaunchConfig.whole_waves needs maxnreg: the register cap fixes how many programs an "
+                "SM holds at once, which sets the size of a wave"
+            )
+        if self.kernel == "v3" and (self.num_warps != 1 or self.num_stages not in (1, 2, 3, 4)):
+            raise ValueError(
+                "LaunchConfig for v3 needs num_warps=1 and num_stages 1-4 (its cp.async ring: 4 KB of "
+                "value tiles per stage, 8 KB with keys_via_smem), "
+                f"got num_warps={self.num_warps}, num_stages={self.num_stages}"
+            )
+
+
+# (head_dim, block_m, grids) -> config, from the sweep of benchmarks/bench_attention.py --sweep on an
+# H200 (2026-11-30 12:05 UTC, torch 2.11, triton 3.6; benchmarks/RESULTS.md has the numbers).
+# grids: "affine" when every band's grid is code * step + offset (v2 can run), else "table" (e.g.
+# the codec's Lloyd default). block_m: query rows (q heads of a group x new tokens) per program.
+# Measured: on affine grids v1 and v2 tie within ~3% at equal settings (v2 issues ~25% fewer
+# instructions; the loop is not issue-bound), v1 with a 168-register cap (12 programs per SM) and
+# ~32 programs per SM was best; on Lloyd grids (table lookups) 32-token steps and 3 stages.
+# Fourth session (17:20 UTC, probe_attention.py grid): the per-row reduce with 64 splits per load
+# beat the block reduce at every decode shape with 4 rows per program: (8, 131072) 0.3909 ->
+# 0.3694-0.3706 ms, (32, 32768) 0.4028 -> 0.3955-0.3959, (8, 32768) 0.1334 -> 0.1141; aiming the
+# splits at whole waves of resident programs (36, 48, 60, 72 per SM) did not beat 32 (within +-3%).
+# Fifth session (19:55 UTC, probe_attention.py grid): the Gluon v3 kernel with its value tiles
+# through L1 (cache_tiles) and one stage beat v1 at every large decode shape: (8, 131072) 0.3702 ->
+# 0.3021 ms, (32, 32768) 0.3956 -> 0.3238, (8, 32768) 0.114 -> 0.1045. Without cache_tiles v3 was
+# 0.349 / 0.368 (ncu: L2 throughput 83% busy at 56% of DRAM bandwidth: the bands' separate
+# requests for shared 32-byte sectors); keys through the cp.async ring too: 0.49 (L2 90% busy);
+# two or three stages, 24/40/48 splits per SM, 32-token steps and a 160-register cap were slower.
+# 20:17 UTC, same grid: p converted to the value MMAs' layout once (convert_p_once) 0.3031 ->
+# 0.2924 ms at (8, 131072), 0.3246 -> 0.3155 at (32, 32768), 0.1049 -> 0.1034 at (8, 32768).
+# Seventh session (2026-12-01 00:13 UTC, same grid, tuned config twice each): the exact-token
+# kernel on a second stream, enqueued after the split kernel (overlap_exact) 0.2894-0.2942 ->
+# 0.2865-0.2872 ms at (8, 131072), 0.3120-0.3125 -> 0.3070-0.3081 at (32, 32768), 0.1020-0.1022 ->
+# 0.0951-0.0957 at (8, 32768); forked before the prologue instead it was 4% slower at the first two.
+# Twelfth session (2026-12-01 11:42 UTC, same grid, A/B/A/B): split counts in two whole waves of the
+# 12 resident programs per SM (whole_waves, ctas_per_sm 24) instead of 2.6 waves: (8, 131072)
+# 0.2921 / 0.2858 -> 0.2838 / 0.2762 ms, (32, 32768) 0.3041 / 0.2983 -> 0.2979 / 0.2932, (8, 32768)
+# 0.0971 / 0.0951 -> 0.0953 / 0.0928; 1, 3 or 4 whole waves were slower than 2, partial ones more so.
+# 11:54 UTC: programmatic dependent launch (pdl) 0.2830 / 0.2805 -> 0.2802 / 0.2783 ms, 0.2928 /
+# 0.2930 -> 0.2936 / 0.2919, 0.0932 / 0.0930 -> 0.0926 / 0.0920.
+# Fourteenth session (2026-12-01 14:19-14:23 UTC, same grid): at >= 512 query rows the reduce merges
+# per row and runs the inverse transform as one dot per kv head (reduce_gemm_min_rows): (32, 32768)
+# 0.2965 / 0.2916 / 0.2900 / 0.2919 / 0.2925 -> 0.2874 / 0.2856 / 0.2882 / 0.2895 / 0.2870 ms (the
+# reduce 14.1 -> 5.7 + 4.0 us); at B = 8 (256 rows) it was 1-2% slower, and 6% at one sequence.
+# Fifteenth session (2026-12-01 15:49 UTC, same grid, A/B x3): v3 rescales every step instead of
+# only when a running max grows (lazy_rescale=False; alpha is exactly 1 otherwise, so the results
+# are the same): one basic block per step, 928 loop instructions instead of 969 with the branch,
+# (8, 131072) 0.2773 -> 0.2754 ms, (32, 32768) 0.2876 -> 0.2843, (8, 32768) 0.0928 -> 0.0913 (means);
+# for v1 at one sequence no difference (0.0281-0.0287 either way), so SMALL_LAUNCH_CONFIGS keep it.
+# Sixteenth session (2026-12-01 16:34-16:35 UTC, same grid, two calls, interleaved): the value tiles'
+# token indices in their copies' layout plus the value scales split straight into the B layout
+# (copy_layout_tokens + value_scales_in_b, 904 loop instructions) 0.2773 / 0.2847 / 0.0915 ->
+# 0.2734 / 0.2806 / 0.0915 ms (means of 7 and 6 runs; copy_layout_tokens alone 0.2749 / 0.2812 /
+# 0.0913, value_scales_in_b alone 0.2761 / 0.2849 / 0.0922); register caps of 152 and 144 with the
+# one-block step were 45-55% slower at 13-14 programs per SM (0.4035 / 0.4273 ms at (8, 131072)).
+# 16:41-16:42 UTC (device clock), same grid, two calls, interleaved: p to the value MMAs' B layout by
+# movmatrix (p_movmatrix, 886 loop instructions instead of 904) 0.2731 / 0.2824 / 0.0920 ->
+# 0.2693 / 0.2783 / 0.0909 ms (means of 6 runs each; faster in 6 of 6 rounds at the first two
+# shapes); the score offset as the key MMAs' accumulator input (882; 867 with p_movmatrix) made no
+# difference alone or with p_movmatrix, and per-step scalar row pointers (876; 833 with both) were
+# 7-9% slower.
+# Seventeenth session (2026-12-01 17:54-17:57 UTC, same grid, two calls, interleaved): the next
+# step's key words loaded a step ahead as int32 words (keys_ahead; carried as int16 elements they
+# took 40 more loop instructions of repacking) with per-step scalar row pointers and the score offset
+# in the key MMAs (858 loop instructions, the key words read about 370 instructions after their
+# loads instead of 112): 0.2822 / 0.2761 / 0.0896 -> 0.2586 / 0.2655 / 0.0853 ms (means of 3 and 2
+# runs, second call; the first call 0.2668 / 0.2773 / 0.0905 -> 0.2600 / 0.2684 / 0.0854 without the
+# score offset change); keys_ahead alone (914) was 1-3% slower, and caps of 160 or 152 registers
+# with it 4-30% slower. 18:15 UTC, same grid, interleaved: the step's rows addressed from one 64-bit
+# register per lane plus immediates (_row_offsets; 787 loop instructions instead of 858) against the
+# sixteenth session's tuned step (886): 0.2652 / 0.2738 / 0.0891 -> 0.2542 / 0.2636 / 0.0871 ms
+# (means of 2 and 3 runs); the same step with the keys in-step (770) 0.2600 / 0.2651 / 0.0874, and
+# at 152 registers (820, 13 programs per SM, 26 per SM a launch) 0.2860 / 0.2979 / 0.0935.
+# 18:29 UTC, same grid, interleaved: the key words' loads with the L2::256B prefetch-size hint
+# (key_loads_l2_256b; 778 loop instructions) 0.2608 / 0.2671 / 0.0876 -> 0.2497 / 0.2561 / 0.0843
+# ms (means of 4 and 3 runs; faster in every round but the first at (8, 131072)). 18:36 UTC: the next
+# step's value rows prefetched into L2 as well (prefetch_value_rows) +0.5% at the first two shapes,
+# -1.3% at (8, 32768): off.
+# Eighteenth session (2026-12-01 19:33-19:41 UTC, same grid, two calls, interleaved): the exact-token
+# kernel in 5 programs per (sequence, kv head), one 32-token step each (exact_chunks; one program
+# ran 132 tokens in 5 serial steps and, sharing the SMs' issue slots with the split kernel's last
+# programs, ended 2.7-5.9 us after them): 0.2502 / 0.2575 / 0.2592 -> 0.2465 / 0.2473 ms at
+# (8, 131072), 0.2614 / 0.2588 / 0.2625 -> 0.2598 / 0.2625 at (32, 32768), 0.0868 / 0.0873 / 0.0877
+# -> 0.0831 / 0.0833 at (8, 32768); 3 programs of 16-token steps or 9 of one step each within the
+# same spread. The L2::256B hint on the value copies or the scale loads (a PTX patch), and
+# fill_value_rows_l2, were within the spread (0.2455-0.2526 ms tuned at (8, 131072)): off.
+# Where v3 cannot run (no Gluon, the interpreter) this entry runs v1 with these settings.
+TUNED_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
+    (128, 4, "affine"): LaunchConfig(
+        block_n=64,
+        num_stages=1,
+        ctas_per_sm=24.0,  # two whole waves of 12 resident programs per SM (whole_waves) ...
+        whole_waves=True,
+        wave_program_steps=1.0,  # ... or one, where it takes fewer steps per slot
+        pdl=True,
+        min_split_tokens=512,
+        kernel="v3",
+        cache_tiles=True,
+        convert_p_once=True,
+        overlap_exact=True,
+        maxnreg=168,
+        row_reduce_max_programs=64.0,
+        reduce_split_chunk=64,
+        reduce_gemm_min_rows=512,
+        lazy_rescale=False,
+        copy_layout_tokens=True,
+        value_scales_in_b=True,
+        p_movmatrix=True,
+        keys_ahead=True,
+        step_row_base=True,
+        score_offset_in_mma=True,
+        key_loads_l2_256b=True,
+        exact_chunks=5,
+    ),
+    (128, 4, "table"): LaunchConfig(
+        block_n=32, num_stages=3, ctas_per_sm=32.0, min_split_tokens=512, kernel="v1"
+    ),
+}
+
+
+# Launches with few (sequence, kv head, row block) programs, e.g. one sequence: each split is a
+# lone warp on its scheduler and the loop's latency, not issue, bounds it. Measured 2026-11-30
+# (H200, probe_attention.py grid) at (B, N) = (1, 32768), ms: one-warp 64-token steps v2 0.0308-0.0323
+# (v1 0.0346-0.0370 in the third session); two-warp 128-token steps v1 0.0285, v2 0.0296; four
+# warps 0.040-0.061; three or more pipeline stages and shorter splits (128-384 tokens) were slower.
+# 2026-12-01 11:54 UTC: programmatic dependent launch (pdl) 0.0284 / 0.0282 -> 0.0273 / 0.0272 ms.
+# Sixteenth session (about 16:50 UTC, probe_attention.py grid, benchmarks/probe_v3_few_sequences.json,
+# two rounds): at (1, 32768) v1 0.0281 / 0.0288 ms, tuned v3 0.0354 / 0.0355, 0.0316 / 0.0317 with
+# 256-token splits (the exact kernel in the PDL chain instead of on a side stream, exact_in_chain,
+# did not close the gap); at (2, 32768), 16 programs, v1 0.0458 / 0.0462, v3 0.0405 / 0.0405; at
+# (4, 32768) v1 0.0798 / 0.0796, v3 0.0557 / 0.0560. So only one sequence (8 programs with 8 kv
+# heads) kept v1. Eighteenth session (19:38-19:43 UTC, two calls): with the exact tokens in 5
+# programs (exact_chunks) v3 overtook v1 at one sequence: (1, 32768) v1 0.0279 / 0.0283 / 0.0283 /
+# 0.0288 ms, v3 with 256-token splits 0.0258 / 0.0258 / 0.0259 (128 / 192 / 384 / 512-token splits
+# 0.0281 / 0.0271-0.0276 / 0.0272 / 0.0284); the single exact program had cost v3 6.8 us there.
+# 19:52 UTC, after the reduce merged the exact partials in the same loads: 256-token splits 0.0276
+# / 0.0269 ms with 64 partials per reduce load (133 partials: three serial loads, the reduce 6.1-7.2
+# us), 0.0259 with 128 per load (384-token splits 0.0271-0.0279 / 0.0261, 512 0.0293-0.0296).
+# Nineteenth session (2026-12-01 20:44-20:49 UTC, two calls, probe_early_loads_one_sequence.json):
+# the first step's cache reads issued before the split kernel's wait for the prologue
+# (loads_before_pdl_wait=1) 0.0269 / 0.0260 / 0.0265 / 0.0264 / 0.0264 -> 0.0262 / 0.0254 / 0.0258
+# / 0.0259 / 0.0259 ms; two steps 0.0265. At the large shapes within the spread (not tuned there).
+SMALL_LAUNCH_PROGRAMS = 8
+SMALL_LAUNCH_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
+    (128, 4, "affine"): replace(
+        TUNED_CONFIGS[(128, 4, "affine")],
+        min_split_tokens=256,
+        reduce_split_chunk=128,
+        loads_before_pdl_wait=1,
+    ),
+}
+# where v3 cannot run a small launch (other layouts, no Gluon, the interpreter): v1's own best
+SMALL_LAUNCH_V1_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
+    (128, 4, "affine"): LaunchConfig(
+        block_n=128,
+        num_warps=2,
+        num_stages=2,
+        ctas_per_sm=32.0,
+        min_split_tokens=512,
+        kernel="v1",
+        reduce_split_chunk=64,
+        pdl=True,
+    ),
+}
+
+
+def v1_fallback(config: LaunchConfig) -> LaunchConfig:
+    """What runs where `config` asks for v3 and v3 cannot run: for a small-launch config, the v1
+    settings tuned for small launches; else the same settings on v1, without v3's options."""
+    for key, small in SMALL_LAUNCH_CONFIGS.items():
+        if config == small and key in SMALL_LAUNCH_V1_CONFIGS:
+            return SMALL_LAUNCH_V1_CONFIGS[key]
+    return replace(config, kernel="v1", **dict.fromkeys(V3_ONLY_OPTIONS, False))
+
+
+# LaunchConfig fields that only v3 accepts: off when a failed v3 launch falls back to v1
+V3_ONLY_OPTIONS = (
+    "keys_ahead",
+    "key_loads_l2_256b",
+    "prefetch_value_rows",
+    "fill_value_rows_l2",
+    "value_copies_l2_256b",
+    "plain_loads_l2_256b",
+    "copy_layout_tokens",
+    "value_scales_in_b",
+    "score_offset_in_mma",
+    "p_movmatrix",
+    "step_row_base",
+    "exact_in_chain",
+    "row_copies",
+    "loads_before_pdl_wait",
+    "exact_before_split",
+)
+
+
+def default_config(head_dim: int, block_m: int) -> LaunchConfig:
+    """Untuned shapes: one warp per program while its registers suffice (more warps split the
+    tiny MMAs and duplicate the dequantisation, but avoid spills), more warps for wide heads or
+    many query rows (prefill chunks; v2 then runs them in blocks of V2_MAX_BLOCK_M rows)."""
+    if block_m <= 8 and head_dim <= 128:
+        return LaunchConfig()
+    if block_m <= 8:
+        return LaunchConfig(num_warps=2, ctas_per_sm=8.0)
+    return LaunchConfig(num_warps=4, ctas_per_sm=2.0)
+
+
+_SM_COUNT: dict[int, int] = {}
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4  # the interpreter: a few splits exercise the split/merge logic
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SM_COUNT:
+        _SM_COUNT[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _SM_COUNT[index]
+
+
+# per-SM limits of the H100 / H200 (sm_90), where device properties do not say
+_REGS_PER_SM = 65536
+_WARPS_PER_SM = 64
+_PROGRAMS_PER_SM = 32
+_SHARED_PER_SM = 228 * 1024
+_SHARED_RESERVED_PER_PROGRAM = 1024  # the driver's per-block reservation
+_REG_ALLOC_UNIT = 256  # registers are allocated per warp in units of 256
+
+
+def resident_programs_per_sm(
+    config: LaunchConfig,
+    regs_per_sm: int = _REGS_PER_SM,
+    warps_per_sm: int = _WARPS_PER_SM,
+    shared_per_sm: int = _SHARED_PER_SM,
+) -> int | None:
+    """How many split-kernel programs one SM holds at once under ``config``'s register cap (None
+    without a cap: the compiler's register count is not known before the launch). v3's shared
+    memory (its cp.async ring of code tiles) is counted too; v1/v2 configs count registers only.
+    The limits default to the H100 / H200's; choose_num_splits passes the device's."""
+    if config.maxnreg is None:
+        return None
+    regs_per_warp = -(-config.maxnreg * 32 // _REG_ALLOC_UNIT) * _REG_ALLOC_UNIT
+    resident = min(
+        regs_per_sm // (regs_per_warp * config.num_warps),
+        warps_per_sm // config.num_warps,
+        _PROGRAMS_PER_SM,
+    )
+    if config.kernel == "v3":
+        tiles = 2 if config.keys_via_smem else 1  # value tiles, plus key tiles through the ring
+        ring = config.num_stages * tiles * 2 * config.block_n * 16 * 2  # two bands, 16 int16 a row
+        resident = min(resident, shared_per_sm // (ring + _SHARED_RESERVED_PER_PROGRAM))
+    return max(resident, 1)
+
+
+def split_count(
+    programs: int, tokens: int, config: LaunchConfig, sms: int, resident_per_sm: int | None
+) -> int:
+    """Splits of the compressed range (pure arithmetic; see choose_num_splits).
+
+    programs * splits ~ ctas_per_sm * sms, with at least min_split_tokens (and one block) per split.
+    With ``config.whole_waves`` the launch then takes the nearest whole number of waves of
+    ``resident_per_sm * sms`` programs (at least one; no more than the cap's splits fill), as
+    many splits as fill them without going over (the last wave at most one program per split
+    short), still within the cap; with ``config.wave_program_steps``, fewer whole waves where their
+    launch takes fewer steps per program slot (see LaunchConfig.wave_program_steps)."""
+    programs = max(programs, 1)
+    cap = max(min(-(-tokens // max(config.min_split_tokens, 1)), -(-tokens // config.block_n)), 1)
+    splits = int(min(max(round(config.ctas_per_sm * sms / programs), 1), cap))
+    if not config.whole_waves or resident_per_sm is None:
+        return splits
+    wave = resident_per_sm * sms
+    waves = max(min(round(programs * splits / wave), programs * cap // wave), 1)
+    best = int(min(max(waves * wave // programs, 1), cap))
+    if config.wave_program_steps <= 0:
+        return best
+
+    def steps_per_slot(splits: int) -> float:
+        split_tokens = -(-tokens // splits)
+        longest = -(-split_tokens // config.block_n)  # the kernel's split: whole steps
+        return -(-programs * splits // wave) * (longest + config.wave_program_steps)
+
+    for fewer in range(waves - 1, 0, -1):  # a tie keeps the larger count
+        splits = int(min(max(fewer * wave // programs, 1), cap))
+        if steps_per_slot(splits) < steps_per_slot(best):
+            best = splits
+    return best
+
+
+def choose_num_splits(
+    programs: int, capacity: int, layout: CompressedLayout, config: LaunchConfig, device: torch.device
+) -> int:
+    """Split the compressed range so programs * splits ~ ctas_per_sm * SMs, with at least
+    min_split_tokens (and one block) per split, in whole waves if the config asks. From the
+    capacity, so no host sync on seq_lens."""
+    tokens = max(capacity - layout.n_exact, 1)
+    limits = {}
+    if device.type == "cuda" and config.whole_waves:
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        props = torch.cuda.get_device_properties(index)
+        for name, prop, scale in (
+            ("regs_per_sm", "regs_per_multiprocessor", 1),
+            ("warps_per_sm", "max_threads_per_multi_processor", 32),
+            ("shared_per_sm", "shared_memory_per_multiprocessor", 1),
+        ):
+            value = getattr(props, prop, None)
+            if value:  # older torch lacks some: the sm_90 figure stands in
+                limits[name] = int(value) // scale
+    resident = resident_programs_per_sm(config, **limits)
+    return split_count(programs, tokens, config, _sm_count(device), resident)
