@@ -58,6 +58,13 @@ class LaunchConfig:
     # 3-5% slower (a second kernel's fixed cost): off
     reduce_merge_channels: int = 0
     reduce_warps: int = 4  # per-row reduce: warps per program
+    # with reduce_gemm_min_rows: the merge and the transform in one kernel, this many rows of one kv
+    # head per program (a power of two >= 16, the dot's M), instead of the per-row merge and then
+    # _transform_heads_kernel (two launches, each waiting for the slowest program of the one before;
+    # 8.0 + 4.0 us at (32, 32768) in the nineteenth session); 0: the two kernels
+    reduce_tile_rows: int = 0
+    reduce_tile_parts: int = 4  # with reduce_tile_rows: partials per wide load (a power of two)
+    reduce_tile_warps: int = 4  # with reduce_tile_rows: warps per program
     # per-row reduce: the transform loaded before the partials are merged (overlapping the loads)
     reduce_transform_first: bool = False
     maxnreg: int | None = None  # split kernel register cap: 168 -> 12 one-warp programs per SM
@@ -137,9 +144,15 @@ class LaunchConfig:
     # sequence the exact kernel started at 13 of 26 us. Nineteenth session, set through the driver
     # API by probe_attention.py timeline --carveouts at 44% (the split kernel's): it ran at 5.5-10.8
     # us and the call took 24.8 us instead of 25.5-25.7; at (32, 32768) 1.2% longer, at (8, 131072)
-    # the same. This option sets it from the launcher (kernels/fast_launch.py); prepared after that
-    # session's device budget was spent, so not yet run on the GPU through the launcher: off
+    # the same. This option sets it from the launcher (kernels/fast_launch.py). Twentieth session,
+    # through the launcher: see exact_carveout_waves (tuned: 44 in one wave)
     exact_carveout: int = -1
+    # with exact_carveout: set it only where the split launch takes at most this many waves of
+    # resident programs (0: always). Twentieth session (H200, grid, 3 rounds interleaved): 44% made
+    # the op 3.9% faster at one sequence and 2.5% at (8, 32768) (one wave each), no different at (32,
+    # 32768) (one wave) and 1-2% slower at (8, 131072) (two waves), where exact programs taking SMs
+    # early hold back the split kernel's second wave
+    exact_carveout_waves: int = 0
     # the split count set so the launch fills a whole number of waves of resident programs
     # (residency from maxnreg and num_warps, so it needs maxnreg; see split_count): a last, partial
     # wave leaves SMs idle while its programs finish (twelfth session: 2 whole waves 2-3% faster
@@ -165,7 +178,7 @@ class LaunchConfig:
     loads_before_pdl_wait: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("block_n", "reduce_split_chunk"):
+        for name in ("block_n", "reduce_split_chunk", "reduce_tile_parts"):
             value = getattr(self, name)
             if value < 1 or value & (value - 1):
                 raise ValueError(f"LaunchConfig.{name} must be a power of two >= 1, got {value}")
@@ -178,6 +191,16 @@ class LaunchConfig:
             raise ValueError(
                 "LaunchConfig.exact_carveout is a percent from 0 to 100 of the SM's most shared memory, "
                 f"or -1 for the driver's choice: got {self.exact_carveout}"
+            )
+        tile = self.reduce_tile_rows
+        if tile and (tile < 16 or tile & (tile - 1)):
+            raise ValueError(
+                "LaunchConfig.reduce_tile_rows must be 0 (the merge and the transform kernel) or a "
+                f"power of two >= 16 (the dot's rows), got {tile}"
+            )
+        if self.reduce_tile_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(
+                f"LaunchConfig.reduce_tile_warps must be 1, 2, 4, 8 or 16, got {self.reduce_tile_warps}"
             )
         channels = self.reduce_merge_channels
         if channels < 0 or channels & (channels - 1):
@@ -360,6 +383,8 @@ TUNED_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
         score_offset_in_mma=True,
         key_loads_l2_256b=True,
         exact_chunks=5,
+        exact_carveout=44,  # the split kernel's carveout, where its launch is one wave
+        exact_carveout_waves=1,
     ),
     (128, 4, "table"): LaunchConfig(
         block_n=32, num_stages=3, ctas_per_sm=32.0, min_split_tokens=512, kernel="v1"
@@ -533,15 +558,10 @@ def split_count(
     return best
 
 
-def choose_num_splits(
-    programs: int, capacity: int, layout: CompressedLayout, config: LaunchConfig, device: torch.device
-) -> int:
-    """Split the compressed range so programs * splits ~ ctas_per_sm * SMs, with at least
-    min_split_tokens (and one block) per split, in whole waves if the config asks. From the
-    capacity, so no host sync on seq_lens."""
-    tokens = max(capacity - layout.n_exact, 1)
+def _device_resident_per_sm(config: LaunchConfig, device: torch.device) -> int | None:
+    """resident_programs_per_sm with ``device``'s limits (the sm_90 figures off CUDA)."""
     limits = {}
-    if device.type == "cuda" and config.whole_waves:
+    if device.type == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()
         props = torch.cuda.get_device_properties(index)
         for name, prop, scale in (
@@ -552,5 +572,34 @@ def choose_num_splits(
             value = getattr(props, prop, None)
             if value:  # older torch lacks some: the sm_90 figure stands in
                 limits[name] = int(value) // scale
-    resident = resident_programs_per_sm(config, **limits)
+    return resident_programs_per_sm(config, **limits)
+
+
+def choose_num_splits(
+    programs: int, capacity: int, layout: CompressedLayout, config: LaunchConfig, device: torch.device
+) -> int:
+    """Split the compressed range so programs * splits ~ ctas_per_sm * SMs, with at least
+    min_split_tokens (and one block) per split, in whole waves if the config asks. From the
+    capacity, so no host sync on seq_lens."""
+    tokens = max(capacity - layout.n_exact, 1)
+    resident = _device_resident_per_sm(config, device)
     return split_count(programs, tokens, config, _sm_count(device), resident)
+
+
+_EXACT_CARVEOUTS: dict[tuple[LaunchConfig, int, torch.device], int] = {}
+
+
+def exact_carveout(config: LaunchConfig, split_programs: int, device: torch.device) -> int:
+    """The exact-token kernel's preferred shared-memory carveout for a split launch of
+    ``split_programs`` programs: config.exact_carveout, or -1 (the driver's choice) where
+    exact_carveout_waves limits it to fewer waves of resident split programs than the launch takes
+    (or the residency is unknown: no maxnreg)."""
+    if config.exact_carveout < 0 or not config.exact_carveout_waves:
+        return config.exact_carveout
+    key = (config, split_programs, device)
+    if key not in _EXACT_CARVEOUTS:
+        resident = _device_resident_per_sm(config, device)
+        wave = None if resident is None else resident * _sm_count(device)
+        fits = wave is not None and split_programs <= config.exact_carveout_waves * wave
+        _EXACT_CARVEOUTS[key] = config.exact_carveout if fits else -1
+    return _EXACT_CARVEOUTS[key]

@@ -1037,6 +1037,7 @@ from .attention_config import (  # noqa: E402
     _sm_count,
     choose_num_splits,
     default_config,
+    exact_carveout,
     resident_programs_per_sm,
     split_count,
     v1_fallback,
@@ -3109,6 +3110,98 @@ if HAS_TRITON:
         out_rows = out_ptr + seq * out_stride_b + head * out_stride_h + token * out_stride_t
         tl.store(out_rows[:, None] + cols[None, :], o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
 
+    @triton.jit
+    def _reduce_tiles_kernel(
+        m_ptr,
+        l_ptr,
+        acc_ptr,
+        transform_ptr,
+        transform_stride_h,
+        v_channel_scale_ptr,
+        v_scale_stride_h,
+        v_offset_ptr,
+        v_offset_stride_h,
+        out_ptr,
+        out_stride_b,
+        out_stride_h,
+        out_stride_t,
+        n_kv_heads,
+        group,
+        n_new,
+        n_seqs,
+        num_splits,  # compressed splits: partials 0 .. num_splits - 1 of each (sequence, kv head)
+        n_parts,  # partials per (sequence, kv head): then the exact tokens' (channel sums)
+        D: tl.constexpr,
+        BLOCK_M: tl.constexpr,  # query rows of one (sequence, kv head): one row block (decode)
+        TILE: tl.constexpr,  # rows per program, all of one kv head (sequences side by side)
+        PART_CHUNK: tl.constexpr,  # partials per wide load ([PART_CHUNK, TILE, D])
+        OFFSET: tl.constexpr,
+        PDL: tl.constexpr = False,  # launched with programmatic dependent launch (see _pdl)
+    ):
+        """The merge and the inverse transform of TILE decode rows of one kv head in one kernel
+        (LaunchConfig.reduce_tile_rows): the per-row merge plus _transform_heads_kernel took 8.0 +
+        4.0 us at (32, 32768) on the H200 (nineteenth session), two launches each waiting for the
+        slowest program of the one before. Two passes over the partials: the maxima of both groups
+        (compressed splits, exact tokens) first, so the weighted sums of the second pass need no
+        rescaling between loads. Then the merged coefficient rows times the head's [D, D] W R s in
+        one dot, the weighted exact sums added, out written. grid: (n_kv_heads * row tiles,)."""
+        if PDL:  # the split kernel's writes are visible after this, none before it
+            tl.extra.cuda.gdc_wait()
+        pid = tl.program_id(0)
+        kv_head = pid % n_kv_heads
+        r = (pid // n_kv_heads) * TILE + tl.arange(0, TILE)
+        seq = r // BLOCK_M
+        local = r % BLOCK_M
+        row_ok = (seq < n_seqs) & (local < group * n_new)
+        base = (seq * n_kv_heads + kv_head) * n_parts  # [TILE]: the pair's first partial
+        d = tl.arange(0, D)
+        # pass 1: each row's maxima of the compressed and of the exact partials
+        m_c = tl.full([TILE], _NEG_BIG, tl.float32)
+        m_e = tl.full([TILE], _NEG_BIG, tl.float32)
+        for first in range(0, n_parts, PART_CHUNK):
+            split = first + tl.arange(0, PART_CHUNK)
+            ok = (split < n_parts)[:, None] & row_ok[None, :]
+            part = (base[None, :] + split[:, None]) * BLOCK_M + local[None, :]  # [PART_CHUNK, TILE]
+            m_s = tl.load(m_ptr + part, mask=ok, other=_NEG_BIG)
+            exact = (split >= num_splits)[:, None]
+            m_c = tl.maximum(m_c, tl.max(tl.where(exact, _NEG_BIG, m_s), axis=0))
+            m_e = tl.maximum(m_e, tl.max(tl.where(exact, m_s, _NEG_BIG), axis=0))
+        # pass 2: the weighted sums (a masked or empty partial has weight 0, or sums of 0)
+        l_c = tl.zeros([TILE], tl.float32)
+        l_e = tl.zeros([TILE], tl.float32)
+        acc_c = tl.zeros([TILE, D], tl.float32)
+        acc_e = tl.zeros([TILE, D], tl.float32)
+        for first in range(0, n_parts, PART_CHUNK):
+            split = first + tl.arange(0, PART_CHUNK)
+            ok = (split < n_parts)[:, None] & row_ok[None, :]
+            part = (base[None, :] + split[:, None]) * BLOCK_M + local[None, :]
+            m_s = tl.load(m_ptr + part, mask=ok, other=_NEG_BIG)
+            l_s = tl.load(l_ptr + part, mask=ok, other=0.0)
+            acc_s = tl.load(acc_ptr + part[:, :, None] * D + d[None, None, :], mask=ok[:, :, None], other=0.0)
+            exact = (split >= num_splits)[:, None]
+            # (each group's exponent taken from its own partials only: the other's may exceed its max)
+            w_c = tl.where(exact | ~ok, 0.0, tl.exp2(tl.where(exact, _NEG_BIG, m_s) - m_c[None, :]))
+            w_e = tl.where(exact & ok, tl.exp2(tl.where(exact, m_s, _NEG_BIG) - m_e[None, :]), 0.0)
+            l_c += tl.sum(l_s * w_c, axis=0)
+            l_e += tl.sum(l_s * w_e, axis=0)
+            acc_c += tl.sum(acc_s * w_c[:, :, None], axis=0)
+            acc_e += tl.sum(acc_s * w_e[:, :, None], axis=0)
+        m_f = tl.maximum(m_c, m_e)
+        alpha = tl.exp2(m_c - m_f)
+        beta = tl.exp2(m_e - m_f)
+        denom = tl.where(row_ok, l_c * alpha + l_e * beta, 1.0)  # padding rows: no 0 / 0
+        merged = acc_c * (alpha / denom)[:, None]  # [TILE, D slots]
+        w_t = tl.load(transform_ptr + kv_head * transform_stride_h + d[:, None] * D + d[None, :])
+        values = tl.dot(merged, w_t, input_precision="tf32x3")  # [TILE, D channels]
+        v_scale = tl.load(v_channel_scale_ptr + kv_head * v_scale_stride_h + d).to(tl.float32)
+        o = values * v_scale[None, :] + acc_e * (beta / denom)[:, None]
+        if OFFSET:
+            o = o + tl.load(v_offset_ptr + kv_head * v_offset_stride_h + d).to(tl.float32)[None, :]
+        head = kv_head * group + local // n_new
+        token = local % n_new
+        out_rows = out_ptr + seq * out_stride_b + head * out_stride_h + token * out_stride_t
+        tl.store(out_rows[:, None] + d[None, :], o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+
 
 REDUCE_GEMM_TILE = 16  # rows per _transform_heads_kernel program (the dot's M)
 
@@ -3174,11 +3267,13 @@ def _launch_exact(
     layout: CompressedLayout,
     config: LaunchConfig,
     chain: bool = False,
+    carveout: int = -1,
 ) -> None:
     """The exact sink/window tokens' partials (slots num_splits onwards, one per exact program:
     exact_chunks) for the v3 split kernel, on the current stream (arguments as for _launch_v3; dims
     end with n_parts and the exact slots per program). chain: launched with PDL right after the
-    split kernel (LaunchConfig.exact_in_chain)."""
+    split kernel (LaunchConfig.exact_in_chain). carveout: its preferred shared-memory carveout in
+    percent (attention_config.exact_carveout), -1 for the driver's choice."""
     _, _, m_part, l_part, acc_part = parts
     hkv, group, tq, n_row_blocks, num_splits, _, block_m, d, programs, qk_scale, n_parts, chunk_slots = dims
     chunks = n_parts - num_splits
@@ -3209,7 +3304,7 @@ def _launch_exact(
         CHUNK_SLOTS=chunk_slots,
         num_warps=1,
         **({"PDL_CHAIN": True, "launch_pdl": True} if chain else {}),
-        **({"CARVEOUT": config.exact_carveout} if config.exact_carveout >= 0 and q.is_cuda else {}),
+        **({"CARVEOUT": carveout} if carveout >= 0 and q.is_cuda else {}),
     )
 
 
@@ -3228,11 +3323,13 @@ def _launch_v3(
     config: LaunchConfig,
     split_options: dict,
     side: torch.cuda.Stream | None = None,
+    carveout: int = -1,
 ) -> None:
     """The exact-token kernel and the Gluon split kernel v3 (wavelet_attention_triton's v3 branch;
     parts: its qw, qc and partial buffers; dims: its launch sizes, in the order unpacked below).
     side: a stream ordered after the prologue, to run the exact-token kernel on once the split
-    kernel is enqueued (the caller joins it back before the reduce), else None."""
+    kernel is enqueued (the caller joins it back before the reduce), else None. carveout: the
+    exact-token kernel's (_launch_exact)."""
     from .wavelet_attention_gluon import split_kernel_v3
 
     qw, qc, m_part, l_part, acc_part = parts
@@ -3243,10 +3340,10 @@ def _launch_v3(
         ptx_patches.install()  # before the marked kernel compiles
     chain = config.exact_in_chain and _pdl(config, q.device)
     if side is None and not config.exact_in_chain:
-        _launch_exact(q, common_exact, parts, dims, layout, config)
+        _launch_exact(q, common_exact, parts, dims, layout, config, carveout=carveout)
     if side is not None and config.exact_before_split:
         with torch.cuda.stream(side):
-            _launch_exact(q, common_exact, parts, dims, layout, config)
+            _launch_exact(q, common_exact, parts, dims, layout, config, carveout=carveout)
     launch(
         split_kernel_v3,
         (num_splits, programs),
@@ -3311,10 +3408,10 @@ def _launch_v3(
         **_dependent(_pdl(config, q.device)),
     )
     if config.exact_in_chain:  # in order after the split kernel (beside it with PDL)
-        _launch_exact(q, common_exact, parts, dims, layout, config, chain=chain)
+        _launch_exact(q, common_exact, parts, dims, layout, config, chain=chain, carveout=carveout)
     if side is not None and not config.exact_before_split:
         with torch.cuda.stream(side):
-            _launch_exact(q, common_exact, parts, dims, layout, config)
+            _launch_exact(q, common_exact, parts, dims, layout, config, carveout=carveout)
 
 
 def wavelet_attention_triton(
@@ -3535,6 +3632,7 @@ def wavelet_attention_triton(
                     config,
                     split_options,
                     side,
+                    exact_carveout(config, programs * num_splits, device),
                 )
             finally:  # the reduce (or the fallback below) runs after the exact tokens' partial
                 if side is not None:
@@ -3692,6 +3790,30 @@ def wavelet_attention_triton(
     if programs * block_m <= config.row_reduce_max_programs * _sm_count(device):
         # few (sequence, kv head) pairs and many splits: one program per query row
         gemm = uses_reduce_gemm(config, programs * block_m, n_row_blocks)
+        if gemm and config.reduce_tile_rows:  # merge and transform in one kernel
+            tile = config.reduce_tile_rows
+            launch(
+                _reduce_tiles_kernel,
+                (hkv * -(-batch * block_m // tile),),
+                m_part,
+                l_part,
+                acc_part,
+                *output_args,
+                hkv,
+                group,
+                tq,
+                batch,
+                num_splits,
+                n_parts,
+                D=d,
+                BLOCK_M=block_m,
+                TILE=tile,
+                PART_CHUNK=config.reduce_tile_parts,
+                num_warps=config.reduce_tile_warps,
+                **channel_flags,
+                **_dependent(pdl and side is None),
+            )
+            return out
         # the merge of each row over several programs, a slice of its D sums each
         channels = min(config.reduce_merge_channels, d) if gemm else 0
         launch(

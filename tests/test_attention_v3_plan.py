@@ -386,6 +386,20 @@ for merge_only, channels in ((False, 0), (True, 0), (True, 32)):
     )
     triton.compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
     print("compiled", merge_only, channels)
+fn = wa._reduce_tiles_kernel  # the merge and the transform in one kernel (reduce_tile_rows)
+constexprs = dict(D=128, BLOCK_M=4, TILE=16, PART_CHUNK=8, OFFSET=True, PDL=True)
+signature = {
+    name: "constexpr" if name in constexprs else ("*fp32" if name.endswith("_ptr") else "i32")
+    for name in fn.arg_names
+}
+signature.update(out_ptr="*bf16")
+source = ASTSource(
+    fn=fn,
+    signature=signature,
+    constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()},
+)
+triton.compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=8))
+print("compiled tiles")
 """
 
 
@@ -402,9 +416,12 @@ def test_per_row_reduce_compiles_for_sm90_in_every_mode():
         [sys.executable, "-c", _COMPILE_REDUCE], env=env, capture_output=True, text=True, timeout=600
     )
     assert run.returncode == 0, run.stderr[-3000:]
-    assert run.stdout.split("\n")[:3] == ["compiled False 0", "compiled True 0", "compiled True 32"], (
-        run.stdout
-    )
+    assert run.stdout.split("\n")[:4] == [
+        "compiled False 0",
+        "compiled True 0",
+        "compiled True 32",
+        "compiled tiles",
+    ], run.stdout
 
 
 @pytest.mark.parametrize("n_exact,split_chunk", [(1, 4), (3, 4), (3, 128)])

@@ -116,6 +116,24 @@ def test_programmatic_dependent_launch_only_where_it_can_run():
     assert K._dependent(False) == {}
 
 
+def test_exact_carveout_only_where_the_split_launch_is_one_wave():
+    # LaunchConfig.exact_carveout_waves (tuned 1): measured faster in one wave, slower in two. Off
+    # CUDA the sm_90 residency (12 programs per SM at 168 registers) and 4 SMs stand in: a wave is
+    # 48 programs
+    import torch
+
+    cpu = torch.device("cpu")
+    assert TUNED.exact_carveout == 44 and TUNED.exact_carveout_waves == 1
+    assert C.exact_carveout(TUNED, 48, cpu) == 44
+    assert C.exact_carveout(TUNED, 49, cpu) == -1
+    assert C.exact_carveout(dataclasses.replace(TUNED, exact_carveout_waves=2), 96, cpu) == 44
+    assert C.exact_carveout(dataclasses.replace(TUNED, exact_carveout_waves=0), 10**6, cpu) == 44
+    assert C.exact_carveout(dataclasses.replace(TUNED, exact_carveout=-1), 1, cpu) == -1
+    # no register cap: the residency is unknown, so no wave count to hold it to
+    uncapped = dataclasses.replace(TUNED, maxnreg=None, whole_waves=False)
+    assert C.exact_carveout(uncapped, 1, cpu) == -1
+
+
 @pytest.mark.parametrize(
     ("chunk", "splits", "merged"),
     [

@@ -248,6 +248,19 @@ def test_reduce_gemm_equals_the_per_row_reduce(channel, splits):
         args, codec, 0.125, config=dataclasses.replace(gemm, reduce_merge_channels=16), num_splits=splits
     )
     assert torch.equal(sliced, got)
+    # merge and transform in one kernel, 16 or 32 rows a program, 1 or 4 partials a load (one load
+    # of 4 masked lanes covers all with splits=1): the same sums in another order again
+    for tile_rows, parts in ((16, 1), (32, 4)):
+        tiles = _run_triton(
+            args,
+            codec,
+            0.125,
+            config=dataclasses.replace(gemm, reduce_tile_rows=tile_rows, reduce_tile_parts=parts),
+            num_splits=splits,
+        )
+        assert torch.isfinite(tiles).all()
+        assert rel_err(tiles, want) <= 1e-2
+        assert rel_err(tiles, per_row) <= 1e-3, (tile_rows, parts)
 
 
 def test_query_transform_cache_follows_the_channel_tensor():
@@ -738,8 +751,26 @@ def test_gpu_v3_exact_tokens_in_the_pdl_chain_equal_the_in_order_launch_also_in_
                 K.TUNED_CONFIGS[(128, 4, "affine")], loads_before_pdl_wait=2, overlap_exact=False
             ),
         ),
-        # one sequence with the exact-token kernel's shared-memory carveout set (exact_carveout)
-        (1, dataclasses.replace(K.SMALL_LAUNCH_CONFIGS[(128, 4, "affine")], exact_carveout=44)),
+        # one sequence without the exact-token kernel's shared-memory carveout (exact_carveout)
+        (1, dataclasses.replace(K.SMALL_LAUNCH_CONFIGS[(128, 4, "affine")], exact_carveout=-1)),
+        # merge and transform in one kernel, 16 rows of one kv head a program
+        (
+            17,
+            dataclasses.replace(
+                K.TUNED_CONFIGS[(128, 4, "affine")], reduce_gemm_min_rows=1, reduce_tile_rows=16
+            ),
+        ),
+        (
+            5,
+            dataclasses.replace(
+                K.TUNED_CONFIGS[(128, 4, "affine")],
+                reduce_gemm_min_rows=1,
+                reduce_tile_rows=16,
+                overlap_exact=False,
+                reduce_tile_parts=8,
+                reduce_tile_warps=8,
+            ),
+        ),  # launched as the split kernel's dependent
         # one sequence: the same, and each row's merge over 4 programs, then the per-kv-head transform
         (
             1,
@@ -799,9 +830,9 @@ def test_gpu_exact_carveout_is_set_on_its_own_variant_and_changes_no_value():
     from wmoe_compile.kernels import fast_launch
 
     codec, args = make_case(UNIFORM_REAL, 1, 8, 4, 1, 128, [3000], 3000, torch.bfloat16, "cuda", "full")
-    small = K.SMALL_LAUNCH_CONFIGS[(128, 4, "affine")]
-    want = _run_triton(args, codec, 128**-0.5, config=small)
-    carved = dataclasses.replace(small, exact_carveout=44)
+    carved = K.SMALL_LAUNCH_CONFIGS[(128, 4, "affine")]  # 44%, one sequence being one wave
+    assert carved.exact_carveout == 44 and carved.exact_carveout_waves == 1
+    want = _run_triton(args, codec, 128**-0.5, config=dataclasses.replace(carved, exact_carveout=-1))
     for _ in range(2):
         assert torch.equal(_run_triton(args, codec, 128**-0.5, config=carved), want)
     kept = fast_launch.kernel_info(K._exact_kernel).compiled
