@@ -171,7 +171,7 @@ tiles)
     run 300 python3 -P benchmarks/probe_attention.py grid --configs benchmarks/probe_reduce_tiles.json \
         --shapes "8,131072;32,32768;8,32768" --out "$OUT/tiles"
     run 150 python3 -P benchmarks/probe_attention.py timeline --configs benchmarks/probe_reduce_tiles_timeline.json \
-        --shapes "32,32768;8,32768"
+        --shapes "32,32768;8,131072"
     ;;
 kvwarps)
     # fifteenth session: partials bit-identical to v3's, 0.79x its token rate (RESULTS.md, issue 3)

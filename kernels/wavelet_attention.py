@@ -3149,58 +3149,69 @@ if HAS_TRITON:
             tl.extra.cuda.gdc_wait()
         pid = tl.program_id(0)
         kv_head = pid % n_kv_heads
-        r = (pid // n_kv_heads) * TILE + tl.arange(0, TILE)
+        # rows as [TILE, 1] columns, so every per-row value broadcasts over the [TILE, D] sums in
+        # their layout (1-D row vectors took a layout conversion through shared memory per partial)
+        r = (pid // n_kv_heads) * TILE + tl.arange(0, TILE)[:, None]
         seq = r // BLOCK_M
         local = r % BLOCK_M
         row_ok = (seq < n_seqs) & (local < group * n_new)
-        base = (seq * n_kv_heads + kv_head) * n_parts  # [TILE]: the pair's first partial
-        d = tl.arange(0, D)
+        base = (seq * n_kv_heads + kv_head) * n_parts  # [TILE, 1]: the pair's first partial
+        d = tl.arange(0, D)[None, :]
+        # partial indices as [TILE, 1] tensors (the interpreter takes no Python bool in a mask)
+        zero = tl.zeros([TILE, 1], tl.int32)
         # pass 1: each row's maxima of the compressed and of the exact partials
-        m_c = tl.full([TILE], _NEG_BIG, tl.float32)
-        m_e = tl.full([TILE], _NEG_BIG, tl.float32)
+        m_c = tl.full([TILE, 1], _NEG_BIG, tl.float32)
+        m_e = tl.full([TILE, 1], _NEG_BIG, tl.float32)
         for first in range(0, n_parts, PART_CHUNK):
-            split = first + tl.arange(0, PART_CHUNK)
-            ok = (split < n_parts)[:, None] & row_ok[None, :]
-            part = (base[None, :] + split[:, None]) * BLOCK_M + local[None, :]  # [PART_CHUNK, TILE]
-            m_s = tl.load(m_ptr + part, mask=ok, other=_NEG_BIG)
-            exact = (split >= num_splits)[:, None]
-            m_c = tl.maximum(m_c, tl.max(tl.where(exact, _NEG_BIG, m_s), axis=0))
-            m_e = tl.maximum(m_e, tl.max(tl.where(exact, m_s, _NEG_BIG), axis=0))
-        # pass 2: the weighted sums (a masked or empty partial has weight 0, or sums of 0)
-        l_c = tl.zeros([TILE], tl.float32)
-        l_e = tl.zeros([TILE], tl.float32)
+            for j in tl.static_range(PART_CHUNK):
+                split = zero + first + j
+                m_s = tl.load(
+                    m_ptr + (base + split) * BLOCK_M + local, mask=row_ok & (split < n_parts), other=_NEG_BIG
+                )
+                compressed = split < num_splits
+                m_c = tl.maximum(m_c, tl.where(compressed, m_s, _NEG_BIG))
+                m_e = tl.maximum(m_e, tl.where(compressed, _NEG_BIG, m_s))
+        # pass 2: the weighted sums (a masked or empty partial has weight 0, or sums of 0). The
+        # PART_CHUNK partials of a step are unrolled and branch-free, so all their loads can be in
+        # flight at once: each partial is added to both groups' sums, the other group's weight 0
+        # (a 3-D [PART_CHUNK, TILE, D] load summed over its first axis took 255 registers, spilled,
+        # and made the kernel 87 us at (32, 32768) on the H200)
+        l_c = tl.zeros([TILE, 1], tl.float32)
+        l_e = tl.zeros([TILE, 1], tl.float32)
         acc_c = tl.zeros([TILE, D], tl.float32)
         acc_e = tl.zeros([TILE, D], tl.float32)
         for first in range(0, n_parts, PART_CHUNK):
-            split = first + tl.arange(0, PART_CHUNK)
-            ok = (split < n_parts)[:, None] & row_ok[None, :]
-            part = (base[None, :] + split[:, None]) * BLOCK_M + local[None, :]
-            m_s = tl.load(m_ptr + part, mask=ok, other=_NEG_BIG)
-            l_s = tl.load(l_ptr + part, mask=ok, other=0.0)
-            acc_s = tl.load(acc_ptr + part[:, :, None] * D + d[None, None, :], mask=ok[:, :, None], other=0.0)
-            exact = (split >= num_splits)[:, None]
-            # (each group's exponent taken from its own partials only: the other's may exceed its max)
-            w_c = tl.where(exact | ~ok, 0.0, tl.exp2(tl.where(exact, _NEG_BIG, m_s) - m_c[None, :]))
-            w_e = tl.where(exact & ok, tl.exp2(tl.where(exact, m_s, _NEG_BIG) - m_e[None, :]), 0.0)
-            l_c += tl.sum(l_s * w_c, axis=0)
-            l_e += tl.sum(l_s * w_e, axis=0)
-            acc_c += tl.sum(acc_s * w_c[:, :, None], axis=0)
-            acc_e += tl.sum(acc_s * w_e[:, :, None], axis=0)
+            for j in tl.static_range(PART_CHUNK):
+                split = zero + first + j
+                ok = row_ok & (split < n_parts)
+                part = (base + split) * BLOCK_M + local  # [TILE, 1]
+                m_s = tl.load(m_ptr + part, mask=ok, other=_NEG_BIG)
+                l_s = tl.load(l_ptr + part, mask=ok, other=0.0)
+                acc_s = tl.load(acc_ptr + part * D + d, mask=ok, other=0.0)
+                compressed = split < num_splits
+                # (each group's exponent from its own partials: the other's may exceed its max)
+                w_c = tl.where(ok & compressed, tl.exp2(tl.where(compressed, m_s, _NEG_BIG) - m_c), 0.0)
+                w_e = tl.where(ok & ~compressed, tl.exp2(tl.where(compressed, _NEG_BIG, m_s) - m_e), 0.0)
+                l_c += l_s * w_c
+                l_e += l_s * w_e
+                acc_c += acc_s * w_c
+                acc_e += acc_s * w_e
         m_f = tl.maximum(m_c, m_e)
         alpha = tl.exp2(m_c - m_f)
         beta = tl.exp2(m_e - m_f)
         denom = tl.where(row_ok, l_c * alpha + l_e * beta, 1.0)  # padding rows: no 0 / 0
-        merged = acc_c * (alpha / denom)[:, None]  # [TILE, D slots]
-        w_t = tl.load(transform_ptr + kv_head * transform_stride_h + d[:, None] * D + d[None, :])
+        merged = acc_c * (alpha / denom)  # [TILE, D slots]
+        c = tl.arange(0, D)
+        w_t = tl.load(transform_ptr + kv_head * transform_stride_h + c[:, None] * D + d)  # [slot, channel]
         values = tl.dot(merged, w_t, input_precision="tf32x3")  # [TILE, D channels]
         v_scale = tl.load(v_channel_scale_ptr + kv_head * v_scale_stride_h + d).to(tl.float32)
-        o = values * v_scale[None, :] + acc_e * (beta / denom)[:, None]
+        o = values * v_scale + acc_e * (beta / denom)
         if OFFSET:
-            o = o + tl.load(v_offset_ptr + kv_head * v_offset_stride_h + d).to(tl.float32)[None, :]
+            o = o + tl.load(v_offset_ptr + kv_head * v_offset_stride_h + d).to(tl.float32)
         head = kv_head * group + local // n_new
         token = local % n_new
         out_rows = out_ptr + seq * out_stride_b + head * out_stride_h + token * out_stride_t
-        tl.store(out_rows[:, None] + d[None, :], o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+        tl.store(out_rows + d, o.to(out_ptr.dtype.element_ty), mask=row_ok)
 
 
 REDUCE_GEMM_TILE = 16  # rows per _transform_heads_kernel program (the dot's M)
