@@ -29,16 +29,16 @@
 #   bash benchmarks/device_pending.sh carveout    # LaunchConfig.exact_carveout (prepared in the
 #                                                 # nineteenth session, not yet run): its GPU tests,
 #                                                 # then A/B at one sequence and the large shapes
-#   bash benchmarks/device_pending.sh tiles       # LaunchConfig.reduce_tile_rows (the merge and the
-#                                                 # transform in one kernel): its GPU tests, the
-#                                                 # grid A/B (with exact_carveout_waves), timelines
+#   bash benchmarks/device_pending.sh reduce      # the reduce's GPU tests, then the grid A/B of
+#                                                 # probe_reduce_merge.json (the one-warp merge at
+#                                                 # B = 8, exact_carveout_programs) and timelines
 #   bash benchmarks/device_pending.sh stalls [tuned|keys_in_step]
 #                                                 # where the v3 split kernel's warps wait, per SASS
 #                                                 # instruction, plus the memory-throughput
 #                                                 # breakdown (Nsight Compute)
 set -u
 case "${1:-}" in
-tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | tiles) ;;
+tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce) ;;
 grid | timeline)
     if [ ! -f "${2:-}" ]; then
         echo "$1 needs a JSON file of LaunchConfig dicts (e.g. benchmarks/probe_one_block_step.json), got '${2:-}'" >&2
@@ -46,7 +46,7 @@ grid | timeline)
     fi
     ;;
 *)
-    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|tiles|grid FILE.json|timeline FILE.json|stalls [tuned|keys_in_step]" >&2
+    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|reduce|grid FILE.json|timeline FILE.json|stalls [tuned|keys_in_step]" >&2
     exit 2
     ;;
 esac
@@ -161,17 +161,19 @@ carveout)
     run 200 python3 -P benchmarks/probe_attention.py grid --configs benchmarks/probe_exact_carveout.json \
         --shapes "8,131072;32,32768;8,32768" --out "$OUT/carveout"
     ;;
-tiles)
-    # twentieth session: at (32, 32768) the per-row merge and the transform kernel took 8.0 + 4.0 us
-    # after the split kernel; one kernel of 16-row tiles does both (reduce_tile_rows)
+reduce)
+    # twentieth session: at (32, 32768) the per-row merge took 8.2 us with four warps a row, 4.2 with
+    # one (reduce_merge_warps, tuned); here the same merge and the transform kernel at B = 8 too
+    # (reduce_gemm_min_rows 256, where the per-row reduce with the transform runs now), and the
+    # exact kernel's carveout with 1,280 exact programs (exact_carveout_programs 0)
     workers=()
     python3 -c "import xdist" 2>/dev/null && workers=(-n 6)
     run 240 python3 -P -m pytest -q -m gpu tests/test_wavelet_attention.py -p no:benchmark \
         -k "carveout or programmatic_dependent" ${workers[@]+"${workers[@]}"}
-    run 300 python3 -P benchmarks/probe_attention.py grid --configs benchmarks/probe_reduce_tiles.json \
-        --shapes "8,131072;32,32768;8,32768" --out "$OUT/tiles"
-    run 150 python3 -P benchmarks/probe_attention.py timeline --configs benchmarks/probe_reduce_tiles_timeline.json \
-        --shapes "32,32768;8,131072"
+    run 300 python3 -P benchmarks/probe_attention.py grid --configs benchmarks/probe_reduce_merge.json \
+        --shapes "8,131072;32,32768;8,32768" --out "$OUT/reduce"
+    run 150 python3 -P benchmarks/probe_attention.py timeline --configs benchmarks/probe_reduce_merge_timeline.json \
+        --shapes "8,131072;8,32768"
     ;;
 kvwarps)
     # fifteenth session: partials bit-identical to v3's, 0.79x its token rate (RESULTS.md, issue 3)

@@ -58,13 +58,13 @@ class LaunchConfig:
     # 3-5% slower (a second kernel's fixed cost): off
     reduce_merge_channels: int = 0
     reduce_warps: int = 4  # per-row reduce: warps per program
-    # with reduce_gemm_min_rows: the merge and the transform in one kernel, this many rows of one kv
-    # head per program (a power of two >= 16, the dot's M), instead of the per-row merge and then
-    # _transform_heads_kernel (two launches, each waiting for the slowest program of the one before;
-    # 8.0 + 4.0 us at (32, 32768) in the nineteenth session); 0: the two kernels
-    reduce_tile_rows: int = 0
-    reduce_tile_parts: int = 4  # with reduce_tile_rows: partials per wide load (a power of two)
-    reduce_tile_warps: int = 4  # with reduce_tile_rows: warps per program
+    # with reduce_gemm_min_rows: the per-row merge's warps per program (0: reduce_warps). One warp
+    # sums a row's partials in its own registers; four split them across warps and meet through
+    # shared memory (10 barriers). Twentieth session (H200): the merge at (32, 32768) 8.2 -> 4.2 us,
+    # the op 0.2596 / 0.2593 -> 0.2549 / 0.2549 ms (two warps 0.2558 / 0.2553). A kernel merging and
+    # transforming 16-row tiles of one kv head in one launch took 10.9 us there against 8.3 for
+    # this merge and the transform kernel (64 programs, each waiting on its partials in turn): dropped
+    reduce_merge_warps: int = 0
     # per-row reduce: the transform loaded before the partials are merged (overlapping the loads)
     reduce_transform_first: bool = False
     maxnreg: int | None = None  # split kernel register cap: 168 -> 12 one-warp programs per SM
@@ -148,11 +148,14 @@ class LaunchConfig:
     # through the launcher: see exact_carveout_waves (tuned: 44 in one wave)
     exact_carveout: int = -1
     # with exact_carveout: set it only where the split launch takes at most this many waves of
-    # resident programs (0: always). Twentieth session (H200, grid, 3 rounds interleaved): 44% made
-    # the op 3.9% faster at one sequence and 2.5% at (8, 32768) (one wave each), no different at (32,
-    # 32768) (one wave) and 1-2% slower at (8, 131072) (two waves), where exact programs taking SMs
-    # early hold back the split kernel's second wave
+    # resident programs (0: always) and the exact-token kernel has at most exact_carveout_programs
+    # programs (0: any number). Twentieth session (H200, grid, interleaved, two calls): 44% made the
+    # op 3.9% faster at one sequence (40 exact programs) and 1.4-2.6% at (8, 32768) (320), both one
+    # wave; 0.5-0.8% slower at (32, 32768) (one wave, 1,280: they then run beside the whole split
+    # kernel and take its issue slots, where otherwise they fill its tail) and 1-2% at (8, 131072)
+    # (two waves: they take slots the second wave needs)
     exact_carveout_waves: int = 0
+    exact_carveout_programs: int = 0
     # the split count set so the launch fills a whole number of waves of resident programs
     # (residency from maxnreg and num_warps, so it needs maxnreg; see split_count): a last, partial
     # wave leaves SMs idle while its programs finish (twelfth session: 2 whole waves 2-3% faster
@@ -178,7 +181,7 @@ class LaunchConfig:
     loads_before_pdl_wait: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("block_n", "reduce_split_chunk", "reduce_tile_parts"):
+        for name in ("block_n", "reduce_split_chunk"):
             value = getattr(self, name)
             if value < 1 or value & (value - 1):
                 raise ValueError(f"LaunchConfig.{name} must be a power of two >= 1, got {value}")
@@ -192,15 +195,10 @@ class LaunchConfig:
                 "LaunchConfig.exact_carveout is a percent from 0 to 100 of the SM's most shared memory, "
                 f"or -1 for the driver's choice: got {self.exact_carveout}"
             )
-        tile = self.reduce_tile_rows
-        if tile and (tile < 16 or tile & (tile - 1)):
+        if self.reduce_merge_warps not in (0, 1, 2, 4, 8, 16):
             raise ValueError(
-                "LaunchConfig.reduce_tile_rows must be 0 (the merge and the transform kernel) or a "
-                f"power of two >= 16 (the dot's rows), got {tile}"
-            )
-        if self.reduce_tile_warps not in (1, 2, 4, 8, 16):
-            raise ValueError(
-                f"LaunchConfig.reduce_tile_warps must be 1, 2, 4, 8 or 16, got {self.reduce_tile_warps}"
+                "LaunchConfig.reduce_merge_warps must be 0 (reduce_warps), 1, 2, 4, 8 or 16, got "
+                f"{self.reduce_merge_warps}"
             )
         channels = self.reduce_merge_channels
         if channels < 0 or channels & (channels - 1):
@@ -374,6 +372,7 @@ TUNED_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
         row_reduce_max_programs=64.0,
         reduce_split_chunk=64,
         reduce_gemm_min_rows=512,
+        reduce_merge_warps=1,
         lazy_rescale=False,
         copy_layout_tokens=True,
         value_scales_in_b=True,
@@ -383,8 +382,9 @@ TUNED_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
         score_offset_in_mma=True,
         key_loads_l2_256b=True,
         exact_chunks=5,
-        exact_carveout=44,  # the split kernel's carveout, where its launch is one wave
+        exact_carveout=44,  # the split kernel's carveout, in one wave with few exact programs
         exact_carveout_waves=1,
+        exact_carveout_programs=512,
     ),
     (128, 4, "table"): LaunchConfig(
         block_n=32, num_stages=3, ctas_per_sm=32.0, min_split_tokens=512, kernel="v1"
@@ -589,12 +589,18 @@ def choose_num_splits(
 _EXACT_CARVEOUTS: dict[tuple[LaunchConfig, int, torch.device], int] = {}
 
 
-def exact_carveout(config: LaunchConfig, split_programs: int, device: torch.device) -> int:
-    """The exact-token kernel's preferred shared-memory carveout for a split launch of
-    ``split_programs`` programs: config.exact_carveout, or -1 (the driver's choice) where
-    exact_carveout_waves limits it to fewer waves of resident split programs than the launch takes
-    (or the residency is unknown: no maxnreg)."""
-    if config.exact_carveout < 0 or not config.exact_carveout_waves:
+def exact_carveout(
+    config: LaunchConfig, split_programs: int, exact_programs: int, device: torch.device
+) -> int:
+    """The exact-token kernel's preferred shared-memory carveout beside a split launch of
+    ``split_programs`` programs: config.exact_carveout, or -1 (the driver's choice) where the launch
+    takes more waves of resident split programs than exact_carveout_waves (or the residency is
+    unknown: no maxnreg), or the exact kernel has more than exact_carveout_programs programs."""
+    if config.exact_carveout < 0:
+        return -1
+    if config.exact_carveout_programs and exact_programs > config.exact_carveout_programs:
+        return -1
+    if not config.exact_carveout_waves:
         return config.exact_carveout
     key = (config, split_programs, device)
     if key not in _EXACT_CARVEOUTS:

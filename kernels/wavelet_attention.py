@@ -3110,109 +3110,6 @@ if HAS_TRITON:
         out_rows = out_ptr + seq * out_stride_b + head * out_stride_h + token * out_stride_t
         tl.store(out_rows[:, None] + cols[None, :], o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
 
-    @triton.jit
-    def _reduce_tiles_kernel(
-        m_ptr,
-        l_ptr,
-        acc_ptr,
-        transform_ptr,
-        transform_stride_h,
-        v_channel_scale_ptr,
-        v_scale_stride_h,
-        v_offset_ptr,
-        v_offset_stride_h,
-        out_ptr,
-        out_stride_b,
-        out_stride_h,
-        out_stride_t,
-        n_kv_heads,
-        group,
-        n_new,
-        n_seqs,
-        num_splits,  # compressed splits: partials 0 .. num_splits - 1 of each (sequence, kv head)
-        n_parts,  # partials per (sequence, kv head): then the exact tokens' (channel sums)
-        D: tl.constexpr,
-        BLOCK_M: tl.constexpr,  # query rows of one (sequence, kv head): one row block (decode)
-        TILE: tl.constexpr,  # rows per program, all of one kv head (sequences side by side)
-        PART_CHUNK: tl.constexpr,  # partials per wide load ([PART_CHUNK, TILE, D])
-        OFFSET: tl.constexpr,
-        PDL: tl.constexpr = False,  # launched with programmatic dependent launch (see _pdl)
-    ):
-        """The merge and the inverse transform of TILE decode rows of one kv head in one kernel
-        (LaunchConfig.reduce_tile_rows): the per-row merge plus _transform_heads_kernel took 8.0 +
-        4.0 us at (32, 32768) on the H200 (nineteenth session), two launches each waiting for the
-        slowest program of the one before. Two passes over the partials: the maxima of both groups
-        (compressed splits, exact tokens) first, so the weighted sums of the second pass need no
-        rescaling between loads. Then the merged coefficient rows times the head's [D, D] W R s in
-        one dot, the weighted exact sums added, out written. grid: (n_kv_heads * row tiles,)."""
-        if PDL:  # the split kernel's writes are visible after this, none before it
-            tl.extra.cuda.gdc_wait()
-        pid = tl.program_id(0)
-        kv_head = pid % n_kv_heads
-        # rows as [TILE, 1] columns, so every per-row value broadcasts over the [TILE, D] sums in
-        # their layout (1-D row vectors took a layout conversion through shared memory per partial)
-        r = (pid // n_kv_heads) * TILE + tl.arange(0, TILE)[:, None]
-        seq = r // BLOCK_M
-        local = r % BLOCK_M
-        row_ok = (seq < n_seqs) & (local < group * n_new)
-        base = (seq * n_kv_heads + kv_head) * n_parts  # [TILE, 1]: the pair's first partial
-        d = tl.arange(0, D)[None, :]
-        # partial indices as [TILE, 1] tensors (the interpreter takes no Python bool in a mask)
-        zero = tl.zeros([TILE, 1], tl.int32)
-        # pass 1: each row's maxima of the compressed and of the exact partials
-        m_c = tl.full([TILE, 1], _NEG_BIG, tl.float32)
-        m_e = tl.full([TILE, 1], _NEG_BIG, tl.float32)
-        for first in range(0, n_parts, PART_CHUNK):
-            for j in tl.static_range(PART_CHUNK):
-                split = zero + first + j
-                m_s = tl.load(
-                    m_ptr + (base + split) * BLOCK_M + local, mask=row_ok & (split < n_parts), other=_NEG_BIG
-                )
-                compressed = split < num_splits
-                m_c = tl.maximum(m_c, tl.where(compressed, m_s, _NEG_BIG))
-                m_e = tl.maximum(m_e, tl.where(compressed, _NEG_BIG, m_s))
-        # pass 2: the weighted sums (a masked or empty partial has weight 0, or sums of 0). The
-        # PART_CHUNK partials of a step are unrolled and branch-free, so all their loads can be in
-        # flight at once: each partial is added to both groups' sums, the other group's weight 0
-        # (a 3-D [PART_CHUNK, TILE, D] load summed over its first axis took 255 registers, spilled,
-        # and made the kernel 87 us at (32, 32768) on the H200)
-        l_c = tl.zeros([TILE, 1], tl.float32)
-        l_e = tl.zeros([TILE, 1], tl.float32)
-        acc_c = tl.zeros([TILE, D], tl.float32)
-        acc_e = tl.zeros([TILE, D], tl.float32)
-        for first in range(0, n_parts, PART_CHUNK):
-            for j in tl.static_range(PART_CHUNK):
-                split = zero + first + j
-                ok = row_ok & (split < n_parts)
-                part = (base + split) * BLOCK_M + local  # [TILE, 1]
-                m_s = tl.load(m_ptr + part, mask=ok, other=_NEG_BIG)
-                l_s = tl.load(l_ptr + part, mask=ok, other=0.0)
-                acc_s = tl.load(acc_ptr + part * D + d, mask=ok, other=0.0)
-                compressed = split < num_splits
-                # (each group's exponent from its own partials: the other's may exceed its max)
-                w_c = tl.where(ok & compressed, tl.exp2(tl.where(compressed, m_s, _NEG_BIG) - m_c), 0.0)
-                w_e = tl.where(ok & ~compressed, tl.exp2(tl.where(compressed, _NEG_BIG, m_s) - m_e), 0.0)
-                l_c += l_s * w_c
-                l_e += l_s * w_e
-                acc_c += acc_s * w_c
-                acc_e += acc_s * w_e
-        m_f = tl.maximum(m_c, m_e)
-        alpha = tl.exp2(m_c - m_f)
-        beta = tl.exp2(m_e - m_f)
-        denom = tl.where(row_ok, l_c * alpha + l_e * beta, 1.0)  # padding rows: no 0 / 0
-        merged = acc_c * (alpha / denom)  # [TILE, D slots]
-        c = tl.arange(0, D)
-        w_t = tl.load(transform_ptr + kv_head * transform_stride_h + c[:, None] * D + d)  # [slot, channel]
-        values = tl.dot(merged, w_t, input_precision="tf32x3")  # [TILE, D channels]
-        v_scale = tl.load(v_channel_scale_ptr + kv_head * v_scale_stride_h + d).to(tl.float32)
-        o = values * v_scale + acc_e * (beta / denom)
-        if OFFSET:
-            o = o + tl.load(v_offset_ptr + kv_head * v_offset_stride_h + d).to(tl.float32)
-        head = kv_head * group + local // n_new
-        token = local % n_new
-        out_rows = out_ptr + seq * out_stride_b + head * out_stride_h + token * out_stride_t
-        tl.store(out_rows + d, o.to(out_ptr.dtype.element_ty), mask=row_ok)
-
 
 REDUCE_GEMM_TILE = 16  # rows per _transform_heads_kernel program (the dot's M)
 
@@ -3643,7 +3540,7 @@ def wavelet_attention_triton(
                     config,
                     split_options,
                     side,
-                    exact_carveout(config, programs * num_splits, device),
+                    exact_carveout(config, programs * num_splits, programs * exact_programs, device),
                 )
             finally:  # the reduce (or the fallback below) runs after the exact tokens' partial
                 if side is not None:
@@ -3801,30 +3698,7 @@ def wavelet_attention_triton(
     if programs * block_m <= config.row_reduce_max_programs * _sm_count(device):
         # few (sequence, kv head) pairs and many splits: one program per query row
         gemm = uses_reduce_gemm(config, programs * block_m, n_row_blocks)
-        if gemm and config.reduce_tile_rows:  # merge and transform in one kernel
-            tile = config.reduce_tile_rows
-            launch(
-                _reduce_tiles_kernel,
-                (hkv * -(-batch * block_m // tile),),
-                m_part,
-                l_part,
-                acc_part,
-                *output_args,
-                hkv,
-                group,
-                tq,
-                batch,
-                num_splits,
-                n_parts,
-                D=d,
-                BLOCK_M=block_m,
-                TILE=tile,
-                PART_CHUNK=config.reduce_tile_parts,
-                num_warps=config.reduce_tile_warps,
-                **channel_flags,
-                **_dependent(pdl and side is None),
-            )
-            return out
+        merge_warps = config.reduce_merge_warps if gemm and config.reduce_merge_warps else config.reduce_warps
         # the merge of each row over several programs, a slice of its D sums each
         channels = min(config.reduce_merge_channels, d) if gemm else 0
         launch(
@@ -3834,7 +3708,7 @@ def wavelet_attention_triton(
             D=d,
             BLOCK_M=block_m,
             SPLIT_CHUNK=reduce_split_chunk(config, n_parts),
-            num_warps=config.reduce_warps,
+            num_warps=merge_warps,
             **({"TRANSFORM_FIRST": True} if config.reduce_transform_first else {}),
             **channel_flags,
             **_dependent(pdl and side is None),

@@ -370,7 +370,7 @@ from triton.compiler import ASTSource
 from wmoe_compile.kernels import wavelet_attention as wa
 
 fn = wa._reduce_rows_kernel
-for merge_only, channels in ((False, 0), (True, 0), (True, 32)):
+for merge_only, channels, warps in ((False, 0, 4), (True, 0, 4), (True, 32, 4), (True, 0, 1)):
     constexprs = dict(D=128, BLOCK_M=4, SPLIT_CHUNK=128, OFFSET=True)
     constexprs.update(MERGE_ONLY=merge_only, CHANNELS=channels)
     signature = {
@@ -384,22 +384,8 @@ for merge_only, channels in ((False, 0), (True, 0), (True, 32)):
         signature={name: signature[name] for name in fn.arg_names},
         constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()},
     )
-    triton.compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
-    print("compiled", merge_only, channels)
-fn = wa._reduce_tiles_kernel  # the merge and the transform in one kernel (reduce_tile_rows)
-constexprs = dict(D=128, BLOCK_M=4, TILE=16, PART_CHUNK=8, OFFSET=True, PDL=True)
-signature = {
-    name: "constexpr" if name in constexprs else ("*fp32" if name.endswith("_ptr") else "i32")
-    for name in fn.arg_names
-}
-signature.update(out_ptr="*bf16")
-source = ASTSource(
-    fn=fn,
-    signature=signature,
-    constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()},
-)
-triton.compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=8))
-print("compiled tiles")
+    triton.compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps))
+    print("compiled", merge_only, channels, warps)
 """
 
 
@@ -417,10 +403,10 @@ def test_per_row_reduce_compiles_for_sm90_in_every_mode():
     )
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.split("\n")[:4] == [
-        "compiled False 0",
-        "compiled True 0",
-        "compiled True 32",
-        "compiled tiles",
+        "compiled False 0 4",
+        "compiled True 0 4",
+        "compiled True 32 4",
+        "compiled True 0 1",  # the tuned merge (reduce_merge_warps)
     ], run.stdout
 
 

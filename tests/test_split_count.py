@@ -116,22 +116,25 @@ def test_programmatic_dependent_launch_only_where_it_can_run():
     assert K._dependent(False) == {}
 
 
-def test_exact_carveout_only_where_the_split_launch_is_one_wave():
-    # LaunchConfig.exact_carveout_waves (tuned 1): measured faster in one wave, slower in two. Off
-    # CUDA the sm_90 residency (12 programs per SM at 168 registers) and 4 SMs stand in: a wave is
-    # 48 programs
+def test_exact_carveout_only_in_one_wave_with_few_exact_programs():
+    # LaunchConfig.exact_carveout_waves (tuned 1) and exact_carveout_programs (tuned 512): measured
+    # faster in one wave with 40 or 320 exact programs, slower with 1,280 or in two waves. Off CUDA
+    # the sm_90 residency (12 programs per SM at 168 registers) and 4 SMs stand in: a wave is 48
+    # programs
     import torch
 
     cpu = torch.device("cpu")
-    assert TUNED.exact_carveout == 44 and TUNED.exact_carveout_waves == 1
-    assert C.exact_carveout(TUNED, 48, cpu) == 44
-    assert C.exact_carveout(TUNED, 49, cpu) == -1
-    assert C.exact_carveout(dataclasses.replace(TUNED, exact_carveout_waves=2), 96, cpu) == 44
-    assert C.exact_carveout(dataclasses.replace(TUNED, exact_carveout_waves=0), 10**6, cpu) == 44
-    assert C.exact_carveout(dataclasses.replace(TUNED, exact_carveout=-1), 1, cpu) == -1
+    assert (TUNED.exact_carveout, TUNED.exact_carveout_waves, TUNED.exact_carveout_programs) == (44, 1, 512)
+    assert C.exact_carveout(TUNED, 48, 512, cpu) == 44
+    assert C.exact_carveout(TUNED, 49, 5, cpu) == -1  # two waves
+    assert C.exact_carveout(TUNED, 48, 513, cpu) == -1  # too many exact programs
+    assert C.exact_carveout(dataclasses.replace(TUNED, exact_carveout_waves=2), 96, 5, cpu) == 44
+    unlimited = dataclasses.replace(TUNED, exact_carveout_waves=0, exact_carveout_programs=0)
+    assert C.exact_carveout(unlimited, 10**6, 10**6, cpu) == 44
+    assert C.exact_carveout(dataclasses.replace(TUNED, exact_carveout=-1), 1, 1, cpu) == -1
     # no register cap: the residency is unknown, so no wave count to hold it to
     uncapped = dataclasses.replace(TUNED, maxnreg=None, whole_waves=False)
-    assert C.exact_carveout(uncapped, 1, cpu) == -1
+    assert C.exact_carveout(uncapped, 1, 1, cpu) == -1
 
 
 @pytest.mark.parametrize(
