@@ -65,6 +65,9 @@ class LaunchConfig:
     # transforming 16-row tiles of one kv head in one launch took 10.9 us there against 8.3 for
     # this merge and the transform kernel (64 programs, each waiting on its partials in turn): dropped
     reduce_merge_warps: int = 0
+    # with reduce_gemm_min_rows: _transform_heads_kernel's output channels and warps per program
+    transform_channels: int = 32
+    transform_warps: int = 4
     # per-row reduce: the transform loaded before the partials are merged (overlapping the loads)
     reduce_transform_first: bool = False
     maxnreg: int | None = None  # split kernel register cap: 168 -> 12 one-warp programs per SM
@@ -181,7 +184,7 @@ class LaunchConfig:
     loads_before_pdl_wait: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("block_n", "reduce_split_chunk"):
+        for name in ("block_n", "reduce_split_chunk", "transform_channels"):
             value = getattr(self, name)
             if value < 1 or value & (value - 1):
                 raise ValueError(f"LaunchConfig.{name} must be a power of two >= 1, got {value}")
@@ -194,6 +197,10 @@ class LaunchConfig:
             raise ValueError(
                 "LaunchConfig.exact_carveout is a percent from 0 to 100 of the SM's most shared memory, "
                 f"or -1 for the driver's choice: got {self.exact_carveout}"
+            )
+        if self.transform_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(
+                f"LaunchConfig.transform_warps must be 1, 2, 4, 8 or 16, got {self.transform_warps}"
             )
         if self.reduce_merge_warps not in (0, 1, 2, 4, 8, 16):
             raise ValueError(

@@ -3719,7 +3719,7 @@ def wavelet_attention_triton(
             tile = REDUCE_GEMM_TILE
             launch(
                 _transform_heads_kernel,
-                (hkv * -(-batch * block_m // tile), d // min(d, 32)),
+                (hkv * -(-batch * block_m // tile), d // min(d, config.transform_channels)),
                 acc_part,
                 *output_args,
                 hkv,
@@ -3731,8 +3731,8 @@ def wavelet_attention_triton(
                 D=d,
                 BLOCK_M=block_m,
                 TILE=tile,
-                D_CHUNK=min(d, 32),
-                num_warps=4,
+                D_CHUNK=min(d, config.transform_channels),
+                num_warps=config.transform_warps,
                 **channel_flags,
                 **_dependent(pdl),
             )

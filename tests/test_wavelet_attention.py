@@ -248,6 +248,11 @@ def test_reduce_gemm_equals_the_per_row_reduce(channel, splits):
         args, codec, 0.125, config=dataclasses.replace(gemm, reduce_merge_channels=16), num_splits=splits
     )
     assert torch.equal(sliced, got)
+    # the transform kernel's programs taking 64 output channels each instead of 32: the same dots
+    wide = _run_triton(
+        args, codec, 0.125, config=dataclasses.replace(gemm, transform_channels=64), num_splits=splits
+    )
+    assert rel_err(wide, got) <= 1e-6
 
 
 def test_query_transform_cache_follows_the_channel_tensor():
