@@ -26,9 +26,11 @@
 #                                                 # (probe_attention.py timeline) under each
 #                                                 # config in FILE ("auto": the package's choice),
 #                                                 # at (8, 131072), (32, 32768) and (1, 32768)
-#   bash benchmarks/device_pending.sh carveout    # LaunchConfig.exact_carveout (prepared in the
-#                                                 # nineteenth session, not yet run): its GPU tests,
-#                                                 # then A/B at one sequence and the large shapes
+#   bash benchmarks/device_pending.sh carveout    # LaunchConfig.exact_carveout (twentieth session:
+#                                                 # tuned at small one-wave launches): its GPU
+#                                                 # tests, then A/B at one sequence and the large
+#                                                 # shapes (these JSONs set it where the tuned
+#                                                 # config would not)
 #   bash benchmarks/device_pending.sh reduce      # the reduce's GPU tests, then the grid A/B of
 #                                                 # probe_reduce_merge.json (the one-warp merge at
 #                                                 # B = 8, exact_carveout_programs) and timelines

@@ -363,6 +363,11 @@ class LaunchConfig:
 # -> 0.0831 / 0.0833 at (8, 32768); 3 programs of 16-token steps or 9 of one step each within the
 # same spread. The L2::256B hint on the value copies or the scale loads (a PTX patch), and
 # fill_value_rows_l2, were within the spread (0.2455-0.2526 ms tuned at (8, 131072)): off.
+# Twentieth session (2026-12-01 22:01-22:39 UTC, same grid and probe_attention.py timeline): the
+# per-row merge of the large decode launches in one warp (reduce_merge_warps; 8.2 -> 4.2 us at
+# (32, 32768)) 0.2596 / 0.2593 -> 0.2549 / 0.2549 ms there; the exact-token kernel's carveout at
+# 44% where the split launch is one wave with at most 512 exact programs (exact_carveout) -3.9% at
+# one sequence and -2.6% at (8, 32768), the target shapes keeping the driver's choice.
 # Where v3 cannot run (no Gluon, the interpreter) this entry runs v1 with these settings.
 TUNED_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
     (128, 4, "affine"): LaunchConfig(
