@@ -600,7 +600,19 @@ def choose_num_splits(
     return split_count(programs, tokens, config, _sm_count(device), resident)
 
 
-_EXACT_CARVEOUTS: dict[tuple[LaunchConfig, int, torch.device], int] = {}
+_WAVES: dict[tuple, int | None] = {}
+
+
+def _wave_programs(config: LaunchConfig, device: torch.device) -> int | None:
+    """Split programs resident on the whole device at once under ``config`` (None without maxnreg),
+    cached by the fields resident_programs_per_sm reads (hashing a whole LaunchConfig every call
+    would cost more host time than the launch arithmetic it saves)."""
+    key = (config.maxnreg, config.num_warps, config.kernel, config.keys_via_smem, config.num_stages)
+    key += (config.block_n, device)
+    if key not in _WAVES:
+        resident = _device_resident_per_sm(config, device)
+        _WAVES[key] = None if resident is None else resident * _sm_count(device)
+    return _WAVES[key]
 
 
 def exact_carveout(
@@ -616,10 +628,6 @@ def exact_carveout(
         return -1
     if not config.exact_carveout_waves:
         return config.exact_carveout
-    key = (config, split_programs, device)
-    if key not in _EXACT_CARVEOUTS:
-        resident = _device_resident_per_sm(config, device)
-        wave = None if resident is None else resident * _sm_count(device)
-        fits = wave is not None and split_programs <= config.exact_carveout_waves * wave
-        _EXACT_CARVEOUTS[key] = config.exact_carveout if fits else -1
-    return _EXACT_CARVEOUTS[key]
+    wave = _wave_programs(config, device)
+    fits = wave is not None and split_programs <= config.exact_carveout_waves * wave
+    return config.exact_carveout if fits else -1

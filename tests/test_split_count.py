@@ -127,6 +127,10 @@ def test_exact_carveout_only_in_one_wave_with_few_exact_programs():
     assert (TUNED.exact_carveout, TUNED.exact_carveout_waves, TUNED.exact_carveout_programs) == (44, 1, 512)
     assert C.exact_carveout(TUNED, 48, 512, cpu) == 44
     assert C.exact_carveout(TUNED, 49, 5, cpu) == -1  # two waves
+    # a wave of another residency (128 registers: 16 programs per SM) is its own, not the cached one
+    wider = dataclasses.replace(TUNED, maxnreg=128)
+    assert C.exact_carveout(wider, 64, 5, cpu) == 44
+    assert C.exact_carveout(wider, 65, 5, cpu) == -1
     assert C.exact_carveout(TUNED, 48, 513, cpu) == -1  # too many exact programs
     assert C.exact_carveout(dataclasses.replace(TUNED, exact_carveout_waves=2), 96, 5, cpu) == 44
     unlimited = dataclasses.replace(TUNED, exact_carveout_waves=0, exact_carveout_programs=0)
