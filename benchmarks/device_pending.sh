@@ -34,13 +34,16 @@
 #   bash benchmarks/device_pending.sh reduce      # the reduce's GPU tests, then the grid A/B of
 #                                                 # probe_reduce_merge.json (the one-warp merge at
 #                                                 # B = 8, exact_carveout_programs) and timelines
+#   bash benchmarks/device_pending.sh remainder   # LaunchConfig.remainder_split (prepared in the
+#                                                 # twentieth session, not yet run): its GPU tests,
+#                                                 # the grid A/B against the tuned config, timelines
 #   bash benchmarks/device_pending.sh stalls [tuned|keys_in_step]
 #                                                 # where the v3 split kernel's warps wait, per SASS
 #                                                 # instruction, plus the memory-throughput
 #                                                 # breakdown (Nsight Compute)
 set -u
 case "${1:-}" in
-tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce) ;;
+tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder) ;;
 grid | timeline)
     if [ ! -f "${2:-}" ]; then
         echo "$1 needs a JSON file of LaunchConfig dicts (e.g. benchmarks/probe_one_block_step.json), got '${2:-}'" >&2
@@ -48,7 +51,7 @@ grid | timeline)
     fi
     ;;
 *)
-    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|reduce|grid FILE.json|timeline FILE.json|stalls [tuned|keys_in_step]" >&2
+    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|reduce|remainder|grid FILE.json|timeline FILE.json|stalls [tuned|keys_in_step]" >&2
     exit 2
     ;;
 esac
@@ -176,6 +179,20 @@ reduce)
         --shapes "8,131072;32,32768;8,32768" --out "$OUT/reduce"
     run 150 python3 -P benchmarks/probe_attention.py timeline --configs benchmarks/probe_reduce_merge_timeline.json \
         --shapes "8,131072;8,32768"
+    ;;
+remainder)
+    # twentieth session, prepared: one-wave launches cut into long splits and a short last one,
+    # launched split-major (SplitPlan); modelled 86 -> 84 steps a slot at (32, 32768), 23 -> 22 at
+    # (8, 32768), 86 -> 85 at (8, 131072) (one wave instead of two). The v3 tests first (the plan
+    # against fp32 SDPA and equal splits, from a CUDA graph; the compile-time constexpr SPLIT_MAJOR)
+    workers=()
+    python3 -c "import xdist" 2>/dev/null && workers=(-n 6)
+    run 240 python3 -P -m pytest -q -m gpu tests/test_wavelet_attention.py -p no:benchmark \
+        -k "split_major or programmatic_dependent" ${workers[@]+"${workers[@]}"}
+    run 300 python3 -P benchmarks/probe_attention.py grid --configs benchmarks/probe_remainder_split.json \
+        --shapes "8,131072;32,32768;8,32768" --out "$OUT/remainder"
+    run 150 python3 -P benchmarks/probe_attention.py timeline --configs benchmarks/probe_remainder_split_timeline.json \
+        --shapes "32,32768;8,32768"
     ;;
 kvwarps)
     # fifteenth session: partials bit-identical to v3's, 0.79x its token rate (RESULTS.md, issue 3)

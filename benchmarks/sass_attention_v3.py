@@ -116,6 +116,7 @@ def compile_v3(args: argparse.Namespace) -> tuple[str, str, int, str]:
         VALUE_COPIES_L2_256B=args.value_copies_l2_256b,
         PLAIN_LOADS_L2_256B=args.plain_loads_l2_256b,
         LOADS_BEFORE_WAIT=args.loads_before_pdl_wait,
+        SPLIT_MAJOR=args.split_major,
     )
     pointer_types = dict(qw_ptr="*fp16", kc_ptr="*u8", vc_ptr="*u8", ks_ptr="*fp16", vs_ptr="*fp16")
     pointer_types.update(seq_lens_ptr="*i32", slot_coef_ptr="*i32")
@@ -227,6 +228,9 @@ def main() -> None:
     )
     p.add_argument(
         "--loads-before-pdl-wait", type=int, default=0, help="steps of cache reads issued before the PDL wait"
+    )
+    p.add_argument(
+        "--split-major", action="store_true", help="grid (programs, splits): a remainder split plan's launch"
     )
     p.add_argument("--out", default="build/sass_v3")
     p.add_argument(

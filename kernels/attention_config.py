@@ -174,6 +174,13 @@ class LaunchConfig:
     # at (8, 32768) (24 of 22 against 49 of 11), +0.5% at (8, 131072) (24 of 85 against 49 of 42); a
     # cost of 1 step per program chooses each shape's faster count
     wave_program_steps: float = 0.0
+    # with whole_waves and wave_program_steps, in one wave: cut each (sequence, kv head)'s range into
+    # splits of L steps and a shorter last one, launched split by split, so every long split starts
+    # in the first wave and the short ones fill the wave's free slots one after another, where it
+    # costs fewer steps per slot than equal splits (see split_plan). At (32, 32768) 6 splits of 85
+    # steps (86 a slot) become 6 of 83 and one of 12 in 48 free slots (84 a slot). Twentieth session:
+    # prepared after the device budget was spent, not yet run on the GPU: off
+    remainder_split: bool = False
     # programmatic dependent launch (sm_90+): the split kernel and the reduce are launched while the
     # kernel before them finishes and wait for it in-kernel (griddepcontrol.wait), hiding the launch
     # gap; the prologue lets the split kernel launch as soon as it starts
@@ -589,15 +596,93 @@ def _device_resident_per_sm(config: LaunchConfig, device: torch.device) -> int |
     return resident_programs_per_sm(config, **limits)
 
 
+@dataclass(frozen=True)
+class SplitPlan:
+    """How a launch cuts each program's compressed span into splits: num_splits ranges of
+    ceil(span * split_num / split_den) tokens rounded up to whole steps, the last one what is left
+    (it may be empty). Equal splits: split_num 1, split_den num_splits. split_major: the split
+    kernel's blocks go out split by split (all programs' first splits, then their second ...)."""
+
+    num_splits: int
+    split_num: int = 1
+    split_den: int = 0  # 0: num_splits
+    split_major: bool = False
+
+    def __post_init__(self) -> None:
+        if self.split_den == 0:
+            object.__setattr__(self, "split_den", self.num_splits)
+        if self.num_splits < 1 or self.split_num < 1 or self.split_den < 1:
+            raise ValueError(f"a split plan needs positive counts, got {self}")
+        if self.num_splits * self.split_num < self.split_den:
+            raise ValueError(
+                f"{self.num_splits} splits of {self.split_num} / {self.split_den} of the span each leave "
+                "part of it uncovered (need num_splits * split_num >= split_den)"
+            )
+
+
+def split_bounds(span: int, plan: SplitPlan, block_n: int) -> list[tuple[int, int]]:
+    """The [lo, hi) token ranges, counted from the first compressed position, that the split
+    kernels give each split of a program whose compressed span is ``span`` tokens under ``plan``
+    (the kernels compute the same from the sequence length; an empty range has lo == hi)."""
+    share = -(-span * plan.split_num // plan.split_den)
+    chunk = -(-share // block_n) * block_n
+    return [(min(i * chunk, span), min((i + 1) * chunk, span)) for i in range(plan.num_splits)]
+
+
+def split_plan(
+    programs: int, tokens: int, config: LaunchConfig, sms: int, resident_per_sm: int | None
+) -> SplitPlan:
+    """split_count's equal splits, or with ``config.remainder_split`` (one wave) n long splits of L
+    steps and a last one of R = steps - n * L, launched split-major: the n x programs long splits
+    fill the wave but for ``free`` slots, where the programs' short splits run one after another,
+    ceil(programs / free) each. The cost per slot, with c = config.wave_program_steps per program:
+    max(L + c, ceil(programs / free) x (R + c)) against equal splits' waves x (steps + c); the
+    lower wins (a tie keeps equal splits). Pure arithmetic, like split_count."""
+    splits = split_count(programs, tokens, config, sms, resident_per_sm)
+    equal = SplitPlan(splits)
+    wanted = config.remainder_split and config.whole_waves and config.wave_program_steps > 0
+    if not wanted or not resident_per_sm:
+        return equal
+    programs = max(programs, 1)
+    wave = resident_per_sm * sms
+    steps = -(-tokens // config.block_n)
+    c = config.wave_program_steps
+    split_tokens = -(-tokens // splits)
+    split_steps = -(-split_tokens // config.block_n)
+    best_cost, best = -(-programs * splits // wave) * (split_steps + c), equal
+    for n_long in range(max((wave - 1) // programs - 1, 1), (wave - 1) // programs + 1):
+        free = wave - programs * n_long  # > 0
+        rounds = -(-programs // free)
+        # max(L + c, rounds x (steps - n_long L + c)) is lowest where the two meet
+        meet = (rounds * (steps + c) - c) / (1 + rounds * n_long)
+        for long_steps in {int(meet), int(meet) + 1}:
+            rest = steps - n_long * long_steps
+            if long_steps < 1 or not 0 < rest <= long_steps:
+                continue
+            cost = max(long_steps + c, rounds * (rest + c))
+            if cost < best_cost:
+                best_cost = cost
+                best = SplitPlan(n_long + 1, long_steps, steps, split_major=True)
+    return best
+
+
+def choose_split_plan(
+    programs: int, capacity: int, layout: CompressedLayout, config: LaunchConfig, device: torch.device
+) -> SplitPlan:
+    """split_plan for a launch of ``programs`` (sequence, kv head, row block) programs over caches
+    of ``capacity`` positions on ``device``. From the capacity, so no host sync on seq_lens."""
+    tokens = max(capacity - layout.n_exact, 1)
+    resident = _device_resident_per_sm(config, device)
+    return split_plan(programs, tokens, config, _sm_count(device), resident)
+
+
 def choose_num_splits(
     programs: int, capacity: int, layout: CompressedLayout, config: LaunchConfig, device: torch.device
 ) -> int:
     """Split the compressed range so programs * splits ~ ctas_per_sm * SMs, with at least
-    min_split_tokens (and one block) per split, in whole waves if the config asks. From the
-    capacity, so no host sync on seq_lens."""
-    tokens = max(capacity - layout.n_exact, 1)
-    resident = _device_resident_per_sm(config, device)
-    return split_count(programs, tokens, config, _sm_count(device), resident)
+    min_split_tokens (and one block) per split, in whole waves if the config asks (choose_split_plan's
+    count)."""
+    return choose_split_plan(programs, capacity, layout, config, device).num_splits
 
 
 _WAVES: dict[tuple, int | None] = {}

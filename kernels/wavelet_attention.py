@@ -1034,8 +1034,10 @@ from .attention_config import (  # noqa: E402
     SMALL_LAUNCH_PROGRAMS,
     TUNED_CONFIGS,
     LaunchConfig,
+    SplitPlan,
     _sm_count,
     choose_num_splits,
+    choose_split_plan,
     default_config,
     exact_carveout,
     resident_programs_per_sm,
@@ -1848,6 +1850,8 @@ if HAS_TRITON:
         n_new,
         n_row_blocks,
         num_splits,
+        split_num,  # each split's share of the compressed span: split_num / split_den (SplitPlan)
+        split_den,
         qk_scale,
         CODE_STRIDE: tl.constexpr,
         SCALE_STRIDE: tl.constexpr,
@@ -1932,7 +1936,8 @@ if HAS_TRITON:
         else:
             # compressed positions [sinks, seq_len - window), cut into num_splits block-aligned ranges
             comp_hi = tl.minimum(tl.maximum(seq_len - WINDOW, SINKS), tl.max(limit, axis=0))
-            chunk = tl.cdiv(tl.cdiv(tl.maximum(comp_hi - SINKS, 0), num_splits), BLOCK_N) * BLOCK_N
+            span = tl.maximum(comp_hi - SINKS, 0).to(tl.int64)  # (x split_num may pass 2^31)
+            chunk = tl.cdiv(tl.cdiv(span * split_num, split_den).to(tl.int32), BLOCK_N) * BLOCK_N
             lo = SINKS + split * chunk
             hi = tl.minimum(lo + chunk, comp_hi)
             row_hi = tl.minimum(limit, hi)
@@ -2428,6 +2433,8 @@ if HAS_TRITON:
         n_new,
         n_row_blocks,
         num_splits,
+        split_num,  # each split's share of the compressed span: split_num / split_den (SplitPlan)
+        split_den,
         qk_scale,
         CODE_STRIDE: tl.constexpr,
         SCALE_STRIDE: tl.constexpr,
@@ -2504,7 +2511,8 @@ if HAS_TRITON:
                     V_MODE: tl.constexpr = 2
                 K_MUL: tl.constexpr = 1.0
             comp_hi = tl.minimum(tl.maximum(seq_len - WINDOW, SINKS), tl.max(limit, axis=0))
-            chunk = tl.cdiv(tl.cdiv(tl.maximum(comp_hi - SINKS, 0), num_splits), BLOCK_N) * BLOCK_N
+            span = tl.maximum(comp_hi - SINKS, 0).to(tl.int64)  # (x split_num may pass 2^31)
+            chunk = tl.cdiv(tl.cdiv(span * split_num, split_den).to(tl.int32), BLOCK_N) * BLOCK_N
             lo = SINKS + split * chunk
             hi = tl.minimum(lo + chunk, comp_hi)
             row_hi = tl.minimum(limit, hi)
@@ -3232,12 +3240,14 @@ def _launch_v3(
     split_options: dict,
     side: torch.cuda.Stream | None = None,
     carveout: int = -1,
+    plan: SplitPlan | None = None,
 ) -> None:
     """The exact-token kernel and the Gluon split kernel v3 (wavelet_attention_triton's v3 branch;
     parts: its qw, qc and partial buffers; dims: its launch sizes, in the order unpacked below).
     side: a stream ordered after the prologue, to run the exact-token kernel on once the split
     kernel is enqueued (the caller joins it back before the reduce), else None. carveout: the
-    exact-token kernel's (_launch_exact)."""
+    exact-token kernel's (_launch_exact). plan: how the splits cut each span (equal splits of
+    dims' num_splits when None)."""
     from .wavelet_attention_gluon import split_kernel_v3
 
     qw, qc, m_part, l_part, acc_part = parts
@@ -3252,9 +3262,10 @@ def _launch_v3(
     if side is not None and config.exact_before_split:
         with torch.cuda.stream(side):
             _launch_exact(q, common_exact, parts, dims, layout, config, carveout=carveout)
+    plan = plan or SplitPlan(num_splits)
     launch(
         split_kernel_v3,
-        (num_splits, programs),
+        (programs, num_splits) if plan.split_major else (num_splits, programs),
         qw,
         qc,
         k_codes,
@@ -3282,6 +3293,8 @@ def _launch_v3(
         n_row_blocks,
         num_splits,
         n_parts,
+        plan.split_num,
+        plan.split_den,
         CODE_ROW=k_codes.stride(2) // 2,
         SCALE_ROW=k_scales.stride(2),
         E4=layout.band_byte_offsets[0] // 2,
@@ -3311,6 +3324,7 @@ def _launch_v3(
         VALUE_COPIES_L2_256B=config.value_copies_l2_256b,
         PLAIN_LOADS_L2_256B=config.plain_loads_l2_256b,
         **({"LOADS_BEFORE_WAIT": config.loads_before_pdl_wait} if config.loads_before_pdl_wait else {}),
+        **({"SPLIT_MAJOR": True} if plan.split_major else {}),
         num_warps=1,
         **split_options,
         **_dependent(_pdl(config, q.device)),
@@ -3336,13 +3350,14 @@ def wavelet_attention_triton(
     layout: CompressedLayout,
     sm_scale: float,
     config: LaunchConfig | None = None,
-    num_splits: int | None = None,
+    num_splits: int | SplitPlan | None = None,
     validate: bool = True,
 ) -> torch.Tensor:
     """The fused kernel (CUDA tensors, or CPU tensors under TRITON_INTERPRET=1).
 
     Raises ValueError on bad input and UnsupportedLayout when the layout is outside the kernel.
-    ``config``/``num_splits`` override the tuned launch parameters (benchmarks and tests).
+    ``config``/``num_splits`` override the tuned launch parameters (benchmarks and tests):
+    ``num_splits`` an int for that many equal splits, or a SplitPlan.
     """
     if not HAS_TRITON:
         raise UnsupportedLayout("triton is not installed")
@@ -3393,7 +3408,12 @@ def wavelet_attention_triton(
         n_row_blocks = -(-rows // block_m)
     programs = batch * hkv * n_row_blocks
     if num_splits is None:
-        num_splits = choose_num_splits(programs, capacity, layout, config, q.device)
+        plan = choose_split_plan(programs, capacity, layout, config, q.device)
+    elif isinstance(num_splits, SplitPlan):
+        plan = num_splits
+    else:  # equal splits, as given
+        plan = SplitPlan(num_splits)
+    num_splits, split_num, split_den = plan.num_splits, plan.split_num, plan.split_den
     # partials per program: the compressed splits, then the exact tokens' (v3: exact_chunks of them,
     # from their own kernel; v1 and v2: one, from the split kernel's last split)
     exact_programs, exact_slots = exact_chunks(config, layout) if use_v3 else (1, 0)
@@ -3541,6 +3561,7 @@ def wavelet_attention_triton(
                     split_options,
                     side,
                     exact_carveout(config, programs * num_splits, programs * exact_programs, device),
+                    plan,
                 )
             finally:  # the reduce (or the fallback below) runs after the exact tokens' partial
                 if side is not None:
@@ -3564,7 +3585,7 @@ def wavelet_attention_triton(
                 layout,
                 sm_scale,
                 v1_fallback(config),
-                num_splits,
+                plan,
                 validate=False,
             )
     elif use_v2:
@@ -3601,6 +3622,8 @@ def wavelet_attention_triton(
             tq,
             n_row_blocks,
             num_splits,
+            split_num,
+            split_den,
             qk_scale,
             CODE_STRIDE=k_codes.stride(2),
             SCALE_STRIDE=k_scales.stride(2),
@@ -3657,6 +3680,8 @@ def wavelet_attention_triton(
             tq,
             n_row_blocks,
             num_splits,
+            split_num,
+            split_den,
             qk_scale,
             CODE_STRIDE=k_codes.stride(2),
             SCALE_STRIDE=k_scales.stride(2),
@@ -3773,6 +3798,7 @@ __all__ = [
     "channel_scale_2d",
     "check_attention_inputs",
     "choose_num_splits",
+    "choose_split_plan",
     "decode_coefficients",
     "default_config",
     "resident_programs_per_sm",

@@ -627,6 +627,10 @@ if HAS_GLUON:
         n_row_blocks,
         num_splits,  # compressed splits; partials num_splits onwards (the exact tokens) are not written here
         n_parts,  # partials per program (the compressed splits, then the exact tokens' chunks)
+        # each split takes span * split_num / split_den of its program's compressed span, in whole
+        # steps, the last one what is left (1 / num_splits: equal splits; see attention_config.SplitPlan)
+        split_num,
+        split_den,
         CODE_ROW: gl.constexpr,  # int16 elements per code row (token stride)
         SCALE_ROW: gl.constexpr,  # fp16 scales per row (token stride)
         E4: gl.constexpr,  # first int16 element of the 4-bit band
@@ -681,9 +685,13 @@ if HAS_GLUON:
         # the first step's key words and scale pairs loaded into registers; the query after the
         # wait. 0: every load after the wait
         LOADS_BEFORE_WAIT: gl.constexpr = 0,
+        # grid (programs, num_splits) instead of (num_splits, programs): blocks go out split by
+        # split, so a plan's short last splits come after every long one (SplitPlan.split_major)
+        SPLIT_MAJOR: gl.constexpr = False,
     ):
         """One (split, sequence, kv head, row block): online softmax over a range of compressed
-        tokens in the coefficient domain; grid (num_splits, programs)."""
+        tokens in the coefficient domain; grid (num_splits, programs), or (programs, num_splits)
+        with SPLIT_MAJOR."""
         if PDL and LOADS_BEFORE_WAIT == 0:
             _wait_for_prologue()
         if TRIGGER_DEPENDENTS:
@@ -699,8 +707,12 @@ if HAS_GLUON:
             gl.inline_asm_elementwise(_MARK_COPIES_L2_256B, "=r", [], dtype=gl.int32, is_pure=False, pack=1)
         if PLAIN_LOADS_L2_256B:
             gl.inline_asm_elementwise(_MARK_LOADS_L2_256B, "=r", [], dtype=gl.int32, is_pure=False, pack=1)
-        split = gl.program_id(0)
-        pid = gl.program_id(1)
+        if SPLIT_MAJOR:
+            pid = gl.program_id(0)
+            split = gl.program_id(1)
+        else:
+            split = gl.program_id(0)
+            pid = gl.program_id(1)
         row_block = pid % n_row_blocks
         kv_head = (pid // n_row_blocks) % n_kv_heads
         batch = pid // (n_row_blocks * n_kv_heads)
@@ -713,7 +725,8 @@ if HAS_GLUON:
         # causal: new token t sees positions < seq_len - n_new + t + 1
         limit = gl.where(row_ok, seq_len - n_new + token + 1, 0)
         comp_hi = gl.minimum(gl.maximum(seq_len - WINDOW, SINKS), gl.max(limit, axis=0))
-        chunk = gl.cdiv(gl.cdiv(gl.maximum(comp_hi - SINKS, 0), num_splits), BLOCK_N) * BLOCK_N
+        span = gl.maximum(comp_hi - SINKS, 0).to(gl.int64)  # (x split_num may pass 2^31)
+        chunk = gl.cdiv(gl.cdiv(span * split_num, split_den).to(gl.int32), BLOCK_N) * BLOCK_N
         lo = SINKS + split * chunk
         hi = gl.minimum(lo + chunk, comp_hi)
         row_hi = gl.minimum(limit, hi)

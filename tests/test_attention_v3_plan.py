@@ -215,6 +215,7 @@ def test_a_v3_build_failure_falls_back_to_v1_once(monkeypatch, config):
         + ["--value-scales-in-b", "--p-movmatrix"],
         ["--tuned", "--pdl", "--value-copies-l2-256b", "--plain-loads-l2-256b"],
         ["--tuned", "--pdl", "--loads-before-pdl-wait", "2"],
+        ["--tuned", "--pdl", "--split-major"],
     ],
     ids=[
         "plain",
@@ -225,6 +226,7 @@ def test_a_v3_build_failure_falls_back_to_v1_once(monkeypatch, config):
         "row_copies",
         "tuned_ptx_hints",
         "tuned_loads_before_wait",
+        "tuned_split_major",  # a remainder SplitPlan's launch: the same loop
     ],
 )
 def test_v3_compiles_for_sm90_on_this_triton(tmp_path, options):

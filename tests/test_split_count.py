@@ -171,3 +171,55 @@ def test_reduce_gemm_where_many_decode_rows_share_each_kv_heads_transform(batch,
     # several row blocks per (sequence, kv head) is not what the transform kernel's rows map to
     assert K.uses_reduce_gemm(TUNED, batch * 8 * 4, n_row_blocks) is gemm
     assert not K.uses_reduce_gemm(K.LaunchConfig(), 4096, 1)  # off unless a config asks
+
+
+@pytest.mark.parametrize(
+    ("programs", "context", "plan"),
+    [
+        # 6 splits of 85 steps (86 a slot) -> 6 of 83 and a last of 12, in the 48 free slots six
+        # after another (84 a slot)
+        (256, 32768, C.SplitPlan(7, 83, 510, split_major=True)),
+        (64, 32768, C.SplitPlan(25, 21, 510, split_major=True)),  # 23 -> 22 a slot
+        (128, 32768, C.SplitPlan(13, 42, 510, split_major=True)),  # 44 -> 43
+        (64, 131072, C.SplitPlan(25, 84, 2046, split_major=True)),  # two waves' 86 -> 85
+        (512, 8192, C.SplitPlan(3)),  # one split a slot already: equal splits stay
+    ],
+)
+def test_remainder_split_plans_on_the_h200(programs, context, plan):
+    # LaunchConfig.remainder_split (prepared, off): long splits fill the wave, the short last ones
+    # its free slots, where that costs fewer steps per slot than equal splits
+    tokens = context - 132
+    remainder = dataclasses.replace(TUNED, remainder_split=True)
+    assert C.split_plan(programs, tokens, remainder, H200_SMS, 12) == plan
+    # off, the plan is split_count's equal splits
+    equal = C.split_plan(programs, tokens, TUNED, H200_SMS, 12)
+    assert equal == C.SplitPlan(K.split_count(programs, tokens, TUNED, H200_SMS, 12))
+    assert (equal.split_num, equal.split_den, equal.split_major) == (1, equal.num_splits, False)
+
+
+@pytest.mark.parametrize("span", [0, 1, 63, 64, 65, 1000, 32636, 130940])
+@pytest.mark.parametrize(
+    "plan",
+    [C.SplitPlan(1), C.SplitPlan(6), C.SplitPlan(7, 83, 510, True), C.SplitPlan(25, 84, 2046, True)]
+    + [C.SplitPlan(2, 3, 5), C.SplitPlan(3, 1, 2)],
+)
+def test_split_bounds_cover_each_span_once_in_whole_steps(span, plan):
+    bounds = C.split_bounds(span, plan, 64)
+    assert len(bounds) == plan.num_splits
+    assert bounds[0][0] == 0 and bounds[-1][1] == span  # from the start to the end ...
+    assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:], strict=False))  # no gap, no overlap
+    assert all(lo % 64 == 0 for lo, hi in bounds if hi > lo)  # each split starts on a whole step
+
+
+def test_remainder_plan_long_splits_are_whole_steps_at_full_capacity():
+    # at the capacity the plan was made for, each long split is exactly its L steps
+    bounds = C.split_bounds(32636, C.SplitPlan(7, 83, 510, True), 64)
+    assert [hi - lo for lo, hi in bounds] == [83 * 64] * 6 + [32636 - 6 * 83 * 64]
+
+
+def test_a_split_plan_that_leaves_part_of_the_span_uncovered_is_refused():
+    with pytest.raises(ValueError, match="uncovered"):
+        C.SplitPlan(2, 1, 3)  # two thirds of the span
+    with pytest.raises(ValueError, match="positive"):
+        C.SplitPlan(0)
+    assert C.SplitPlan(4).split_den == 4  # equal splits by default
