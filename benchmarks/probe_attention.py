@@ -7,6 +7,10 @@ launch configs (CUDA-graph medians, the same method as bench_attention.py).
     python benchmarks/probe_attention.py timeline --configs FILE.json          # when each kernel runs
         [--carveouts _exact_kernel=44,...]   # with kernels' shared-memory carveouts set first
 
+grid: each config's ms at each shape, then (when the first config comes back) each config's
+change against the first one measured in the same round (the i-th time a config appears is round
+i): list the configs A, B, A, B, ... so that drift between rounds cancels.
+
 timeline: a CUDA graph of back-to-back calls (the bench's method) replayed under torch.profiler;
 per kernel of a call, the median start and end in us after the call's prologue starts, and the
 call's period (prologue to next prologue). It shows what lies on the critical path besides the
@@ -124,6 +128,40 @@ def timeline(setup: ba.Setup, config: wa.LaunchConfig | None, calls: int = 12, c
     return "\n".join(lines)
 
 
+def config_label(config: dict, base: dict) -> str:
+    """What sets ``config`` apart from ``base`` ("base" when nothing does), to name a grid row."""
+    changed = [f"{k}={v}" for k, v in config.items() if base.get(k, "default") != v]
+    changed += [f"{k}=default" for k in base if k not in config]
+    return ", ".join(changed) or "base"
+
+
+def same_round_summary(rows: list[dict], shapes: list[tuple[int, int]]) -> str:
+    """A markdown table of each config's change against the grid's first config measured in the same
+    round (the i-th time a config appears is round i): the median and the range of its per-round
+    ratios, per shape. Ratios within a round cancel what drifts between rounds (this machine's
+    clock is not pinned; one launch moved 8% between rounds of one call)."""
+    import statistics
+
+    base = rows[0]["config"]
+    by_label: dict[str, list[list[float]]] = {}
+    for row in rows:
+        by_label.setdefault(config_label(row["config"], base), []).append(row["ms"])
+    base_runs = by_label.pop("base")
+    header = " | ".join(f"({b}, {n})" for b, n in shapes)
+    lines = [f"| against base, same round | {header} |", "|---|" + "---|" * len(shapes)]
+    for label, runs in by_label.items():
+        cells = []
+        for j in range(len(shapes)):
+            ratios = [r[j] / b[j] - 1 for r, b in zip(runs, base_runs, strict=False)]
+            if not ratios:
+                cells.append("no round with base")
+                continue
+            low, mid, high = (100 * f(ratios) for f in (min, statistics.median, max))
+            cells.append(f"{mid:+.1f}% ({low:+.1f} .. {high:+.1f}, {len(ratios)} rounds)")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("mode", choices=["once", "grid", "kernels", "timeline"])
@@ -191,10 +229,12 @@ def main() -> None:
         rows.append(dict(config=c, ms=ms, x_floor=x_floor, err=err))
         times = " ".join(f"{m:.4f}" for m in ms)
         ratios = " ".join(f"{x:.2f}" for x in x_floor)
-        print(f"{c}: {times}  x floor {ratios}  err {err:.1e}", flush=True)
+        print(f"[{config_label(c, configs[0])}]: {times}  x floor {ratios}  err {err:.1e}", flush=True)
     out = pathlib.Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "probe_grid.json").write_text(json.dumps(dict(shapes=shapes, rows=rows), indent=1))
+    if len(rows) > 1 and rows[0]["config"] == configs[0]:
+        print(same_round_summary(rows, shapes), flush=True)
 
 
 if __name__ == "__main__":
