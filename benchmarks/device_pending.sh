@@ -37,13 +37,17 @@
 #   bash benchmarks/device_pending.sh remainder   # LaunchConfig.remainder_split (prepared in the
 #                                                 # twentieth session, not yet run): its GPU tests,
 #                                                 # the grid A/B against the tuned config, timelines
+#   bash benchmarks/device_pending.sh small_reduce
+#                                                 # one sequence: the per-row reduce against each
+#                                                 # row's merge in one-warp channel slices plus the
+#                                                 # transform kernel (prepared, twentieth session)
 #   bash benchmarks/device_pending.sh stalls [tuned|keys_in_step]
 #                                                 # where the v3 split kernel's warps wait, per SASS
 #                                                 # instruction, plus the memory-throughput
 #                                                 # breakdown (Nsight Compute)
 set -u
 case "${1:-}" in
-tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder) ;;
+tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce) ;;
 grid | timeline)
     if [ ! -f "${2:-}" ]; then
         echo "$1 needs a JSON file of LaunchConfig dicts (e.g. benchmarks/probe_one_block_step.json), got '${2:-}'" >&2
@@ -51,7 +55,7 @@ grid | timeline)
     fi
     ;;
 *)
-    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|reduce|remainder|grid FILE.json|timeline FILE.json|stalls [tuned|keys_in_step]" >&2
+    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|reduce|remainder|small_reduce|grid FILE.json|timeline FILE.json|stalls [tuned|keys_in_step]" >&2
     exit 2
     ;;
 esac
@@ -195,6 +199,16 @@ remainder)
         --shapes "8,131072;32,32768;8,32768" --out "$OUT/remainder"
     run 150 python3 -P benchmarks/probe_attention.py timeline --configs benchmarks/probe_remainder_split_timeline.json \
         --shapes "32,32768;8,32768"
+    ;;
+small_reduce)
+    # twentieth session, prepared: at one sequence the per-row reduce (32 programs, each merging 133
+    # partials and reading the whole transform) took 6.3 us. Each row's merge in 4 or 8 slices of
+    # channels then the transform kernel cost 3.9 + 3.1 us with four-warp merges (nineteenth
+    # session); one-warp merges (no barriers in the sum; 207 / 124 registers offline) may change that
+    run 200 python3 -P benchmarks/probe_attention.py grid --configs benchmarks/probe_small_reduce.json \
+        --shapes "1,32768" --out "$OUT/small_reduce"
+    run 120 python3 -P benchmarks/probe_attention.py timeline --configs benchmarks/probe_small_reduce_timeline.json \
+        --shapes "1,32768"
     ;;
 kvwarps)
     # fifteenth session: partials bit-identical to v3's, 0.79x its token rate (RESULTS.md, issue 3)
