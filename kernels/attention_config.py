@@ -178,7 +178,8 @@ class LaunchConfig:
     # splits of L steps and a shorter last one, launched split by split, so every long split starts
     # in the first wave and the short ones fill the wave's free slots one after another, where it
     # costs fewer steps per slot than equal splits (see split_plan). At (32, 32768) 6 splits of 85
-    # steps (86 a slot) become 6 of 83 and one of 12 in 48 free slots (84 a slot). Twentieth session:
+    # steps (86 a slot) become 6 of 83 and one of 12 in 48 free slots (84 a slot). v3 launches it
+    # split by split; v1 and v2 take the same cut in their usual block order. Twentieth session:
     # prepared after the device budget was spent, not yet run on the GPU: off
     remainder_split: bool = False
     # programmatic dependent launch (sm_90+): the split kernel and the reduce are launched while the
