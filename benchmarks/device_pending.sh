@@ -87,6 +87,25 @@ run() {
     timeout "$limit" "$@" 2>&1 | grep -v -E "Warning: |warnings\.warn\(" | tail -40
 }
 
+# the attention GPU tests that -k "$1" selects, on six xdist workers where xdist is installed
+attention_tests() {
+    local workers=()
+    python3 -c "import xdist" 2>/dev/null && workers=(-n 6)
+    # (-p no:benchmark: pytest-benchmark warns that xdist disables it)
+    run 240 python3 -P -m pytest -q -m gpu tests/test_wavelet_attention.py -p no:benchmark -k "$1" \
+        ${workers[@]+"${workers[@]}"}
+}
+
+# probe_attention.py grid of the configs in $1 at the shapes $2, its JSON under $OUT/$3
+probe_grid() {
+    run "${4:-300}" python3 -P benchmarks/probe_attention.py grid --configs "$1" --shapes "$2" --out "$OUT/$3"
+}
+
+# probe_attention.py timeline of the configs in $1 at the shapes $2
+probe_timeline() {
+    run "${3:-150}" python3 -P benchmarks/probe_attention.py timeline --configs "$1" --shapes "$2"
+}
+
 case "${1:-}" in
 tests)
     # six xdist workers share the GPU (the tests are small; their time is mostly compiling): the
@@ -161,28 +180,18 @@ carveout)
     # drain; measured through probe_attention.py timeline --carveouts (one sequence -3%, (32, 32768)
     # +1.2%). The launcher's option: the variant's attribute read back, bit-identical outputs (also
     # from a CUDA graph), then the op A/B'd, interleaved
-    workers=()
-    python3 -c "import xdist" 2>/dev/null && workers=(-n 6)
-    run 240 python3 -P -m pytest -q -m gpu tests/test_wavelet_attention.py -p no:benchmark \
-        -k "carveout or programmatic_dependent" ${workers[@]+"${workers[@]}"}
-    run 120 python3 -P benchmarks/probe_attention.py grid --configs benchmarks/probe_exact_carveout_one_sequence.json \
-        --shapes "1,32768" --out "$OUT/carveout_one"
-    run 200 python3 -P benchmarks/probe_attention.py grid --configs benchmarks/probe_exact_carveout.json \
-        --shapes "8,131072;32,32768;8,32768" --out "$OUT/carveout"
+    attention_tests "carveout or programmatic_dependent"
+    probe_grid benchmarks/probe_exact_carveout_one_sequence.json "1,32768" carveout_one 120
+    probe_grid benchmarks/probe_exact_carveout.json "8,131072;32,32768;8,32768" carveout 200
     ;;
 reduce)
     # twentieth session: at (32, 32768) the per-row merge took 8.2 us with four warps a row, 4.2 with
     # one (reduce_merge_warps, tuned); here the same merge and the transform kernel at B = 8 too
     # (reduce_gemm_min_rows 256, where the per-row reduce with the transform runs now), and the
     # exact kernel's carveout with 1,280 exact programs (exact_carveout_programs 0)
-    workers=()
-    python3 -c "import xdist" 2>/dev/null && workers=(-n 6)
-    run 240 python3 -P -m pytest -q -m gpu tests/test_wavelet_attention.py -p no:benchmark \
-        -k "carveout or programmatic_dependent" ${workers[@]+"${workers[@]}"}
-    run 300 python3 -P benchmarks/probe_attention.py grid --configs benchmarks/probe_reduce_merge.json \
-        --shapes "8,131072;32,32768;8,32768" --out "$OUT/reduce"
-    run 150 python3 -P benchmarks/probe_attention.py timeline --configs benchmarks/probe_reduce_merge_timeline.json \
-        --shapes "8,131072;8,32768"
+    attention_tests "carveout or programmatic_dependent"
+    probe_grid benchmarks/probe_reduce_merge.json "8,131072;32,32768;8,32768" reduce
+    probe_timeline benchmarks/probe_reduce_merge_timeline.json "8,131072;8,32768"
     ;;
 remainder)
     # twentieth session, prepared: one-wave launches cut into long splits and a short last one,
@@ -191,24 +200,17 @@ remainder)
     # against fp32 SDPA and equal splits, from a CUDA graph; the compile-time constexpr SPLIT_MAJOR).
     # The grid's third config keeps the exact kernel's carveout at (8, 32768), which the plan's
     # 1,600 split programs (more than a wave) would turn off
-    workers=()
-    python3 -c "import xdist" 2>/dev/null && workers=(-n 6)
-    run 240 python3 -P -m pytest -q -m gpu tests/test_wavelet_attention.py -p no:benchmark \
-        -k "split_major or programmatic_dependent" ${workers[@]+"${workers[@]}"}
-    run 300 python3 -P benchmarks/probe_attention.py grid --configs benchmarks/probe_remainder_split.json \
-        --shapes "8,131072;32,32768;8,32768" --out "$OUT/remainder"
-    run 150 python3 -P benchmarks/probe_attention.py timeline --configs benchmarks/probe_remainder_split_timeline.json \
-        --shapes "32,32768;8,32768"
+    attention_tests "split_major or programmatic_dependent"
+    probe_grid benchmarks/probe_remainder_split.json "8,131072;32,32768;8,32768" remainder
+    probe_timeline benchmarks/probe_remainder_split_timeline.json "32,32768;8,32768"
     ;;
 small_reduce)
     # twentieth session, prepared: at one sequence the per-row reduce (32 programs, each merging 133
     # partials and reading the whole transform) took 6.3 us. Each row's merge in 4 or 8 slices of
     # channels then the transform kernel cost 3.9 + 3.1 us with four-warp merges (nineteenth
     # session); one-warp merges (no barriers in the sum; 207 / 124 registers offline) may change that
-    run 200 python3 -P benchmarks/probe_attention.py grid --configs benchmarks/probe_small_reduce.json \
-        --shapes "1,32768" --out "$OUT/small_reduce"
-    run 120 python3 -P benchmarks/probe_attention.py timeline --configs benchmarks/probe_small_reduce_timeline.json \
-        --shapes "1,32768"
+    probe_grid benchmarks/probe_small_reduce.json "1,32768" small_reduce 200
+    probe_timeline benchmarks/probe_small_reduce_timeline.json "1,32768" 120
     ;;
 kvwarps)
     # fifteenth session: partials bit-identical to v3's, 0.79x its token rate (RESULTS.md, issue 3)
