@@ -260,7 +260,7 @@ def test_unequal_split_plans_cover_every_token(plan):
     # a SplitPlan's splits take span * split_num / split_den tokens each (whole steps), the last what
     # is left: 2 splits of 3/5 of each sequence's span, or 3 of 5/12. Ragged lengths: each sequence's
     # own span is cut so (a kernel that took 1 / split_den of the span would drop tokens). On the
-    # interpreter this runs v1; v3 takes the same plan (its GPU test: the PDL test)
+    # interpreter this runs v1; v3 takes the same plan (test_gpu_v3_takes_a_split_plan_launched_split_major)
     lens = [70, 1, 33, 64, 9]
     codec, args = make_case(UNIFORM_SPEC, 5, 2, 4, 1, 64, lens, 70, torch.float16, channel="full")
     want = dense_reference(codec, args, 0.125)
