@@ -412,6 +412,60 @@ def test_per_row_reduce_compiles_for_sm90_in_every_mode():
     ], run.stdout
 
 
+_COMPILE_SPLIT_V1_V2 = """
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from wmoe_compile.kernels import wavelet_attention as wa
+from wmoe_compile.ops import attention as ops
+
+layout = ops.compressed_layout("default", 128)
+pointers = dict(q_ptr="*bf16", qw_ptr="*fp16", kc_ptr="*u8", vc_ptr="*u8", ks_ptr="*fp16", vs_ptr="*fp16")
+pointers.update(ke_ptr="*bf16", ve_ptr="*bf16", seq_lens_ptr="*i32", lut_ptr="*fp16", slot_coef_ptr="*i32")
+
+
+def build(fn, constexprs):
+    signature = {}
+    for name in fn.arg_names:
+        if name in constexprs:
+            signature[name] = "constexpr"
+        elif name.endswith("_ptr"):
+            signature[name] = pointers.get(name, "*fp32")
+        else:
+            signature[name] = "fp32" if name == "qk_scale" else "i32"
+    source = ASTSource(
+        fn=fn, signature=signature, constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()}
+    )
+    triton.compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=1))
+    print("compiled", fn.__name__)
+
+
+common = dict(CODE_STRIDE=48, SCALE_STRIDE=2, N_SCALES=layout.n_bands, D=128, BLOCK_M=4, N_QC=4, BLOCK_N=64)
+common.update(EXACT_BLOCK=32, SINKS=layout.sinks, WINDOW=layout.window, USE_ASM=True, CENTRE_IN_MMA=False)
+build(wa._split_kernel, dict(common, PDL=True, **wa._plan(layout, torch.device("cpu")).constexprs))
+plan2 = wa._plan_v2(layout, torch.device("cpu"), False)
+v2 = dict(S=plan2.k_slots, SUBNORMAL=False, LAZY_RESCALE=True, CHUNKS=plan2.chunk_constexpr, EXACT_SPLIT=True)
+build(wa._split_kernel_v2, dict(common, **v2))
+"""
+
+
+def test_v1_and_v2_split_kernels_compile_for_sm90():
+    # the interpreter runs v1 and v2 in CI but never compiles them: build both for an H100/H200
+    # target here (the twentieth session gave them each split's share of the span as two runtime
+    # integers, multiplied in int64)
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run(
+        [sys.executable, "-c", _COMPILE_SPLIT_V1_V2], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split("\n")[:2] == ["compiled _split_kernel", "compiled _split_kernel_v2"], run.stdout
+
+
 @pytest.mark.parametrize("n_exact,split_chunk", [(1, 4), (3, 4), (3, 128)])
 @pytest.mark.parametrize(
     "reduce", ["rows", "rows_transform_first", "rows_then_heads", "row_slices_then_heads", "block"]
