@@ -580,8 +580,17 @@ def split_count(
     return best
 
 
+_RESIDENT: dict[tuple, int | None] = {}
+
+
 def _device_resident_per_sm(config: LaunchConfig, device: torch.device) -> int | None:
-    """resident_programs_per_sm with ``device``'s limits (the sm_90 figures off CUDA)."""
+    """resident_programs_per_sm with ``device``'s limits (the sm_90 figures off CUDA), cached by the
+    fields resident_programs_per_sm reads: every call sizes its launch with it, and hashing a whole
+    LaunchConfig (or reading the device's properties) each time would cost host time for nothing."""
+    key = (config.maxnreg, config.num_warps, config.kernel, config.keys_via_smem, config.num_stages)
+    key += (config.block_n, device)
+    if key in _RESIDENT:
+        return _RESIDENT[key]
     limits = {}
     if device.type == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()
@@ -594,7 +603,8 @@ def _device_resident_per_sm(config: LaunchConfig, device: torch.device) -> int |
             value = getattr(props, prop, None)
             if value:  # older torch lacks some: the sm_90 figure stands in
                 limits[name] = int(value) // scale
-    return resident_programs_per_sm(config, **limits)
+    _RESIDENT[key] = resident_programs_per_sm(config, **limits)
+    return _RESIDENT[key]
 
 
 @dataclass(frozen=True)
@@ -686,21 +696,6 @@ def choose_num_splits(
     return choose_split_plan(programs, capacity, layout, config, device).num_splits
 
 
-_WAVES: dict[tuple, int | None] = {}
-
-
-def _wave_programs(config: LaunchConfig, device: torch.device) -> int | None:
-    """Split programs resident on the whole device at once under ``config`` (None without maxnreg),
-    cached by the fields resident_programs_per_sm reads (hashing a whole LaunchConfig every call
-    would cost more host time than the launch arithmetic it saves)."""
-    key = (config.maxnreg, config.num_warps, config.kernel, config.keys_via_smem, config.num_stages)
-    key += (config.block_n, device)
-    if key not in _WAVES:
-        resident = _device_resident_per_sm(config, device)
-        _WAVES[key] = None if resident is None else resident * _sm_count(device)
-    return _WAVES[key]
-
-
 def exact_carveout(
     config: LaunchConfig, split_programs: int, exact_programs: int, device: torch.device
 ) -> int:
@@ -714,6 +709,7 @@ def exact_carveout(
         return -1
     if not config.exact_carveout_waves:
         return config.exact_carveout
-    wave = _wave_programs(config, device)
+    resident = _device_resident_per_sm(config, device)
+    wave = None if resident is None else resident * _sm_count(device)
     fits = wave is not None and split_programs <= config.exact_carveout_waves * wave
     return config.exact_carveout if fits else -1
