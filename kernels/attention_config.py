@@ -179,9 +179,15 @@ class LaunchConfig:
     # in the first wave and the short ones fill the wave's free slots one after another, where it
     # costs fewer steps per slot than equal splits (see split_plan). At (32, 32768) 6 splits of 85
     # steps (86 a slot) become 6 of 83 and one of 12 in 48 free slots (84 a slot). v3 launches it
-    # split by split; v1 and v2 take the same cut in their usual block order. Twentieth session:
-    # prepared after the device budget was spent, not yet run on the GPU: off
+    # split by split; v1 and v2 take the same cut in their usual block order. Only where equal
+    # splits are one wave too, and with at least remainder_split_min_programs programs.
+    # Twenty-first session (H200, grid, 3 rounds interleaved, each against equal splits in its
+    # round): -2.4% at (32, 32768) (256 programs; timeline period 250.2 -> 246.5 us), +2.1% at
+    # (8, 32768) (64 programs: there the exact-token kernel's 320 programs run in the wave's free
+    # slots from the start, beside the short splits) and +4.8% at (8, 131072) (two waves of equal
+    # splits became one of 24 long and a short one). Tuned: on, from 128 programs
     remainder_split: bool = False
+    remainder_split_min_programs: int = 0
     # programmatic dependent launch (sm_90+): the split kernel and the reduce are launched while the
     # kernel before them finishes and wait for it in-kernel (griddepcontrol.wait), hiding the launch
     # gap; the prologue lets the split kernel launch as soon as it starts
@@ -407,6 +413,8 @@ TUNED_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
         exact_carveout=44,  # the split kernel's carveout, in one wave with few exact programs
         exact_carveout_waves=1,
         exact_carveout_programs=512,
+        remainder_split=True,  # long splits and a short last one, in one wave of 128+ programs
+        remainder_split_min_programs=128,
     ),
     (128, 4, "table"): LaunchConfig(
         block_n=32, num_stages=3, ctas_per_sm=32.0, min_split_tokens=512, kernel="v1"
@@ -643,7 +651,8 @@ def split_bounds(span: int, plan: SplitPlan, block_n: int) -> list[tuple[int, in
 def split_plan(
     programs: int, tokens: int, config: LaunchConfig, sms: int, resident_per_sm: int | None
 ) -> SplitPlan:
-    """split_count's equal splits, or with ``config.remainder_split`` (one wave) n long splits of L
+    """split_count's equal splits, or with ``config.remainder_split`` (where equal splits are one
+    wave of at least ``remainder_split_min_programs`` programs) n long splits of L
     steps and a last one of R = steps - n * L, launched split-major: the n x programs long splits
     fill the wave but for ``free`` slots, where the programs' short splits run one after another,
     ceil(programs / free) each. The cost per slot, with c = config.wave_program_steps per program:
@@ -652,10 +661,12 @@ def split_plan(
     splits = split_count(programs, tokens, config, sms, resident_per_sm)
     equal = SplitPlan(splits)
     wanted = config.remainder_split and config.whole_waves and config.wave_program_steps > 0
-    if not wanted or not resident_per_sm:
+    if not wanted or not resident_per_sm or programs < config.remainder_split_min_programs:
         return equal
     programs = max(programs, 1)
     wave = resident_per_sm * sms
+    if programs * splits > wave:  # equal splits in two waves or more: measured slower as one
+        return equal
     steps = -(-tokens // config.block_n)
     c = config.wave_program_steps
     split_tokens = -(-tokens // splits)

@@ -179,22 +179,43 @@ def test_reduce_gemm_where_many_decode_rows_share_each_kv_heads_transform(batch,
         # 6 splits of 85 steps (86 a slot) -> 6 of 83 and a last of 12, in the 48 free slots six
         # after another (84 a slot)
         (256, 32768, C.SplitPlan(7, 83, 510, split_major=True)),
-        (64, 32768, C.SplitPlan(25, 21, 510, split_major=True)),  # 23 -> 22 a slot
         (128, 32768, C.SplitPlan(13, 42, 510, split_major=True)),  # 44 -> 43
-        (64, 131072, C.SplitPlan(25, 84, 2046, split_major=True)),  # two waves' 86 -> 85
         (512, 8192, C.SplitPlan(3)),  # one split a slot already: equal splits stay
     ],
 )
 def test_remainder_split_plans_on_the_h200(programs, context, plan):
-    # LaunchConfig.remainder_split (prepared, off): long splits fill the wave, the short last ones
-    # its free slots, where that costs fewer steps per slot than equal splits
+    # LaunchConfig.remainder_split (tuned from 128 programs): long splits fill the wave, the short
+    # last ones its free slots, where that costs fewer steps per slot than equal splits
     tokens = context - 132
-    remainder = dataclasses.replace(TUNED, remainder_split=True)
-    assert C.split_plan(programs, tokens, remainder, H200_SMS, 12) == plan
+    assert TUNED.remainder_split and TUNED.remainder_split_min_programs == 128
+    assert C.split_plan(programs, tokens, TUNED, H200_SMS, 12) == plan
     # off, the plan is split_count's equal splits
-    equal = C.split_plan(programs, tokens, TUNED, H200_SMS, 12)
+    off = dataclasses.replace(TUNED, remainder_split=False)
+    equal = C.split_plan(programs, tokens, off, H200_SMS, 12)
     assert equal == C.SplitPlan(K.split_count(programs, tokens, TUNED, H200_SMS, 12))
     assert (equal.split_num, equal.split_den, equal.split_major) == (1, equal.num_splits, False)
+
+
+@pytest.mark.parametrize(
+    ("programs", "context", "remainder_plan"),
+    [
+        # measured slower (twenty-first session): 64 programs, where the exact kernel's programs
+        # share the wave's free slots (+2.1%) ...
+        (64, 32768, C.SplitPlan(25, 21, 510, split_major=True)),
+        # ... and equal splits in two waves made one (+4.8%)
+        (64, 131072, C.SplitPlan(25, 84, 2046, split_major=True)),
+    ],
+)
+def test_remainder_split_keeps_equal_splits_where_it_measured_slower(programs, context, remainder_plan):
+    tokens = context - 132
+    equal = C.SplitPlan(K.split_count(programs, tokens, TUNED, H200_SMS, 12))
+    assert C.split_plan(programs, tokens, TUNED, H200_SMS, 12) == equal
+    # the model alone would cut them: the fewer programs (the first) ...
+    anywhere = dataclasses.replace(TUNED, remainder_split_min_programs=0)
+    expected = remainder_plan if programs * equal.num_splits <= H200_SMS * 12 else equal
+    assert C.split_plan(programs, tokens, anywhere, H200_SMS, 12) == expected
+    # ... and with two waves of equal splits, never (the second)
+    assert (programs * equal.num_splits > H200_SMS * 12) is (context == 131072)
 
 
 @pytest.mark.parametrize("span", [0, 1, 63, 64, 65, 1000, 32636, 130940])
