@@ -47,7 +47,7 @@
 #                                                 # breakdown (Nsight Compute)
 set -u
 case "${1:-}" in
-tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce | last_reduce) ;;
+tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce) ;;
 grid | timeline)
     if [ ! -f "${2:-}" ]; then
         echo "$1 needs a JSON file of LaunchConfig dicts (e.g. benchmarks/probe_one_block_step.json), got '${2:-}'" >&2
@@ -55,7 +55,7 @@ grid | timeline)
     fi
     ;;
 *)
-    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|reduce|remainder|small_reduce|last_reduce|grid FILE.json|timeline FILE.json|stalls [tuned|keys_in_step]" >&2
+    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|reduce|remainder|small_reduce|grid FILE.json|timeline FILE.json|stalls [tuned|keys_in_step]" >&2
     exit 2
     ;;
 esac
@@ -211,21 +211,6 @@ small_reduce)
     # session); one-warp merges (no barriers in the sum; 207 / 124 registers offline) may change that
     probe_grid benchmarks/probe_small_reduce.json "1,32768" small_reduce 200
     probe_timeline benchmarks/probe_small_reduce_timeline.json "1,32768" 120
-    ;;
-last_reduce)
-    # twenty-first session, prepared: each pair's last program reduces (LaunchConfig.reduce_in_last_program,
-    # kernels/attention_last_reduce.py), no reduce kernels. Its GPU tests (v3 with the exact kernel
-    # beside, before and after the split kernel; a CUDA graph's replays), the split-plan and PDL
-    # tests, then grid and timeline against the tuned launch
-    workers=()
-    python3 -c "import xdist" 2>/dev/null && workers=(-n 6)
-    run 300 python3 -P -m pytest -q -m gpu tests/test_attention_last_reduce.py tests/test_wavelet_attention.py \
-        -p no:benchmark ${workers[@]+"${workers[@]}"} \
-        -k "last_program or split_major or programmatic_dependent or real_shapes"
-    probe_grid benchmarks/probe_last_reduce.json "8,131072;32,32768;8,32768" last_reduce 240
-    probe_grid benchmarks/probe_last_reduce_one_sequence.json "1,32768" last_reduce_one_sequence 100
-    probe_timeline benchmarks/probe_last_reduce_timeline.json "32,32768;8,131072" 120
-    probe_timeline benchmarks/probe_last_reduce_timeline_one_sequence.json "1,32768" 60
     ;;
 kvwarps)
     # fifteenth session: partials bit-identical to v3's, 0.79x its token rate (RESULTS.md, issue 3)

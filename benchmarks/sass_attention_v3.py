@@ -117,12 +117,9 @@ def compile_v3(args: argparse.Namespace) -> tuple[str, str, int, str]:
         PLAIN_LOADS_L2_256B=args.plain_loads_l2_256b,
         LOADS_BEFORE_WAIT=args.loads_before_pdl_wait,
         SPLIT_MAJOR=args.split_major,
-        REDUCE_IN_LAST=args.reduce_in_last_program,
-        REDUCE_PARTS=4,
-        OFFSET=False,
     )
     pointer_types = dict(qw_ptr="*fp16", kc_ptr="*u8", vc_ptr="*u8", ks_ptr="*fp16", vs_ptr="*fp16")
-    pointer_types.update(seq_lens_ptr="*i32", slot_coef_ptr="*i32", arrivals_ptr="*i32", out_ptr="*bf16")
+    pointer_types.update(seq_lens_ptr="*i32", slot_coef_ptr="*i32")
     signature = {}
     for name in fn.arg_names:
         if name in constexprs:
@@ -234,11 +231,6 @@ def main() -> None:
     )
     p.add_argument(
         "--split-major", action="store_true", help="grid (programs, splits): a remainder split plan's launch"
-    )
-    p.add_argument(
-        "--reduce-in-last-program",
-        action="store_true",
-        help="the pair's last program reduces its partials and writes the output",
     )
     p.add_argument("--out", default="build/sass_v3")
     p.add_argument(

@@ -57,10 +57,6 @@ class LaunchConfig:
     # session: at one sequence merge 3.9 + transform 3.1 us against the per-row reduce's 6.1, the op
     # 3-5% slower (a second kernel's fixed cost): off
     reduce_merge_channels: int = 0
-    # decode launches of v1 or v3 (at most 8 query rows a program): no reduce kernels; each pair's
-    # partials are merged, transformed and written out by whichever program writes the pair's last
-    # one (kernels/attention_last_reduce.py: an arrival counter per pair)
-    reduce_in_last_program: bool = False
     reduce_warps: int = 4  # per-row reduce: warps per program
     # with reduce_gemm_min_rows: the per-row merge's warps per program (0: reduce_warps). One warp
     # sums a row's partials in its own registers; four split them across warps and meet through

@@ -1039,12 +1039,6 @@ if HAS_TRITON:
         _transform_heads_kernel,
     )
 
-# the reduce done by each pair's last program instead: kernels/attention_last_reduce.py
-from .attention_last_reduce import arrival_counters, parts_per_load  # noqa: E402
-
-if HAS_TRITON:
-    from .attention_last_reduce import arrive_and_reduce  # noqa: E402
-
 # launch configurations and launch sizing: kernels/attention_config.py
 from .attention_config import (  # noqa: E402
     SMALL_LAUNCH_CONFIGS,
@@ -1240,15 +1234,11 @@ if HAS_TRITON:
         n_new,
         n_row_blocks,
         qk_scale,
-        arrivals_ptr,  # int32 [programs]: the call's arrival counters (ZERO_ARRIVALS)
         D: tl.constexpr,
         S: tl.constexpr,
         BLOCK_M: tl.constexpr,
         D_CHUNK: tl.constexpr,
         PDL: tl.constexpr = False,  # launched with programmatic dependent launch (see _pdl)
-        # zero each program's arrival counter (LaunchConfig.reduce_in_last_program): every kernel
-        # that arrives waits for this one
-        ZERO_ARRIVALS: tl.constexpr = False,
     ):
         """q_w = M_h (q * s_k) * qk_scale * step in fp16 for D_CHUNK of the S kernel slots (D for
         v1, padded field planes for v2) per program, and that chunk's share of each band's score
@@ -1281,8 +1271,6 @@ if HAS_TRITON:
             D,
         )
         tl.store(qw_ptr + pid * BLOCK_M * S + local[:, None] * S + cols[None, :], qw16)
-        if ZERO_ARRIVALS and chunk == 0:
-            tl.store(arrivals_ptr + pid + local, tl.zeros([BLOCK_M], tl.int32), mask=local == 0)
         qc = qc_ptr + (pid * (S // D_CHUNK) + chunk) * BLOCK_M * 4 + local * 4
         tl.store(qc + 0, qc0)
         tl.store(qc + 1, qc1)
@@ -1309,14 +1297,12 @@ if HAS_TRITON:
         group,
         n_new,
         qk_scale,
-        arrivals_ptr,  # int32 [programs]: the call's arrival counters (ZERO_ARRIVALS)
         D: tl.constexpr,
         S: tl.constexpr,
         BLOCK_M: tl.constexpr,
         D_CHUNK: tl.constexpr,
         ROWS: tl.constexpr,
         PDL: tl.constexpr = False,  # launched with programmatic dependent launch (see _pdl)
-        ZERO_ARRIVALS: tl.constexpr = False,  # as in _prologue_kernel
     ):
         """_prologue_kernel for one row block per (sequence, kv head) (decode): the query rows of
         ROWS / BLOCK_M sequences that share a kv head's M go through one [ROWS, D] x [D, D_CHUNK]
@@ -1352,8 +1338,6 @@ if HAS_TRITON:
         program = seq * n_kv_heads + kv_head
         ok = seq < batch
         tl.store(qw_ptr + (program * BLOCK_M + local)[:, None] * S + cols[None, :], qw16, mask=ok[:, None])
-        if ZERO_ARRIVALS and chunk == 0:
-            tl.store(arrivals_ptr + program, tl.zeros([ROWS], tl.int32), mask=ok & (local == 0))
         qc = qc_ptr + ((program * (S // D_CHUNK) + chunk) * BLOCK_M + local) * 4
         tl.store(qc + 0, qc0, mask=ok)
         tl.store(qc + 1, qc1, mask=ok)
@@ -1880,19 +1864,6 @@ if HAS_TRITON:
         split_num,  # each split's share of the compressed span: split_num / split_den (SplitPlan)
         split_den,
         qk_scale,
-        # REDUCE_IN_LAST: the pairs' arrival counters and where the output goes (the reduce's
-        # arguments; kernels/attention_last_reduce.py). Unread otherwise.
-        arrivals_ptr,
-        transform_ptr,
-        transform_stride_h,
-        v_scale_ptr,
-        v_scale_stride_h,
-        v_offset_ptr,
-        v_offset_stride_h,
-        out_ptr,
-        out_stride_b,
-        out_stride_h,
-        out_stride_t,
         CODE_STRIDE: tl.constexpr,
         SCALE_STRIDE: tl.constexpr,
         N_SCALES: tl.constexpr,
@@ -1930,10 +1901,6 @@ if HAS_TRITON:
         KB3_AFFINE: tl.constexpr,
         CENTRE_IN_MMA: tl.constexpr = False,
         PDL: tl.constexpr = False,  # launched with programmatic dependent launch (see _pdl)
-        # the program that writes its pair's last partial reduces them (see _exact_kernel)
-        REDUCE_IN_LAST: tl.constexpr = False,
-        REDUCE_PARTS: tl.constexpr = 4,
-        OFFSET: tl.constexpr = False,
     ):
         """One (split, sequence, kv head, row block): online softmax over a range of compressed
         tokens in the coefficient domain, or (last split) over the exact tokens."""
@@ -2239,34 +2206,6 @@ if HAS_TRITON:
                     BLOCK_M,
                     D,
                 )
-        if REDUCE_IN_LAST:
-            arrive_and_reduce(
-                arrivals_ptr,
-                m_ptr,
-                l_ptr,
-                acc_ptr,
-                pid,
-                n_row_blocks,
-                n_kv_heads,
-                group,
-                n_new,
-                num_splits,
-                num_splits + 1,
-                transform_ptr,
-                transform_stride_h,
-                v_scale_ptr,
-                v_scale_stride_h,
-                v_offset_ptr,
-                v_offset_stride_h,
-                out_ptr,
-                out_stride_b,
-                out_stride_h,
-                out_stride_t,
-                D,
-                BLOCK_M,
-                REDUCE_PARTS,
-                OFFSET,
-            )
 
     _FIELD_ASM_TABLE = tl.constexpr(_FIELD_ASMS)
     _BYTE_FIELD_ASM_TABLE = tl.constexpr(_BYTE_FIELD_ASMS)
@@ -2737,19 +2676,6 @@ if HAS_TRITON:
         num_splits,
         n_parts,  # partials per program: num_splits compressed ranges, then the exact chunks
         qk_scale,
-        # REDUCE_IN_LAST: the pairs' arrival counters and where the output goes (the reduce's
-        # arguments; kernels/attention_last_reduce.py). Unread otherwise.
-        arrivals_ptr,
-        transform_ptr,
-        transform_stride_h,
-        v_scale_ptr,
-        v_scale_stride_h,
-        v_offset_ptr,
-        v_offset_stride_h,
-        out_ptr,
-        out_stride_b,
-        out_stride_h,
-        out_stride_t,
         D: tl.constexpr,
         BLOCK_M: tl.constexpr,
         EXACT_BLOCK: tl.constexpr,
@@ -2765,11 +2691,6 @@ if HAS_TRITON:
         # >= 0: the preferred shared-memory carveout (percent) that launch() sets on this compiled
         # variant (LaunchConfig.exact_carveout; the body does not read it)
         CARVEOUT: tl.constexpr = -1,
-        # the program that writes its pair's last partial reduces them and writes the output
-        # (LaunchConfig.reduce_in_last_program): REDUCE_PARTS partials a load, OFFSET as the reduce's
-        REDUCE_IN_LAST: tl.constexpr = False,
-        REDUCE_PARTS: tl.constexpr = 4,
-        OFFSET: tl.constexpr = False,
     ):
         """The exact sink/window tokens of one (sequence, kv head, row block) as partials num_splits
         onwards, one per chunk of CHUNK_SLOTS slots (grid (programs, chunks)), for split kernels that
@@ -2813,34 +2734,6 @@ if HAS_TRITON:
         )
         if PDL_CHAIN:
             tl.extra.cuda.gdc_wait()
-        if REDUCE_IN_LAST:
-            arrive_and_reduce(
-                arrivals_ptr,
-                m_ptr,
-                l_ptr,
-                acc_ptr,
-                pid,
-                n_row_blocks,
-                n_kv_heads,
-                group,
-                n_new,
-                num_splits,
-                n_parts,
-                transform_ptr,
-                transform_stride_h,
-                v_scale_ptr,
-                v_scale_stride_h,
-                v_offset_ptr,
-                v_offset_stride_h,
-                out_ptr,
-                out_stride_b,
-                out_stride_h,
-                out_stride_t,
-                D,
-                BLOCK_M,
-                REDUCE_PARTS,
-                OFFSET,
-            )
 
 
 # query rows per program of _prologue_heads_kernel (the dot's M): 16 sequences' 4-row blocks. It runs
@@ -2890,14 +2783,12 @@ def _launch_exact(
     config: LaunchConfig,
     chain: bool = False,
     carveout: int = -1,
-    last_reduce: tuple = (),
 ) -> None:
     """The exact sink/window tokens' partials (slots num_splits onwards, one per exact program:
     exact_chunks) for the v3 split kernel, on the current stream (arguments as for _launch_v3; dims
     end with n_parts and the exact slots per program). chain: launched with PDL right after the
     split kernel (LaunchConfig.exact_in_chain). carveout: its preferred shared-memory carveout in
-    percent (attention_config.exact_carveout), -1 for the driver's choice. last_reduce: the
-    (runtime arguments, constexprs) of the reduce in each pair's last program (_last_reduce)."""
+    percent (attention_config.exact_carveout), -1 for the driver's choice."""
     _, _, m_part, l_part, acc_part = parts
     hkv, group, tq, n_row_blocks, num_splits, _, block_m, d, programs, qk_scale, n_parts, chunk_slots = dims
     chunks = n_parts - num_splits
@@ -2919,7 +2810,6 @@ def _launch_exact(
         num_splits,
         n_parts,
         qk_scale,
-        *last_reduce[0],
         D=d,
         BLOCK_M=block_m,
         EXACT_BLOCK=config.exact_block,
@@ -2930,7 +2820,6 @@ def _launch_exact(
         num_warps=1,
         **({"PDL_CHAIN": True, "launch_pdl": True} if chain else {}),
         **({"CARVEOUT": carveout} if carveout >= 0 and q.is_cuda else {}),
-        **last_reduce[1],
     )
 
 
@@ -2951,14 +2840,13 @@ def _launch_v3(
     side: torch.cuda.Stream | None = None,
     carveout: int = -1,
     plan: SplitPlan | None = None,
-    last_reduce: tuple = (),
 ) -> None:
     """The exact-token kernel and the Gluon split kernel v3 (wavelet_attention_triton's v3 branch;
     parts: its qw, qc and partial buffers; dims: its launch sizes, in the order unpacked below).
     side: a stream ordered after the prologue, to run the exact-token kernel on once the split
     kernel is enqueued (the caller joins it back before the reduce), else None. carveout: the
     exact-token kernel's (_launch_exact). plan: how the splits cut each span (equal splits of
-    dims' num_splits when None). last_reduce: as for _launch_exact, for both kernels."""
+    dims' num_splits when None)."""
     from .wavelet_attention_gluon import split_kernel_v3
 
     qw, qc, m_part, l_part, acc_part = parts
@@ -2969,14 +2857,10 @@ def _launch_v3(
         ptx_patches.install()  # before the marked kernel compiles
     chain = config.exact_in_chain and _pdl(config, q.device)
     if side is None and not config.exact_in_chain:
-        _launch_exact(
-            q, common_exact, parts, dims, layout, config, carveout=carveout, last_reduce=last_reduce
-        )
+        _launch_exact(q, common_exact, parts, dims, layout, config, carveout=carveout)
     if side is not None and config.exact_before_split:
         with torch.cuda.stream(side):
-            _launch_exact(
-                q, common_exact, parts, dims, layout, config, carveout=carveout, last_reduce=last_reduce
-            )
+            _launch_exact(q, common_exact, parts, dims, layout, config, carveout=carveout)
     plan = plan or SplitPlan(num_splits)
     launch(
         split_kernel_v3,
@@ -3010,7 +2894,6 @@ def _launch_v3(
         n_parts,
         plan.split_num,
         plan.split_den,
-        *last_reduce[0],
         CODE_ROW=k_codes.stride(2) // 2,
         SCALE_ROW=k_scales.stride(2),
         E4=layout.band_byte_offsets[0] // 2,
@@ -3041,28 +2924,15 @@ def _launch_v3(
         PLAIN_LOADS_L2_256B=config.plain_loads_l2_256b,
         **({"LOADS_BEFORE_WAIT": config.loads_before_pdl_wait} if config.loads_before_pdl_wait else {}),
         **({"SPLIT_MAJOR": True} if plan.split_major else {}),
-        **last_reduce[1],
         num_warps=1,
         **split_options,
         **_dependent(_pdl(config, q.device)),
     )
     if config.exact_in_chain:  # in order after the split kernel (beside it with PDL)
-        _launch_exact(
-            q,
-            common_exact,
-            parts,
-            dims,
-            layout,
-            config,
-            chain=chain,
-            carveout=carveout,
-            last_reduce=last_reduce,
-        )
+        _launch_exact(q, common_exact, parts, dims, layout, config, chain=chain, carveout=carveout)
     if side is not None and not config.exact_before_split:
         with torch.cuda.stream(side):
-            _launch_exact(
-                q, common_exact, parts, dims, layout, config, carveout=carveout, last_reduce=last_reduce
-            )
+            _launch_exact(q, common_exact, parts, dims, layout, config, carveout=carveout)
 
 
 def wavelet_attention_triton(
@@ -3187,33 +3057,6 @@ def wavelet_attention_triton(
     v_rotation = None if v_params.rotation is None else _on(v_params.rotation, device)
     v_offset = None if v_params.offset is None else _on(v_params.offset, device)
     q_transform, q_transform_stride_h = query_transform(slot_rows, k_rotation, k_channel_scale)
-    if v_rotation is not None:  # W, R and s as one matrix per kv head: the reduces apply no R
-        inverse = value_transform(inverse, v_rotation, v_cs, v_channel_scale)
-        v_cs = _ones(hkv, d, device)
-    # the way back to channels and out: what the reduces and _transform_heads_kernel all take
-    output_args = (
-        inverse,
-        inverse.stride(0) if inverse.dim() == 3 else 0,
-        v_cs,
-        v_cs.stride(0),
-        v_cs if v_offset is None else v_offset,  # unread without OFFSET
-        0 if v_offset is None else v_offset.stride(0),
-        out,
-        out.stride(0),
-        out.stride(1),
-        out.stride(2),
-    )
-    # LaunchConfig.reduce_in_last_program: each pair's last program reduces (v1 and v3, decode-sized
-    # row blocks); last_reduce holds the kernels' extra (runtime arguments, constexprs), its first
-    # argument the call's arrival counters, which the prologue zeroes
-    in_last = config.reduce_in_last_program and kernel in ("v1", "v3") and block_m * d <= 1024
-    if in_last:
-        last_reduce = (
-            (arrival_counters(device, programs), *output_args),
-            dict(REDUCE_IN_LAST=True, REDUCE_PARTS=parts_per_load(block_m, d), OFFSET=v_offset is not None),
-        )
-    else:  # unread placeholders of the same arguments
-        last_reduce = ((m_part, *output_args), {})
     pdl = _pdl(config, device)  # the prologue lets the split kernel launch early; see LaunchConfig.pdl
     # overlap_exact: the exact-token kernel runs on the side stream (forked after the prologue);
     # deferred cache writes of this step's tokens (kernels/side_stream.py) are queued there ahead of
@@ -3246,7 +3089,6 @@ def wavelet_attention_triton(
             group,
             tq,
             qk_scale,
-            last_reduce[0][0],
             D=d,
             S=n_slots,
             BLOCK_M=block_m,
@@ -3254,7 +3096,6 @@ def wavelet_attention_triton(
             ROWS=PROLOGUE_TILE_ROWS,
             num_warps=4,
             **({"PDL": True} if pdl else {}),
-            **({"ZERO_ARRIVALS": True} if in_last else {}),
         )
     else:
         launch(
@@ -3278,14 +3119,12 @@ def wavelet_attention_triton(
             tq,
             n_row_blocks,
             qk_scale,
-            last_reduce[0][0],
             D=d,
             S=n_slots,
             BLOCK_M=block_m,
             D_CHUNK=d_chunk,
             num_warps=4,
             **({"PDL": True} if pdl else {}),
-            **({"ZERO_ARRIVALS": True} if in_last else {}),
         )
     # overlap_exact: the exact-token kernel's stream forks after the prologue and joins back
     # before the reduce; the kernel is enqueued after the split kernel, so the split's programs
@@ -3322,7 +3161,6 @@ def wavelet_attention_triton(
                     side,
                     exact_carveout(config, programs * num_splits, programs * exact_programs, device),
                     plan,
-                    last_reduce,
                 )
             finally:  # the reduce (or the fallback below) runs after the exact tokens' partial
                 if side is not None:
@@ -3444,7 +3282,6 @@ def wavelet_attention_triton(
             split_num,
             split_den,
             qk_scale,
-            *last_reduce[0],
             CODE_STRIDE=k_codes.stride(2),
             SCALE_STRIDE=k_scales.stride(2),
             N_SCALES=layout.n_bands,
@@ -3462,10 +3299,23 @@ def wavelet_attention_triton(
             **split_options,
             **plan.constexprs,
             **_dependent(pdl),
-            **last_reduce[1],
         )
-    if in_last:  # the output is written: the reduce ran in each pair's last program
-        return out
+    if v_rotation is not None:  # W, R and s as one matrix per kv head: the reduces apply no R
+        inverse = value_transform(inverse, v_rotation, v_cs, v_channel_scale)
+        v_cs = _ones(hkv, d, device)
+    # the way back to channels and out: what the reduces and _transform_heads_kernel all take
+    output_args = (
+        inverse,
+        inverse.stride(0) if inverse.dim() == 3 else 0,
+        v_cs,
+        v_cs.stride(0),
+        v_cs if v_offset is None else v_offset,  # unread without OFFSET
+        0 if v_offset is None else v_offset.stride(0),
+        out,
+        out.stride(0),
+        out.stride(1),
+        out.stride(2),
+    )
     reduce_args = (m_part, l_part, acc_part, *output_args, hkv, group, tq, n_row_blocks, num_splits, n_parts)
     channel_flags = dict(OFFSET=v_offset is not None)
     # the reduce waits in-kernel for the split kernel (PDL) unless a stream join comes between them

@@ -33,10 +33,6 @@ compiles the kernel for sm_90 (so CI's Triton proves it still builds).
 from __future__ import annotations
 
 from . import ptx_patches
-from .attention_last_reduce import HAS_GLUON as _HAS_LAST_REDUCE
-
-if _HAS_LAST_REDUCE:
-    from .attention_last_reduce import arrive_and_reduce_gluon
 from .wavelet_attention import _MODE_MAGIC, MAGIC_OFFSET, _field_asm, field_layout
 
 try:  # Gluon ships with Triton >= 3.5; without it v3 is simply unavailable
@@ -635,19 +631,6 @@ if HAS_GLUON:
         # steps, the last one what is left (1 / num_splits: equal splits; see attention_config.SplitPlan)
         split_num,
         split_den,
-        # REDUCE_IN_LAST: the pair's arrival counters and where its output goes (the reduce's
-        # arguments; see kernels/attention_last_reduce.py). Unread otherwise.
-        arrivals_ptr,
-        transform_ptr,
-        transform_stride_h,
-        v_scale_ptr,
-        v_scale_stride_h,
-        v_offset_ptr,
-        v_offset_stride_h,
-        out_ptr,
-        out_stride_b,
-        out_stride_h,
-        out_stride_t,
         CODE_ROW: gl.constexpr,  # int16 elements per code row (token stride)
         SCALE_ROW: gl.constexpr,  # fp16 scales per row (token stride)
         E4: gl.constexpr,  # first int16 element of the 4-bit band
@@ -705,12 +688,6 @@ if HAS_GLUON:
         # grid (programs, num_splits) instead of (num_splits, programs): blocks go out split by
         # split, so a plan's short last splits come after every long one (SplitPlan.split_major)
         SPLIT_MAJOR: gl.constexpr = False,
-        # the program that writes its (sequence, kv head)'s last partial reduces them and writes the
-        # output (LaunchConfig.reduce_in_last_program); REDUCE_PARTS partials per load, OFFSET: add
-        # the value offset
-        REDUCE_IN_LAST: gl.constexpr = False,
-        REDUCE_PARTS: gl.constexpr = 4,
-        OFFSET: gl.constexpr = False,
     ):
         """One (split, sequence, kv head, row block): online softmax over a range of compressed
         tokens in the coefficient domain; grid (num_splits, programs), or (programs, num_splits)
@@ -951,31 +928,3 @@ if HAS_GLUON:
         _store_operand(a5, wsb, acc_out, v_step_ptr, v_shift_ptr, slot_coef_ptr, row_ok, 80, D)
         _store_operand(a6, wsb, acc_out, v_step_ptr, v_shift_ptr, slot_coef_ptr, row_ok, 96, D)
         _store_operand(a7, wsb, acc_out, v_step_ptr, v_shift_ptr, slot_coef_ptr, row_ok, 112, D)
-        if REDUCE_IN_LAST:
-            arrive_and_reduce_gluon(
-                arrivals_ptr,
-                m_ptr,
-                l_ptr,
-                acc_ptr,
-                gl.program_id(0) if SPLIT_MAJOR else gl.program_id(1),  # pid, not held over the loop
-                n_row_blocks,
-                n_kv_heads,
-                group,
-                n_new,
-                num_splits,
-                n_parts,
-                transform_ptr,
-                transform_stride_h,
-                v_scale_ptr,
-                v_scale_stride_h,
-                v_offset_ptr,
-                v_offset_stride_h,
-                out_ptr,
-                out_stride_b,
-                out_stride_h,
-                out_stride_t,
-                D,
-                BLOCK_M,
-                REDUCE_PARTS,
-                OFFSET,
-            )
