@@ -47,7 +47,7 @@
 #                                                 # breakdown (Nsight Compute)
 set -u
 case "${1:-}" in
-tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce) ;;
+tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce | exact_remainder) ;;
 grid | timeline)
     if [ ! -f "${2:-}" ]; then
         echo "$1 needs a JSON file of LaunchConfig dicts (e.g. benchmarks/probe_one_block_step.json), got '${2:-}'" >&2
@@ -55,7 +55,7 @@ grid | timeline)
     fi
     ;;
 *)
-    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|reduce|remainder|small_reduce|grid FILE.json|timeline FILE.json|stalls [tuned|keys_in_step]" >&2
+    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|reduce|remainder|small_reduce|exact_remainder|grid FILE.json|timeline FILE.json|stalls [tuned|keys_in_step]" >&2
     exit 2
     ;;
 esac
@@ -211,6 +211,12 @@ small_reduce)
     # session); one-warp merges (no barriers in the sum; 207 / 124 registers offline) may change that
     probe_grid benchmarks/probe_small_reduce.json "1,32768" small_reduce 200
     probe_timeline benchmarks/probe_small_reduce_timeline.json "1,32768" 120
+    ;;
+exact_remainder)
+    # twenty-first session: with the remainder split at (32, 32768) the exact-token kernel's
+    # programs start at 198 us and end 2.3 us after the split kernel (timeline), on the critical
+    # path: 3 or 8 exact programs per pair instead of 5, or the exact kernel enqueued first
+    probe_grid benchmarks/probe_exact_with_remainder.json "32,32768;8,131072" exact_remainder 240
     ;;
 kvwarps)
     # fifteenth session: partials bit-identical to v3's, 0.79x its token rate (RESULTS.md, issue 3)
