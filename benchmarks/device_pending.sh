@@ -47,7 +47,7 @@
 #                                                 # breakdown (Nsight Compute)
 set -u
 case "${1:-}" in
-tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce | exact_remainder | exact_first) ;;
+tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce | exact_remainder) ;;
 grid | timeline)
     if [ ! -f "${2:-}" ]; then
         echo "$1 needs a JSON file of LaunchConfig dicts (e.g. benchmarks/probe_one_block_step.json), got '${2:-}'" >&2
@@ -55,7 +55,7 @@ grid | timeline)
     fi
     ;;
 *)
-    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|reduce|remainder|small_reduce|exact_remainder|exact_first|grid FILE.json|timeline FILE.json|stalls [tuned|keys_in_step]" >&2
+    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|reduce|remainder|small_reduce|exact_remainder|grid FILE.json|timeline FILE.json|stalls [tuned|keys_in_step]" >&2
     exit 2
     ;;
 esac
@@ -217,16 +217,6 @@ exact_remainder)
     # programs start at 198 us and end 2.3 us after the split kernel (timeline), on the critical
     # path: 3 or 8 exact programs per pair instead of 5, or the exact kernel enqueued first
     probe_grid benchmarks/probe_exact_with_remainder.json "32,32768;8,131072" exact_remainder 240
-    ;;
-exact_first)
-    # twenty-first session, prepared: the exact-token kernel's stream forked before the prologue
-    # (exact_before_prologue): its programs run while the split kernel's wait for the prologue,
-    # not in the split kernel's tail. GPU tests (bit-identical to in order, from a CUDA graph with a
-    # fresh query), then grid and timeline against the tuned launch
-    attention_tests "side_stream_equal"
-    probe_grid benchmarks/probe_exact_before_prologue.json "32,32768;8,131072;8,32768" exact_first 200
-    probe_grid benchmarks/probe_exact_before_prologue_one_sequence.json "1,32768" exact_first_one 80
-    probe_timeline benchmarks/probe_exact_before_prologue_timeline.json "32,32768;8,131072" 100
     ;;
 kvwarps)
     # fifteenth session: partials bit-identical to v3's, 0.79x its token rate (RESULTS.md, issue 3)

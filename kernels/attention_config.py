@@ -143,11 +143,6 @@ class LaunchConfig:
     # starts only at 13 of 26 us though the split kernel leaves SMs free; enqueued before, it started
     # no sooner (the op within the spread): off
     exact_before_split: bool = False
-    # v3 with overlap_exact: the exact-token kernel's stream forks before the prologue, not after
-    # it (the kernel reads the query, not the prologue's output), so the exact programs run while
-    # the split kernel's resident programs wait for the prologue, instead of in the split kernel's
-    # tail, where at (32, 32768) they ended 2.3 us after it (twenty-first session)
-    exact_before_prologue: bool = False
     # v3 with overlap_exact: the exact-token kernel's preferred shared-memory carveout, in percent of
     # the SM's most shared memory (-1: the driver's choice). The driver picks one per kernel, and an
     # SM running split programs takes no exact program of another carveout until it drains: at one
@@ -283,11 +278,6 @@ class LaunchConfig:
             raise ValueError(
                 "LaunchConfig.p_movmatrix is a v3 option for convert_p_once (p converted once): "
                 f"got kernel={self.kernel!r}, convert_p_once={self.convert_p_once}"
-            )
-        if self.exact_before_prologue and not (self.kernel == "v3" and self.overlap_exact):
-            raise ValueError(
-                "LaunchConfig.exact_before_prologue is a v3 option for overlap_exact (the exact-token "
-                f"kernel's own stream): got kernel={self.kernel!r}, overlap_exact={self.overlap_exact}"
             )
         if self.exact_in_chain and (self.kernel != "v3" or self.overlap_exact or not self.pdl):
             raise ValueError(
@@ -504,7 +494,6 @@ V3_ONLY_OPTIONS = (
     "row_copies",
     "loads_before_pdl_wait",
     "exact_before_split",
-    "exact_before_prologue",
 )
 
 

@@ -2840,15 +2840,13 @@ def _launch_v3(
     side: torch.cuda.Stream | None = None,
     carveout: int = -1,
     plan: SplitPlan | None = None,
-    exact_launched: bool = False,
 ) -> None:
     """The exact-token kernel and the Gluon split kernel v3 (wavelet_attention_triton's v3 branch;
     parts: its qw, qc and partial buffers; dims: its launch sizes, in the order unpacked below).
     side: a stream ordered after the prologue, to run the exact-token kernel on once the split
     kernel is enqueued (the caller joins it back before the reduce), else None. carveout: the
     exact-token kernel's (_launch_exact). plan: how the splits cut each span (equal splits of
-    dims' num_splits when None). exact_launched: the caller has enqueued the exact-token kernel
-    already (LaunchConfig.exact_before_prologue): only the split kernel here."""
+    dims' num_splits when None)."""
     from .wavelet_attention_gluon import split_kernel_v3
 
     qw, qc, m_part, l_part, acc_part = parts
@@ -2858,9 +2856,7 @@ def _launch_v3(
 
         ptx_patches.install()  # before the marked kernel compiles
     chain = config.exact_in_chain and _pdl(config, q.device)
-    if exact_launched:
-        side = None  # (and exact_in_chain is off: LaunchConfig checks)
-    elif side is None and not config.exact_in_chain:
+    if side is None and not config.exact_in_chain:
         _launch_exact(q, common_exact, parts, dims, layout, config, carveout=carveout)
     if side is not None and config.exact_before_split:
         with torch.cuda.stream(side):
@@ -2932,7 +2928,7 @@ def _launch_v3(
         **split_options,
         **_dependent(_pdl(config, q.device)),
     )
-    if config.exact_in_chain and not exact_launched:  # in order after the split kernel (beside it with PDL)
+    if config.exact_in_chain:  # in order after the split kernel (beside it with PDL)
         _launch_exact(q, common_exact, parts, dims, layout, config, chain=chain, carveout=carveout)
     if side is not None and not config.exact_before_split:
         with torch.cuda.stream(side):
@@ -3069,35 +3065,6 @@ def wavelet_attention_triton(
     caches = (k_codes, k_scales, v_codes, v_scales, k_exact, v_exact)
     if q.is_cuda and side is None and any(_side.pending(c) for c in caches):
         _side.join(device, caches)
-    common_exact = (
-        k_exact,
-        *k_exact.stride()[:3],
-        v_exact,
-        *v_exact.stride()[:3],
-        seq_lens,
-    )
-    exact_dims = (hkv, group, tq, n_row_blocks, num_splits, n_qc, block_m, d, programs, qk_scale)
-    exact_dims += (n_parts, exact_slots)
-    carveout = (
-        exact_carveout(config, programs * num_splits, programs * exact_programs, device) if use_v3 else -1
-    )
-    # exact_before_prologue: the exact-token kernel reads the query itself, not the prologue's
-    # output, so its stream may fork before the prologue and run it while the split kernel's
-    # programs wait for the prologue (its launch ordered after the query's writes and the deferred
-    # cache writes queued on that stream)
-    early_exact = side is not None and config.exact_before_prologue
-    if early_exact:
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):
-            _launch_exact(
-                q,
-                common_exact,
-                (qw, qc, m_part, l_part, acc_part),
-                exact_dims,
-                layout,
-                config,
-                carveout=carveout,
-            )
     if n_row_blocks == 1 and batch * block_m >= PROLOGUE_HEADS_MIN_ROWS and d <= 128:
         # decode with many sequences: the rows that share a kv head's transform in one dot (head_dim
         # 256 would hold a [64, 256] fp32 query tile per program: not measured, so not taken)
@@ -3162,10 +3129,17 @@ def wavelet_attention_triton(
     # overlap_exact: the exact-token kernel's stream forks after the prologue and joins back
     # before the reduce; the kernel is enqueued after the split kernel, so the split's programs
     # take the SMs first and the exact ones fill the slots its last, partial wave leaves free
-    if side is not None and not early_exact:
+    if side is not None:
         side.wait_stream(torch.cuda.current_stream(device))
     # ptxas register cap for the split kernel (more resident programs per SM; GPU compile only)
     split_options = {} if config.maxnreg is None or interpreting else {"maxnreg": config.maxnreg}
+    common_exact = (
+        k_exact,
+        *k_exact.stride()[:3],
+        v_exact,
+        *v_exact.stride()[:3],
+        seq_lens,
+    )
     if use_v3:
         try:
             try:
@@ -3179,14 +3153,14 @@ def wavelet_attention_triton(
                     seq_lens,
                     plan2,
                     (qw, qc, m_part, l_part, acc_part),
-                    exact_dims,
+                    (hkv, group, tq, n_row_blocks, num_splits, n_qc, block_m, d, programs, qk_scale)
+                    + (n_parts, exact_slots),
                     layout,
                     config,
                     split_options,
                     side,
-                    carveout,
+                    exact_carveout(config, programs * num_splits, programs * exact_programs, device),
                     plan,
-                    exact_launched=early_exact,
                 )
             finally:  # the reduce (or the fallback below) runs after the exact tokens' partial
                 if side is not None:

@@ -360,8 +360,6 @@ def test_tuned_config_by_launch_size():
         # the exact kernel is either on the side stream or in the PDL chain, and the chain needs PDL
         (dict(kernel="v3", num_warps=1, pdl=True, overlap_exact=True, exact_in_chain=True), "exact_in_chain"),
         (dict(kernel="v3", num_warps=1, exact_in_chain=True), "exact_in_chain"),
-        # forked before the prologue: only from the side stream
-        (dict(kernel="v3", num_warps=1, exact_before_prologue=True), "exact_before_prologue"),
         # row copies bring the keys through the ring too, and replace the 8-byte cached copies
         (dict(kernel="v3", num_warps=1, row_copies=True), "row_copies"),
         (dict(kernel="v3", num_warps=1, keys_via_smem=True, cache_tiles=True, row_copies=True), "row_copies"),
@@ -654,23 +652,17 @@ def test_gpu_v3_layout_options_leave_the_result_bit_identical():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("order", ["after_split", "before_split", "before_prologue"])
-def test_gpu_exact_tokens_on_a_side_stream_equal_the_in_order_launch_also_in_a_cuda_graph(order):
+@pytest.mark.parametrize("before_split", [False, True])
+def test_gpu_exact_tokens_on_a_side_stream_equal_the_in_order_launch_also_in_a_cuda_graph(before_split):
     # overlap_exact forks the exact-token kernel onto a second stream and joins it before the
     # reduce: the result must be bit-identical to the in-order launch, eagerly and replayed from a
     # CUDA graph whose exact inputs and query changed after capture (a missing join would race the
-    # reduce); enqueued there before the split kernel's launch (exact_before_split) or after it, or
-    # forked before the prologue (exact_before_prologue: the exact kernel reads the query itself)
+    # reduce); enqueued there before the split kernel's launch (exact_before_split) or after it
     codec, args = make_case(
         UNIFORM_REAL, 5, 2, 4, 1, 128, [4096, 1, 1000, 2049, 133], 4096, torch.bfloat16, "cuda", "full"
     )
     in_order = K.LaunchConfig(kernel="v3", num_stages=1, cache_tiles=True, convert_p_once=True, maxnreg=168)
-    overlap = dataclasses.replace(
-        in_order,
-        overlap_exact=True,
-        exact_before_split=order == "before_split",
-        exact_before_prologue=order == "before_prologue",
-    )
+    overlap = dataclasses.replace(in_order, overlap_exact=True, exact_before_split=before_split)
     K._SIDE_STREAMS.clear()
     assert torch.equal(
         _run_triton(args, codec, 128**-0.5, config=overlap),
