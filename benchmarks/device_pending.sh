@@ -167,8 +167,9 @@ profile)
     sed -n '/replay timeline/,$p' "$OUT/profile.txt" | head -45
     ;;
 grid)
+    # (an optional third argument: the shapes, "B,N;B,N")
     run 400 python3 -P benchmarks/probe_attention.py grid --configs "$2" \
-        --shapes "8,131072;32,32768;8,32768" --out "$OUT"
+        --shapes "${3:-8,131072;32,32768;8,32768}" --out "$OUT"
     ;;
 timeline)
     # eighteenth session: the exact-token kernel's tail and the reduce, outside the split kernel
