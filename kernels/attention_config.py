@@ -185,7 +185,8 @@ class LaunchConfig:
     # round): -2.4% at (32, 32768) (256 programs; timeline period 250.2 -> 246.5 us), +2.1% at
     # (8, 32768) (64 programs: there the exact-token kernel's 320 programs run in the wave's free
     # slots from the start, beside the short splits) and +4.8% at (8, 131072) (two waves of equal
-    # splits became one of 24 long and a short one). Tuned: on, from 128 programs
+    # splits became one of 24 long and a short one). Tuned: on, from 128 programs ((16, 32768), 128
+    # programs, takes it by this rule unmeasured: benchmarks/probe_remainder_sixteen.json)
     remainder_split: bool = False
     remainder_split_min_programs: int = 0
     # programmatic dependent launch (sm_90+): the split kernel and the reduce are launched while the
