@@ -290,6 +290,11 @@ class LaunchConfig:
             raise ValueError(f"LaunchConfig.reduce_warps must be 1, 2, 4, 8 or 16, got {self.reduce_warps}")
         if self.exact_chunks < 1:
             raise ValueError(f"LaunchConfig.exact_chunks must be >= 1, got {self.exact_chunks}")
+        if self.remainder_split_min_programs < 0:
+            raise ValueError(
+                "LaunchConfig.remainder_split_min_programs must be >= 0 (0: any launch), got "
+                f"{self.remainder_split_min_programs}"
+            )
         if self.whole_waves and self.maxnreg is None:
             raise ValueError(
                 "LaunchConfig.whole_waves needs maxnreg: the register cap fixes how many programs an "

@@ -350,6 +350,7 @@ def test_tuned_config_by_launch_size():
         (dict(block_n=48), "block_n"),
         (dict(reduce_split_chunk=0), "reduce_split_chunk"),
         (dict(kernel="v4"), "kernel"),
+        (dict(remainder_split_min_programs=-1), "remainder_split_min_programs"),
         # without cache_tiles the tiles are copied in another layout
         (dict(kernel="v3", num_warps=1, copy_layout_tokens=True), "copy_layout_tokens"),
         (dict(kernel="v1", cache_tiles=True, copy_layout_tokens=True), "copy_layout_tokens"),
