@@ -14,8 +14,11 @@ this run's copy bandwidth is printed beside it).
 
 Timing: CUDA graphs of back-to-back calls that rotate over enough input copies to exceed the
 50 MB L2, median over replays; SDPA the same way (and plain do_bench for comparison with the
-DESIGN.md figure). Accuracy: each shape's output against the PyTorch reference (decompress + fp32
-attention) on the same inputs, relative Frobenius error.
+DESIGN.md figure). Each shape's row comes from ROUNDS alternating rounds of our graph and SDPA's
+(each round a median of 15 replays): ms columns are the rounds' medians, the speedup the median of
+the rounds' ratios (SDPA is also timed alone at the start, as sdpa_first_ms in the JSON).
+Accuracy: each shape's output against the PyTorch reference (decompress + fp32 attention) on the
+same inputs, relative Frobenius error.
 
 --sweep times compile-time candidates (kernel v1/v2, block_n, num_stages, operand encoding, lazy
 rescaling) on every shape, then a grid of split targets for the best two, and keeps the config with
@@ -54,6 +57,7 @@ CODECS = {
     "lloyd": "lloyd",
 }
 ROTATE_BYTES = 160e6  # > 3x the 50 MB L2
+ROUNDS = 7  # alternating rounds of ours and SDPA per shape (time_alternating)
 
 # Candidate compile-time configs (LaunchConfig fields) per codec. Split targets are runtime: stage A
 # times every candidate at RUNTIME_DEFAULT, stage B sweeps RUNTIME_GRID for the best TOP_K of stage A.
@@ -192,13 +196,8 @@ def capture(calls: list, repeat: int = 1) -> torch.cuda.CUDAGraph:
     return graph
 
 
-def time_calls(calls: list, smoke: bool, min_ms: float = 2.0, replays: int = 15) -> float:
-    """Median ms per call: a CUDA graph of the calls (repeated to >= min_ms), replayed."""
-    if smoke:
-        t = time.perf_counter()
-        for c in calls:
-            c()
-        return (time.perf_counter() - t) * 1e3 / len(calls)
+def graph_of(calls: list, min_ms: float = 2.0) -> tuple[torch.cuda.CUDAGraph, int]:
+    """(a CUDA graph of the calls repeated back to back to >= min_ms, calls per replay)."""
     warm_up(calls)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
@@ -208,16 +207,49 @@ def time_calls(calls: list, smoke: bool, min_ms: float = 2.0, replays: int = 15)
     torch.cuda.synchronize()
     per_round = max(start.elapsed_time(end), 1e-3)
     repeat = max(1, min(200, math.ceil(min_ms / per_round)))
-    graph = capture(calls, repeat)
+    return capture(calls, repeat), repeat * len(calls)
+
+
+def replay_ms(graph: torch.cuda.CUDAGraph, calls_per_replay: int, replays: int = 15) -> float:
+    """Median ms per call over `replays` replays of a graph_of graph."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     times = []
     for _ in range(replays):
         start.record()
         graph.replay()
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end) / (repeat * len(calls)))
-    del graph
+        times.append(start.elapsed_time(end) / calls_per_replay)
     return statistics.median(times)
+
+
+def time_calls(calls: list, smoke: bool, min_ms: float = 2.0, replays: int = 15) -> float:
+    """Median ms per call: a CUDA graph of the calls (repeated to >= min_ms), replayed."""
+    if smoke:
+        t = time.perf_counter()
+        for c in calls:
+            c()
+        return (time.perf_counter() - t) * 1e3 / len(calls)
+    graph, n = graph_of(calls, min_ms)
+    ms = replay_ms(graph, n, replays)
+    del graph
+    return ms
+
+
+def time_alternating(ours: list, peer: list, rounds: int, smoke: bool) -> tuple[list[float], list[float]]:
+    """Per-round median ms per call of two sets of calls, each captured once and replayed in
+    turns (ours, peer, ours, peer, ...), so the clock and thermal drift between rounds, which
+    moved either side's time by several percent between runs, falls on both sides of each
+    round's ratio alike."""
+    if smoke:
+        return [time_calls(ours, smoke)], [time_calls(peer, smoke)]
+    graphs = [graph_of(ours), graph_of(peer)]
+    times: tuple[list[float], list[float]] = ([], [])
+    for _ in range(rounds):
+        for (graph, n), out in zip(graphs, times, strict=True):
+            out.append(replay_ms(graph, n))
+    del graphs
+    return times
 
 
 def time_ours(setup: Setup, config: wa.LaunchConfig, smoke: bool) -> float:
@@ -225,10 +257,13 @@ def time_ours(setup: Setup, config: wa.LaunchConfig, smoke: bool) -> float:
     return time_calls(calls, smoke)
 
 
-def time_sdpa(setup: Setup, smoke: bool) -> tuple[float, float | None]:
+def sdpa_calls(setup: Setup) -> list:
     sdpa = F.scaled_dot_product_attention
-    calls = [lambda q=q, k=k, v=v: sdpa(q, k, v, enable_gqa=True) for q, k, v in setup.dense]
-    graph_ms = time_calls(calls, smoke)
+    return [lambda q=q, k=k, v=v: sdpa(q, k, v, enable_gqa=True) for q, k, v in setup.dense]
+
+
+def time_sdpa(setup: Setup, smoke: bool) -> tuple[float, float | None]:
+    graph_ms = time_calls(sdpa_calls(setup), smoke)
     plain = None
     if not smoke:
         q, k, v = setup.dense[0]
@@ -423,8 +458,7 @@ def main() -> int:
     sdpa = [time_sdpa(s, smoke) for s in setups]
     for (b, n), (graph_ms, plain_ms) in zip(shapes, sdpa, strict=True):
         print(f"SDPA bf16 B={b} N={n}: {graph_ms:.4f} ms (CUDA graph), do_bench {plain_ms}", flush=True)
-    for s in setups:
-        s.dense.clear()
+    # (the dense caches stay: each shape's row times ours and SDPA again, in alternating rounds)
     record: dict = dict(info=info, codecs={})
     tables = []
     for codec in codecs:
@@ -443,7 +477,12 @@ def main() -> int:
             # the op's own choice for this launch size unless a config was given or swept
             config = chosen or wa.tuned_config(setup.layout, HEAD_DIM, 4, b * hkv)
             err = rel_error(setup, config)
-            ms = time_ours(setup, config, smoke)
+            ours_calls = [lambda i=i, s=setup, c=config: s.call(i, c) for i in range(len(setup.copies))]
+            ours_rounds, sdpa_rounds = time_alternating(ours_calls, sdpa_calls(setup), ROUNDS, smoke)
+            ms = statistics.median(ours_rounds)
+            sdpa_first_ms = sdpa_ms  # SDPA timed alone at the start of the run
+            sdpa_ms = statistics.median(sdpa_rounds)
+            speedup = statistics.median(p / o for p, o in zip(sdpa_rounds, ours_rounds, strict=True))
             floor_ms = setup.bytes / (COPY_TBPS * 1e12) * 1e3
             num_splits = wa.choose_num_splits(b * hkv, n, setup.layout, config, torch.device(device))
             # the same bytes read alone: on the op's grid and on the grid of 32 programs per SM
@@ -464,8 +503,11 @@ def main() -> int:
                 read_floor_ms=read_ms,  # the same bytes read alone (read_floor.py)
                 x_read_floor=None if read_ms is None else ms / read_ms,
                 sdpa_ms=sdpa_ms,
+                sdpa_first_ms=sdpa_first_ms,
                 sdpa_do_bench_ms=sdpa_plain,
-                speedup=sdpa_ms / ms,
+                speedup=speedup,  # the median of the rounds' ratios
+                ours_rounds_ms=ours_rounds,
+                sdpa_rounds_ms=sdpa_rounds,
                 rel_err=err,
                 num_splits=num_splits,
                 kernel=config.kernel,

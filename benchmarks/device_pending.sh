@@ -41,13 +41,17 @@
 #                                                 # one sequence: the per-row reduce against each
 #                                                 # row's merge in one-warp channel slices plus the
 #                                                 # transform kernel (prepared, twentieth session)
+#   bash benchmarks/device_pending.sh key_word_pairs
+#                                                 # LaunchConfig.key_word_pairs (twenty-second
+#                                                 # session): its GPU tests, then the grid A/B
+#                                                 # against the tuned and the one-sequence configs
 #   bash benchmarks/device_pending.sh stalls [tuned|keys_in_step]
 #                                                 # where the v3 split kernel's warps wait, per SASS
 #                                                 # instruction, plus the memory-throughput
 #                                                 # breakdown (Nsight Compute)
 set -u
 case "${1:-}" in
-tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce | exact_remainder) ;;
+tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce | exact_remainder | key_word_pairs) ;;
 grid | timeline)
     if [ ! -f "${2:-}" ]; then
         echo "$1 needs a JSON file of LaunchConfig dicts (e.g. benchmarks/probe_one_block_step.json), got '${2:-}'" >&2
@@ -55,7 +59,7 @@ grid | timeline)
     fi
     ;;
 *)
-    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|reduce|remainder|small_reduce|exact_remainder|grid FILE.json|timeline FILE.json|stalls [tuned|keys_in_step]" >&2
+    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|reduce|remainder|small_reduce|exact_remainder|key_word_pairs|grid FILE.json|timeline FILE.json|stalls [tuned|keys_in_step]" >&2
     exit 2
     ;;
 esac
@@ -165,6 +169,13 @@ profile)
     echo "rc=$?"
     grep -A 12 "^| part" "$OUT/profile.txt"
     sed -n '/replay timeline/,$p' "$OUT/profile.txt" | head -45
+    ;;
+key_word_pairs)
+    # a lane's two 4-bit key words by one 8-byte load: the v3 reference tests of its three configs
+    # (a step ahead hinted, in-step hinted, a step ahead unhinted), then A/B in alternating rounds
+    attention_tests "key_word_pairs"
+    probe_grid benchmarks/probe_key_word_pairs.json "8,131072;32,32768;8,32768" key_word_pairs 330
+    probe_grid benchmarks/probe_key_word_pairs_one_sequence.json "1,32768" key_word_pairs_one_sequence 120
     ;;
 grid)
     # (an optional third argument: the shapes, "B,N;B,N")

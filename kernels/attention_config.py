@@ -102,6 +102,11 @@ class LaunchConfig:
     # a miss (ld.global.L2::256B), so the next rows' requests find it there (seventeenth session:
     # -4%, tuned)
     key_loads_l2_256b: bool = False
+    # v3, keys loaded from global memory: a lane's two 4-bit-band key words sit side by side in
+    # memory (the plan orders that band's key slots so: slots 2t, 2t + 1 take elements 4t, 4t + 1
+    # and slots 2t + 8, 2t + 9 take 4t + 2, 4t + 3), so they arrive by one 8-byte load instead of
+    # two 4-byte ones: 16 key loads a step instead of 24, and one request per row for the band
+    key_word_pairs: bool = False
     # v3: each step prefetches the next step's value rows into L2 (prefetch.global.L2, one 128-byte
     # line a lane), so the next step's copies find them there
     prefetch_value_rows: bool = False
@@ -241,6 +246,12 @@ class LaunchConfig:
             raise ValueError(
                 "LaunchConfig.key_loads_l2_256b hints v3's key-word loads from global memory: it "
                 f"needs kernel='v3' and keys_via_smem=False, got kernel={self.kernel!r}, "
+                f"keys_via_smem={self.keys_via_smem}"
+            )
+        if self.key_word_pairs and (self.kernel != "v3" or self.keys_via_smem):
+            raise ValueError(
+                "LaunchConfig.key_word_pairs pairs v3's key-word loads from global memory: it needs "
+                f"kernel='v3' and keys_via_smem=False, got kernel={self.kernel!r}, "
                 f"keys_via_smem={self.keys_via_smem}"
             )
         hints = ("value_copies_l2_256b", "plain_loads_l2_256b")
@@ -388,6 +399,11 @@ class LaunchConfig:
 # (32, 32768)) 0.2596 / 0.2593 -> 0.2549 / 0.2549 ms there; the exact-token kernel's carveout at
 # 44% where the split launch is one wave with at most 512 exact programs (exact_carveout) -3.9% at
 # one sequence and -2.6% at (8, 32768), the target shapes keeping the driver's choice.
+# Twenty-second session (2026-12-02 02:40 UTC, same grid, 3 interleaved rounds,
+# probe_key_word_pairs.json): a lane's two 4-bit key words by one 8-byte load (key_word_pairs; 16
+# key loads a step instead of 24, 772 loop instructions instead of 778 on Triton 3.6) -0.5% (-0.8 ..
+# +0.1) at (8, 131072), -0.5% (-0.8 .. -0.2) at (32, 32768), -0.8% (-2.2 .. -0.4) at (8, 32768);
+# +0.4% (+0.2 .. +0.5) at one sequence, whose small-launch config keeps the 4-byte loads.
 # Where v3 cannot run (no Gluon, the interpreter) this entry runs v1 with these settings.
 TUNED_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
     (128, 4, "affine"): LaunchConfig(
@@ -415,6 +431,7 @@ TUNED_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
         step_row_base=True,
         score_offset_in_mma=True,
         key_loads_l2_256b=True,
+        key_word_pairs=True,
         exact_chunks=5,
         exact_carveout=44,  # the split kernel's carveout, in one wave with few exact programs
         exact_carveout_waves=1,
@@ -457,6 +474,7 @@ SMALL_LAUNCH_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
         min_split_tokens=256,
         reduce_split_chunk=128,
         loads_before_pdl_wait=1,
+        key_word_pairs=False,  # +0.4% at one sequence (twenty-second session)
     ),
 }
 # where v3 cannot run a small launch (other layouts, no Gluon, the interpreter): v1's own best
@@ -487,6 +505,7 @@ def v1_fallback(config: LaunchConfig) -> LaunchConfig:
 V3_ONLY_OPTIONS = (
     "keys_ahead",
     "key_loads_l2_256b",
+    "key_word_pairs",
     "prefetch_value_rows",
     "fill_value_rows_l2",
     "value_copies_l2_256b",

@@ -73,7 +73,7 @@ from __future__ import annotations
 
 import warnings
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -901,10 +901,26 @@ def _v3_layout_check(layout: CompressedLayout) -> None:
             raise UnsupportedLayout(f"band {index}: grid is not affine (v3 needs code * step + offset)")
 
 
-def _plan_v3(layout: CompressedLayout, device: torch.device) -> _PlanV2:
+def v3_key_pair_element(j: int) -> int:
+    """LaunchConfig.key_word_pairs: the 4-bit band's int16 element in key slot j (0-15) of an
+    operand. Lane (g, t) of an m16n8k16 A fragment holds slots 2t, 2t + 1 and 2t + 8, 2t + 9;
+    giving them elements 4t, 4t + 1 and 4t + 2, 4t + 3 puts its two words side by side in
+    memory, for one 8-byte load (the kernel's _pair_elements)."""
+    return (j % 8) // 2 * 4 + j % 2 + j // 8 * 2
+
+
+def _v3_coefficient(start: int, bits: int, offset: int, element: int) -> int:
+    """The coefficient of the field at bit `offset` of int16 element `element` of the band that
+    starts at coefficient `start` with `bits`-bit codes."""
+    byte = 2 * element + offset // 8  # within the band (int16 elements are little-endian)
+    return start + byte * (8 // bits) + (offset % 8) // bits
+
+
+def _plan_v3(layout: CompressedLayout, device: torch.device, key_word_pairs: bool = False) -> _PlanV2:
     """v3's slot maps in _PlanV2's form (the prologue and reduce read them alike; v3 has no
-    chunk constexprs: its two bands are fixed)."""
-    cache_key = (layout.key or id(layout), str(device), "v3")
+    chunk constexprs: its two bands are fixed). key_word_pairs: the 4-bit band's key slots in
+    v3_key_pair_element's order (the value slots keep theirs: values come through shared memory)."""
+    cache_key = (layout.key or id(layout), str(device), "v3", key_word_pairs)
     plan = _PLANS_V2.get(cache_key)
     if plan is not None:
         return plan
@@ -912,6 +928,7 @@ def _plan_v3(layout: CompressedLayout, device: torch.device) -> _PlanV2:
     d = layout.head_dim
     transform = layout.transform.to(torch.float64)
     t = _SlotTables.zeros(d, d, d)
+    key_coef = torch.full((d,), -1, dtype=torch.int64)
     for band, (start, size, bits) in enumerate(layout.bands):
         _, step, grid_offset = _is_affine(layout.grids[band])
         n_elems = size * bits // 16
@@ -919,23 +936,25 @@ def _plan_v3(layout: CompressedLayout, device: torch.device) -> _PlanV2:
             fields = v3_operand_fields(band, operand)
             for j in range(16):
                 # the 2-bit band's 8 elements appear twice per operand, the second time as field 2o + 1
-                element = j % n_elems
                 field_index = fields[j // n_elems] if n_elems == 8 else fields[0]
                 offset = field_index * bits
-                byte = 2 * element + offset // 8  # within the band (int16 elements are little-endian)
-                coef = start + byte * (8 // bits) + (offset % 8) // bits
                 _, pos = field_layout(bits, field_index)
                 per_value = step / 2**pos
                 slot = 16 * (4 * band + operand) + j
-                t.rows[slot] = transform[coef]
+
+                paired = key_word_pairs and n_elems == 16
+                key_coef[slot] = _v3_coefficient(
+                    start, bits, offset, v3_key_pair_element(j) if paired else j % n_elems
+                )
+                t.rows[slot] = transform[key_coef[slot]]
                 # keys: the MMA sees 1024 + code * 2**pos; values: code * 2**pos - mid once centred
                 t.k_factor[slot] = per_value
                 t.k_shift[slot] = grid_offset / per_value - MAGIC_OFFSET
                 t.slot_chunk[slot] = band
                 t.v_step[slot] = per_value
                 t.v_shift[slot] = 2 ** (pos + bits - 1) + grid_offset / per_value
-                t.slot_coef[slot] = coef
-    if sorted(t.slot_coef.tolist()) != list(range(d)):
+                t.slot_coef[slot] = _v3_coefficient(start, bits, offset, j % n_elems)
+    if sorted(t.slot_coef.tolist()) != list(range(d)) or sorted(key_coef.tolist()) != list(range(d)):
         raise AssertionError("v3 slots must hold every coefficient once")  # a bug in this plan
     plan = t.plan(layout, device, [], ())
     _PLANS_V2[cache_key] = plan
@@ -1003,6 +1022,17 @@ def _v3_reason(
     from .wavelet_attention_gluon import gluon_reason  # Gluon only where v3 can run
 
     return gluon_reason()
+
+
+def _key_pairs_aligned(k_codes: torch.Tensor, layout: CompressedLayout) -> bool:
+    """Whether every 4-bit-band key word pair LaunchConfig.key_word_pairs loads (8 bytes at byte
+    8t of the band, t < 4) is 8-byte aligned in this cache."""
+    strides = k_codes.stride()[:3]  # uint8 codes: bytes
+    return (
+        k_codes.data_ptr() % 8 == 0
+        and all(st % 8 == 0 for st in strides)
+        and layout.band_byte_offsets[0] % 8 == 0
+    )
 
 
 def split_kernel_choice(
@@ -2918,6 +2948,7 @@ def _launch_v3(
         TRIGGER_DEPENDENTS=chain,
         ROW_COPIES=config.row_copies,
         KEY_LOADS_L2_256B=config.key_loads_l2_256b,
+        KEY_WORD_PAIRS=config.key_word_pairs,
         PREFETCH_VALUE_ROWS=config.prefetch_value_rows,
         FILL_VALUE_ROWS_L2=config.fill_value_rows_l2,
         VALUE_COPIES_L2_256B=config.value_copies_l2_256b,
@@ -3002,6 +3033,10 @@ def wavelet_attention_triton(
     if config.kernel == "v3" and kernel != "v3":
         config = v1_fallback(config)
     use_v3, use_v2 = kernel == "v3", kernel == "v2"
+    if use_v3 and config.key_word_pairs and not _key_pairs_aligned(k_codes, layout):
+        # the paired loads read 8 bytes at once: rows that are not 8-byte aligned take the same
+        # kernel with one 4-byte load per word
+        config = replace(config, key_word_pairs=False)
     if use_v2 and block_m > V2_MAX_BLOCK_M:
         block_m = V2_MAX_BLOCK_M
         n_row_blocks = -(-rows // block_m)
@@ -3019,7 +3054,11 @@ def wavelet_attention_triton(
     n_parts = num_splits + exact_programs
     device = q.device
     if use_v3 or use_v2:
-        plan2 = _plan_v3(layout, device) if use_v3 else _plan_v2(layout, device, config.subnormal)
+        plan2 = (
+            _plan_v3(layout, device, config.key_word_pairs)
+            if use_v3
+            else _plan_v2(layout, device, config.subnormal)
+        )
         n_slots = plan2.k_slots
         slot_rows, slot_factor, slot_shift, slot_band = (
             plan2.transform_slots,

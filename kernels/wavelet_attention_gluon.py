@@ -78,6 +78,9 @@ if HAS_GLUON:
         # [tokens, 2] fp16 scale pairs: one 4-byte load per token
         _SCALE_PAIRS = gl.constexpr(gl.BlockedLayout([1, 2], [32, 1], [1, 1], [1, 0]))
         _LANES = gl.constexpr(gl.BlockedLayout([1], [32], [1], [0]))  # one element per lane
+        # KEY_WORD_PAIRS: [tokens, 8] int32 words of the 4-bit band, two adjacent words a lane
+        # (lane (g, t): words 2t, 2t + 1 of rows g, g + 8, ...), so each pair is one 8-byte load
+        _KEY_PAIRS = gl.constexpr(gl.BlockedLayout([1, 2], [8, 4], [1, 1], [1, 0]))
         # field asm of the int16 code elements (magic: 1024 + field in place)
         _F4_0, _F4_1, _F4_2, _F4_3 = (gl.constexpr(_field_asm(_MODE_MAGIC, 4, f)) for f in range(4))
         _F2_0, _F2_1, _F2_2, _F2_3, _F2_4, _F2_5, _F2_6, _F2_7 = (
@@ -237,14 +240,29 @@ if HAS_GLUON:
 
     @gluon.jit
     def _load_keys(
-        codes, tok, ROW: gl.constexpr, E4: gl.constexpr, E2: gl.constexpr, RELATIVE: gl.constexpr = False
+        codes,
+        tok,
+        ROW: gl.constexpr,
+        E4: gl.constexpr,
+        E2: gl.constexpr,
+        RELATIVE: gl.constexpr = False,
+        PAIRS: gl.constexpr = False,
     ):
         """Key code words of BLOCK_N tokens straight from global memory into A fragments (lane
         (g, t) reads words of its own tokens): [tokens, 16] int16 per band, the 2-bit band's 8
-        elements twice. tok: token indices in SliceLayout(1, _A) (RELATIVE: see _row_offsets)."""
+        elements twice. tok: token indices in SliceLayout(1, _A) (RELATIVE: see _row_offsets).
+        PAIRS: the 4-bit band's slots in KEY_WORD_PAIRS order (_pair_elements)."""
         kj = gl.arange(0, 16, layout=gl.SliceLayout(0, _A))
         rows = codes + _row_offsets(tok, ROW, RELATIVE)[:, None]
-        return gl.load(rows + E4 + kj[None, :]), gl.load(rows + E2 + (kj % 8)[None, :])
+        e4 = _pair_elements(kj) if PAIRS else kj
+        return gl.load(rows + E4 + e4[None, :]), gl.load(rows + E2 + (kj % 8)[None, :])
+
+    @gluon.jit
+    def _pair_elements(kj):
+        """KEY_WORD_PAIRS: the 4-bit band's int16 element in A slot kj. Lane (g, t) holds slots
+        2t, 2t + 1 and 2t + 8, 2t + 9; with elements 4t, 4t + 1 and 4t + 2, 4t + 3 there, its two
+        words are adjacent in memory (the plan's key slots follow: _plan_v3(key_word_pairs))."""
+        return (kj % 8) // 2 * 4 + kj % 2 + kj // 8 * 2
 
     @gluon.jit
     def _load_key_words(
@@ -255,9 +273,12 @@ if HAS_GLUON:
         E2: gl.constexpr,
         RELATIVE: gl.constexpr = False,
         L2_256B: gl.constexpr = False,
+        PAIRS: gl.constexpr = False,
     ):
         """_load_keys as int32 words, [tokens, 8] per band (the element pairs a lane's fragment
-        registers hold). KEYS_AHEAD carries these across the loop edge: carried as int16 elements,
+        registers hold). PAIRS (KEY_WORD_PAIRS): the 4-bit band's two words of a lane and row come
+        from adjacent memory words 2t, 2t + 1 (one 8-byte load) and are put in fragment words t,
+        t + 4 (see _pair_elements). KEYS_AHEAD carries these across the loop edge: carried as int16 elements,
         the 2-bit band's repeated elements and the pairs were repacked by PRMTs and moves every
         step (about 40 loop instructions). L2_256B: loads with the L2::256B prefetch-size hint,
         which gl.load cannot give: inline asm, marked pure (as side-effecting asm the step took 9
@@ -266,18 +287,34 @@ if HAS_GLUON:
         BLOCK_N: gl.constexpr = tok.shape[0]
         kj = gl.arange(0, 16, layout=gl.SliceLayout(0, _A))
         rows = codes + _row_offsets(tok, ROW, RELATIVE)[:, None]
-        w4, _ = gl.split(gl.reshape(rows + E4 + kj[None, :], [BLOCK_N, 8, 2]))
         w2, _ = gl.split(gl.reshape(rows + E2 + (kj % 8)[None, :], [BLOCK_N, 8, 2]))
         word = gl.pointer_type(gl.int32)
-        w4 = w4.to(word, bitcast=True)
         w2 = w2.to(word, bitcast=True)
+        if PAIRS:
+            # rows g + 8r in both layouts' row slices: a renaming, no data moves
+            tok_p = gl.convert_layout(tok, gl.SliceLayout(1, _KEY_PAIRS), assert_trivial=True)
+            cw = gl.arange(0, 8, layout=gl.SliceLayout(0, _KEY_PAIRS))
+            rows_p = codes + _row_offsets(tok_p, ROW, RELATIVE)[:, None]
+            w4 = (rows_p + E4 + 2 * cw[None, :]).to(word, bitcast=True)  # memory words 0-7
+        else:
+            w4, _ = gl.split(gl.reshape(rows + E4 + kj[None, :], [BLOCK_N, 8, 2]))
+            w4 = w4.to(word, bitcast=True)
         if L2_256B:  # a miss fetches the 256-byte block around the word into L2
             asm: gl.constexpr = "ld.global.L2::256B.b32 $0, [$1];"
-            return (
-                gl.inline_asm_elementwise(asm, "=r,l", [w4], dtype=gl.int32, is_pure=True, pack=1),
-                gl.inline_asm_elementwise(asm, "=r,l", [w2], dtype=gl.int32, is_pure=True, pack=1),
-            )
-        return gl.load(w4), gl.load(w2)
+            k2 = gl.inline_asm_elementwise(asm, "=r,l", [w2], dtype=gl.int32, is_pure=True, pack=1)
+            if PAIRS:  # both words of a lane's pair from the first one's address
+                asm2: gl.constexpr = "ld.global.L2::256B.v2.b32 {$0, $1}, [$2];"
+                k4 = gl.inline_asm_elementwise(asm2, "=r,=r,l,l", [w4], dtype=gl.int32, is_pure=True, pack=2)
+            else:
+                k4 = gl.inline_asm_elementwise(asm, "=r,l", [w4], dtype=gl.int32, is_pure=True, pack=1)
+        else:
+            if PAIRS:  # 8-byte aligned pairs (48-byte rows, even words): one vector load
+                w4 = gl.max_contiguous(gl.multiple_of(w4, [1, 8]), [1, 2])
+            k4 = gl.load(w4)
+            k2 = gl.load(w2)
+        if PAIRS:  # memory word 2t -> fragment word t, 2t + 1 -> t + 4
+            k4 = gl.reshape(gl.permute(gl.reshape(k4, [BLOCK_N, 4, 2]), [0, 2, 1]), [BLOCK_N, 8])
+        return k4, k2
 
     @gluon.jit
     def _key_elements(words):
@@ -551,6 +588,7 @@ if HAS_GLUON:
         LAZY_RESCALE: gl.constexpr,
         P_ONCE: gl.constexpr,
         P_MOVMATRIX: gl.constexpr,
+        KEY_WORD_PAIRS: gl.constexpr = False,
     ):
         """split_kernel_v3's steps after its full ones (rest: the ring, the caches, the range
         full_hi .. hi, the rows' limits, the token index vectors and the ones operand): tokens
@@ -577,7 +615,9 @@ if HAS_GLUON:
                 raw4 = k4t.load(_A)
                 raw2 = k2t.load(_A)
             else:
-                raw4, raw2 = _load_keys(kcodes, gl.minimum(start + kt, last), CODE_ROW, E4, E2)
+                raw4, raw2 = _load_keys(
+                    kcodes, gl.minimum(start + kt, last), CODE_ROW, E4, E2, False, KEY_WORD_PAIRS
+                )
                 async_copy.wait_group(0)
             s = _scores(
                 raw4, raw2, k0, k1, q0, q1, q2, q3, q4, q5, q6, q7, qc0, qc1, BLOCK_N, SCORE_OFFSET_IN_MMA
@@ -688,6 +728,9 @@ if HAS_GLUON:
         # grid (programs, num_splits) instead of (num_splits, programs): blocks go out split by
         # split, so a plan's short last splits come after every long one (SplitPlan.split_major)
         SPLIT_MAJOR: gl.constexpr = False,
+        # each lane's two 4-bit-band key words by one 8-byte load (the plan's key slots ordered
+        # for it: _plan_v3(key_word_pairs=True)); keys from global memory only
+        KEY_WORD_PAIRS: gl.constexpr = False,
     ):
         """One (split, sequence, kv head, row block): online softmax over a range of compressed
         tokens in the coefficient domain; grid (num_splits, programs), or (programs, num_splits)
@@ -791,7 +834,9 @@ if HAS_GLUON:
             k_pair = _load_scale_pairs(kscales, lo + st, SCALE_ROW)
             v_pair = _load_scale_pairs(vscales, lo + st, SCALE_ROW)
             if KEYS_AHEAD:
-                next4, next2 = _load_key_words(kcodes, lo + kt, CODE_ROW, E4, E2, False, KEY_LOADS_L2_256B)
+                next4, next2 = _load_key_words(
+                    kcodes, lo + kt, CODE_ROW, E4, E2, False, KEY_LOADS_L2_256B, KEY_WORD_PAIRS
+                )
             if LOADS_BEFORE_WAIT > 0:
                 for i in gl.static_range(LOADS_BEFORE_WAIT):
                     first = gl.minimum(lo + i * BLOCK_N, last_full)
@@ -852,11 +897,15 @@ if HAS_GLUON:
                 else:
                     k_rows, k_tok = _step_rows(kcodes, start, kt, CODE_ROW, STEP_ROW_BASE)
                     if KEY_LOADS_L2_256B:  # the hinted loads take words: the same elements
-                        w4, w2 = _load_key_words(k_rows, k_tok, CODE_ROW, E4, E2, STEP_ROW_BASE, True)
+                        w4, w2 = _load_key_words(
+                            k_rows, k_tok, CODE_ROW, E4, E2, STEP_ROW_BASE, True, KEY_WORD_PAIRS
+                        )
                         raw4 = _key_elements(w4)
                         raw2 = _key_elements(w2)
                     else:
-                        raw4, raw2 = _load_keys(k_rows, k_tok, CODE_ROW, E4, E2, STEP_ROW_BASE)
+                        raw4, raw2 = _load_keys(
+                            k_rows, k_tok, CODE_ROW, E4, E2, STEP_ROW_BASE, KEY_WORD_PAIRS
+                        )
                 s = _scores(
                     raw4, raw2, k0, k1, q0, q1, q2, q3, q4, q5, q6, q7, qc0, qc1, BLOCK_N, SCORE_OFFSET_IN_MMA
                 )
@@ -865,7 +914,7 @@ if HAS_GLUON:
                     # global latency then hides behind this step's value work
                     k_rows, k_tok = _step_rows(kcodes, nxt, kt, CODE_ROW, STEP_ROW_BASE)
                     next4, next2 = _load_key_words(
-                        k_rows, k_tok, CODE_ROW, E4, E2, STEP_ROW_BASE, KEY_LOADS_L2_256B
+                        k_rows, k_tok, CODE_ROW, E4, E2, STEP_ROW_BASE, KEY_LOADS_L2_256B, KEY_WORD_PAIRS
                     )
                 if not KEYS_VIA_SMEM:
                     async_copy.wait_group(STAGES - 1)
@@ -913,6 +962,7 @@ if HAS_GLUON:
                 LAZY_RESCALE,
                 P_ONCE,
                 P_MOVMATRIX,
+                KEY_WORD_PAIRS,
             )
         # ---- partials in the reduce's format
         m_i, a0, a1, a2, a3, a4, a5, a6, a7, l_acc, wsa, wsb = state

@@ -42,10 +42,16 @@ def _run_sm90_tool(script: str, tmp_path, *options: str) -> str:
     return run.stdout
 
 
-def _kernel_slot(band: int, slot_in_band: int) -> tuple[int, int]:
-    """(int16 element within the band, field) the kernel puts in a slot (see the module docstring)."""
+def _kernel_slot(band: int, slot_in_band: int, key_word_pairs: bool = False) -> tuple[int, int]:
+    """(int16 element within the band, field) the kernel puts in a slot (see the module docstring).
+    key_word_pairs: a key slot of the 4-bit band as LaunchConfig.key_word_pairs loads it (lane
+    (g, t)'s two words adjacent in memory: slots 2t, 2t + 1 <- elements 4t, 4t + 1; slots 2t + 8,
+    2t + 9 <- 4t + 2, 4t + 3), written out here independently of the kernel's arithmetic."""
     operand, j = divmod(slot_in_band, 16)
     if band == 0:
+        if key_word_pairs:
+            t, half = divmod(j % 8, 2)
+            return 4 * t + half + (2 if j >= 8 else 0), operand
         return j, operand
     return j % 8, 2 * operand + j // 8
 
@@ -56,7 +62,7 @@ def _magic(elements: torch.Tensor, bits: int, field_index: int) -> torch.Tensor:
     return 1024.0 + ((elements >> shift) & (((1 << bits) - 1) << pos)).double()
 
 
-def emulate(layout, plan, codes, scales, query, weights):
+def emulate(layout, plan, codes, scales, query, weights, key_word_pairs=False):
     """Scores [N] and coefficient sums [D] computed the v3 kernel's way (float64)."""
     elements = codes.view(torch.int16).long() & 0xFFFF  # [N, 24] little-endian int16 elements
     first = [off // 2 for off in layout.band_byte_offsets]
@@ -65,17 +71,21 @@ def emulate(layout, plan, codes, scales, query, weights):
     sums = torch.zeros(layout.head_dim, dtype=torch.float64)
     for band, (_, _, bits) in enumerate(layout.bands):
         slots = range(64 * band, 64 * band + 64)
-        magic = torch.stack(
-            [
-                _magic(elements[:, first[band] + e], bits, f)
-                for e, f in (_kernel_slot(band, s - 64 * band) for s in slots)
-            ],
-            dim=1,
-        )  # [N, 64]
+
+        def operands(band: int, bits: int, keys: bool) -> torch.Tensor:  # [N, 64] fields in slot order
+            return torch.stack(
+                [
+                    _magic(elements[:, first[band] + e], bits, f)
+                    for e, f in (_kernel_slot(band, s, keys and key_word_pairs) for s in range(64))
+                ],
+                dim=1,
+            )
+
+        magic = operands(band, bits, keys=False)
         q_band = q_slots[64 * band : 64 * band + 64]
         offset = (q_band * plan.k_shift.double()[64 * band : 64 * band + 64]).sum()  # the prologue's qc
         scale = scales[:, band].double()
-        scores += scale * (magic @ q_band + offset)
+        scores += scale * (operands(band, bits, keys=True) @ q_band + offset)
         # values: centred through the accumulator input, then the plan's shift and step
         w = weights * scale
         centre = torch.tensor(
@@ -89,10 +99,11 @@ def emulate(layout, plan, codes, scales, query, weights):
     return scores, sums
 
 
+@pytest.mark.parametrize("key_word_pairs", [False, True])
 @pytest.mark.parametrize("spec", ["default", "default;window=8;sinks=2"])
-def test_v3_plan_reproduces_scores_and_value_sums(spec):
+def test_v3_plan_reproduces_scores_and_value_sums(spec, key_word_pairs):
     layout = ops.compressed_layout(spec, 128)
-    plan = K._plan_v3(layout, torch.device("cpu"))
+    plan = K._plan_v3(layout, torch.device("cpu"), key_word_pairs)
     n = 200
     codes = torch.randint(0, 256, (n, layout.n_code_bytes), dtype=torch.uint8)
     scales = (torch.rand(n, 2) + 0.5).half()
@@ -101,7 +112,7 @@ def test_v3_plan_reproduces_scores_and_value_sums(spec):
     coefficients = K.decode_coefficients(codes, scales, layout).double()  # [N, D]
     want_scores = coefficients @ (layout.transform.double() @ query)
     want_sums = weights @ coefficients
-    scores, sums = emulate(layout, plan, codes, scales, query, weights)
+    scores, sums = emulate(layout, plan, codes, scales, query, weights, key_word_pairs)
     torch.testing.assert_close(scores, want_scores, rtol=1e-6, atol=1e-6 * want_scores.abs().max().item())
     torch.testing.assert_close(sums, want_sums, rtol=1e-6, atol=1e-6 * want_sums.abs().max().item())
 
@@ -165,6 +176,45 @@ def test_key_load_hint_needs_keys_loaded_from_global_memory():
     K.LaunchConfig(kernel="v3", keys_ahead=True, key_loads_l2_256b=True)
 
 
+def test_key_word_pairs_needs_keys_loaded_from_global_memory():
+    for bad in (dict(kernel="v1"), dict(kernel="v3", num_stages=2, keys_via_smem=True)):
+        with pytest.raises(ValueError, match="key_word_pairs"):
+            K.LaunchConfig(key_word_pairs=True, **bad)
+    K.LaunchConfig(kernel="v3", keys_ahead=True, key_word_pairs=True)
+    # a v3 failure falls back to v1 without it
+    assert not K.v1_fallback(K.LaunchConfig(kernel="v3", key_word_pairs=True)).key_word_pairs
+
+
+def test_key_word_pairs_run_only_on_8_byte_aligned_code_rows():
+    layout = ops.compressed_layout("default", 128)
+    codes = torch.zeros(2, 8, 64, layout.n_code_bytes, dtype=torch.uint8)
+    assert layout.n_code_bytes % 8 == 0 and K._key_pairs_aligned(codes, layout)
+    # a view 4 bytes into the storage, and rows padded to a stride that is not a multiple of 8
+    storage = torch.zeros(codes.numel() + 8, dtype=torch.uint8)
+    assert not K._key_pairs_aligned(storage[4 : 4 + codes.numel()].view(codes.shape), layout)
+    padded = torch.zeros(2, 8, 64, layout.n_code_bytes + 4, dtype=torch.uint8)[..., : layout.n_code_bytes]
+    assert not K._key_pairs_aligned(padded, layout)
+
+
+def test_key_word_pairs_plan_is_not_the_unpaired_one():
+    # the emulation test below has teeth: the paired plan's key slots, read in the unpaired order,
+    # give other scores (the value sums do not depend on it)
+    layout = ops.compressed_layout("default", 128)
+    paired = K._plan_v3(layout, torch.device("cpu"), True)
+    plain = K._plan_v3(layout, torch.device("cpu"), False)
+    assert not torch.equal(paired.transform_slots, plain.transform_slots)
+    assert torch.equal(paired.slot_coef, plain.slot_coef)
+    pair_order = [0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15]
+    assert [K.v3_key_pair_element(j) for j in range(16)] == pair_order
+    codes = torch.randint(0, 256, (50, layout.n_code_bytes), dtype=torch.uint8)
+    scales = (torch.rand(50, 2) + 0.5).half()
+    query = torch.randn(128, dtype=torch.float64)
+    weights = torch.rand(50, dtype=torch.float64)
+    want = K.decode_coefficients(codes, scales, layout).double() @ (layout.transform.double() @ query)
+    wrong, _ = emulate(layout, paired, codes, scales, query, weights, key_word_pairs=False)
+    assert (wrong - want).abs().max() > 1e-3 * want.abs().max()
+
+
 @pytest.mark.parametrize(
     "config",
     [
@@ -216,6 +266,8 @@ def test_a_v3_build_failure_falls_back_to_v1_once(monkeypatch, config):
         ["--tuned", "--pdl", "--value-copies-l2-256b", "--plain-loads-l2-256b"],
         ["--tuned", "--pdl", "--loads-before-pdl-wait", "2"],
         ["--tuned", "--pdl", "--split-major"],
+        ["--tuned", "--pdl", "--key-word-pairs"],
+        ["--keys-ahead", "--key-word-pairs", "--step-row-base"],
     ],
     ids=[
         "plain",
@@ -227,6 +279,8 @@ def test_a_v3_build_failure_falls_back_to_v1_once(monkeypatch, config):
         "tuned_ptx_hints",
         "tuned_loads_before_wait",
         "tuned_split_major",  # a remainder SplitPlan's launch: the same loop
+        "tuned_key_word_pairs",
+        "key_word_pairs_unhinted",  # plain loads, vectorised by Triton from the alignment hint
     ],
 )
 def test_v3_compiles_for_sm90_on_this_triton(tmp_path, options):
@@ -249,24 +303,38 @@ def test_v3_compiles_for_sm90_on_this_triton(tmp_path, options):
     hmma = int(re.search(r"(\d+)\s+HMMA", out).group(1))
     assert hmma >= 64, out  # 32 key + 32 value field MMAs at least
     assert 600 < step < 1100, out
+    if options == ["--keys-ahead", "--key-word-pairs", "--step-row-base"]:
+        pairs = re.search(r"(\d+)\s+LDG\.E\.64$", out, re.M)
+        assert pairs and int(pairs.group(1)) == 8, out  # Triton vectorised the pairs itself
     if "--tuned" in options:
         # what made the tuned step faster: its key words issue a step before their first use
         # (median about 345 loop instructions on Triton 3.6, 112 with the keys loaded in-step), and
         # the step's rows are addressed by immediates from one register per lane (787 instructions;
-        # 858 with a 64-bit address per row), and the key loads carry the L2::256B hint (778)
+        # 858 with a 64-bit address per row), and the key loads carry the L2::256B hint (778), a
+        # lane's two 4-bit key words in one load (772)
         distance = int(re.search(r"load-to-use distance: median (\d+)", out).group(1))
         assert distance >= 200, out
         assert step < 830, out
-        hinted = re.search(r"(\d+)\s+LDG\.E\.LTC256B", out)
-        # the step's 24 key-word loads, and its 4 scale-pair loads when the PTX patch hints them
-        assert hinted and int(hinted.group(1)) == (28 if "--plain-loads-l2-256b" in options else 24), out
+        hinted = re.search(r"(\d+)\s+LDG\.E\.LTC256B$", out, re.M)
+        paired = re.search(r"(\d+)\s+LDG\.E\.LTC256B\.64$", out, re.M)
+        pairs = "--key-word-pairs" in options or K.TUNED_CONFIGS[(128, 4, "affine")].key_word_pairs
+        # the step's key words: 24 a lane, 16 of the 4-bit band and 8 of the 2-bit one; with
+        # key_word_pairs the 4-bit band's as 8 pairs. Plus the 4 scale-pair loads when the PTX
+        # patch hints them
+        scales = 4 if "--plain-loads-l2-256b" in options else 0
+        if pairs:
+            assert hinted and paired and (int(hinted.group(1)), int(paired.group(1))) == (8 + scales, 8), out
+        else:
+            assert not paired, out
+            assert hinted and int(hinted.group(1)) == 24 + scales, out
         copies = re.search(r"(\d+)\s+LDGSTS\.E\.(LTC256B\.)?64", out)
         assert copies and int(copies.group(1)) == 16, out  # the value tiles' 8-byte copies
         assert bool(copies.group(2)) == ("--value-copies-l2-256b" in options), out
         # launched with PDL, no load of what the prologue writes (the query) may precede the wait.
         # Tuned: no load at all. loads_before_pdl_wait: the sequence length, the first step's 4
-        # scale-pair loads and 24 key words (written before the prologue, a plain launch, began)
-        before = 29 if "--loads-before-pdl-wait" in options else 0
+        # scale-pair loads and its key words (24 loads, 16 paired), written before the prologue (a
+        # plain launch) began
+        before = (5 + (16 if pairs else 24)) if "--loads-before-pdl-wait" in options else 0
         assert f"global loads before the PDL wait: {before}" in out, out
 
 

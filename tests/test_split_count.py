@@ -18,6 +18,8 @@ from wmoe_compile.kernels import wavelet_attention as K
 
 H200_SMS = 132
 TUNED = K.TUNED_CONFIGS[(128, 4, "affine")]
+# the key tiles through the cp.async ring: without the tuned options that load keys into registers
+KEYS_VIA_SMEM = dict(keys_via_smem=True, keys_ahead=False, key_loads_l2_256b=False, key_word_pairs=False)
 
 
 @pytest.mark.parametrize(
@@ -29,7 +31,7 @@ TUNED = K.TUNED_CONFIGS[(128, 4, "affine")]
         # (v1 takes none of the tuned config's v3-only options)
         ({"kernel": "v1", "num_warps": 2, **dict.fromkeys(C.V3_ONLY_OPTIONS, False)}, 6),
         # v3's cp.async ring: 4 stages x 8 KB (value and key tiles) + 1 KB a program, in 228 KB
-        ({"num_stages": 4, "keys_via_smem": True, "keys_ahead": False, "key_loads_l2_256b": False}, 6),
+        ({"num_stages": 4, **KEYS_VIA_SMEM}, 6),
         ({"maxnreg": None, "whole_waves": False}, None),  # no cap: the register count is unknown
     ],
 )
@@ -87,9 +89,7 @@ def test_residency_follows_the_device_limits():
     assert K.resident_programs_per_sm(TUNED, 65536, 64, 164 * 1024) == 12
     assert K.resident_programs_per_sm(TUNED, 32768, 64, 164 * 1024) == 6
     assert K.resident_programs_per_sm(TUNED, 65536, 8, 164 * 1024) == 8  # warp-limited
-    deep_ring = dataclasses.replace(
-        TUNED, num_stages=4, keys_via_smem=True, keys_ahead=False, key_loads_l2_256b=False
-    )
+    deep_ring = dataclasses.replace(TUNED, num_stages=4, **KEYS_VIA_SMEM)
     assert K.resident_programs_per_sm(deep_ring, 65536, 64, 100 * 1024) == 3  # 33 KB a program
 
 

@@ -323,10 +323,12 @@ def test_tuned_config_by_launch_size():
     small = K.tuned_config(affine, 128, 4, programs=8)
     large = K.tuned_config(affine, 128, 4, programs=K.SMALL_LAUNCH_PROGRAMS + 1)
     assert (small.kernel, small.min_split_tokens, small.reduce_split_chunk) == ("v3", 256, 128)
-    # and the first step's cache reads before the wait for the prologue (nineteenth session)
+    # and the first step's cache reads before the wait for the prologue (nineteenth session), the
+    # key words loaded one by one (key_word_pairs was +0.4% there, twenty-second session)
     assert small == dataclasses.replace(
-        large, min_split_tokens=256, reduce_split_chunk=128, loads_before_pdl_wait=1
+        large, min_split_tokens=256, reduce_split_chunk=128, loads_before_pdl_wait=1, key_word_pairs=False
     )
+    assert large.key_word_pairs
     small_v1 = K.v1_fallback(small)
     assert (small_v1.kernel, small_v1.block_n, small_v1.num_warps) == ("v1", 128, 2)
     large_v1 = K.v1_fallback(large)  # the same settings, v3's options dropped
@@ -546,8 +548,12 @@ V3_GPU_CONFIGS = [
     dataclasses.replace(
         K.TUNED_CONFIGS[(128, 4, "affine")], copy_layout_tokens=False, value_scales_in_b=False
     ),
-    # every tuned option but keys_ahead: the key words loaded in their step, as hinted words
+    # every tuned option but keys_ahead: the key words loaded in their step, as hinted words (a
+    # lane's two 4-bit key words by one 8-byte load, key_word_pairs, as tuned)
     dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], keys_ahead=False),
+    # key_word_pairs by Triton's own vector loads (unhinted), and the tuned config without it
+    dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], key_word_pairs=True, key_loads_l2_256b=False),
+    dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], key_word_pairs=False),
     # the exact-token kernel as a link of the PDL chain instead of on the side stream
     dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], overlap_exact=False, exact_in_chain=True),
     # key and value rows by 16-byte copies through two-stage rings, both read by ldmatrix (keys
@@ -558,6 +564,7 @@ V3_GPU_CONFIGS = [
         keys_via_smem=True,
         keys_ahead=False,
         key_loads_l2_256b=False,
+        key_word_pairs=False,
         step_row_base=False,
         cache_tiles=False,
         copy_layout_tokens=False,
@@ -566,6 +573,7 @@ V3_GPU_CONFIGS = [
     # the sixteenth session's tuned config: key words loaded in their step
     dataclasses.replace(
         K.TUNED_CONFIGS[(128, 4, "affine")],
+        key_word_pairs=False,
         keys_ahead=False,
         step_row_base=False,
         score_offset_in_mma=False,
@@ -619,10 +627,13 @@ def test_gpu_v3_layout_options_leave_the_result_bit_identical():
         UNIFORM_REAL, 5, 2, 4, 1, 128, [4096, 1, 1000, 2049, 133], 4096, torch.bfloat16, "cuda", "full"
     )
     layout_options = ("copy_layout_tokens", "value_scales_in_b", "p_movmatrix", "step_row_base", "keys_ahead")
+    # (key_word_pairs reorders the key MMAs' k slots, which changes the rounding: off here, the
+    # reference test covers it)
     plain = dataclasses.replace(
         K.TUNED_CONFIGS[(128, 4, "affine")],
         score_offset_in_mma=False,
         key_loads_l2_256b=False,
+        key_word_pairs=False,
         **dict.fromkeys(layout_options, False),
     )
     for offset_in_mma in (False, True):
