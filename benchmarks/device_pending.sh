@@ -45,13 +45,16 @@
 #                                                 # LaunchConfig.key_word_pairs (twenty-second
 #                                                 # session): its GPU tests, then the grid A/B
 #                                                 # against the tuned and the one-sequence configs
+#   bash benchmarks/device_pending.sh clocks      # the op's time per call over 3 s of back-to-back
+#                                                 # replays against the SM clock, power draw and
+#                                                 # throttle reasons, SDPA between (probe_clocks.py)
 #   bash benchmarks/device_pending.sh stalls [tuned|keys_in_step]
 #                                                 # where the v3 split kernel's warps wait, per SASS
 #                                                 # instruction, plus the memory-throughput
 #                                                 # breakdown (Nsight Compute)
 set -u
 case "${1:-}" in
-tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce | exact_remainder | key_word_pairs) ;;
+tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce | exact_remainder | key_word_pairs | clocks) ;;
 grid | timeline)
     if [ ! -f "${2:-}" ]; then
         echo "$1 needs a JSON file of LaunchConfig dicts (e.g. benchmarks/probe_one_block_step.json), got '${2:-}'" >&2
@@ -59,7 +62,7 @@ grid | timeline)
     fi
     ;;
 *)
-    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|reduce|remainder|small_reduce|exact_remainder|key_word_pairs|grid FILE.json|timeline FILE.json|stalls [tuned|keys_in_step]" >&2
+    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|reduce|remainder|small_reduce|exact_remainder|key_word_pairs|clocks|grid FILE.json|timeline FILE.json|stalls [tuned|keys_in_step]" >&2
     exit 2
     ;;
 esac
@@ -176,6 +179,13 @@ key_word_pairs)
     attention_tests "key_word_pairs"
     probe_grid benchmarks/probe_key_word_pairs.json "8,131072;32,32768;8,32768" key_word_pairs 330
     probe_grid benchmarks/probe_key_word_pairs_one_sequence.json "1,32768" key_word_pairs_one_sequence 120
+    ;;
+clocks)
+    # twenty-second session: under sustained load the op ran at the power cap (SW power cap
+    # throttle reason, SM clock 1730-1880 MHz instead of 1980) and slowed 3-5%; SDPA did not
+    for shape in 32x32768 8x131072; do
+        run 120 python3 -P benchmarks/probe_clocks.py --out "$OUT/clocks_$shape" --shape "${shape/x/,}"
+    done
     ;;
 grid)
     # (an optional third argument: the shapes, "B,N;B,N")

@@ -68,3 +68,34 @@ def test_bench_attention_runs_as_the_device_runs_it(tmp_path):
     assert run.returncode == 0, run.stderr[-2000:]
     table = (tmp_path / "attention.md").read_text()
     assert "| read floor ms | x read floor |" in table
+    # each row's speedup is the median of its alternating rounds' ratios (time_alternating)
+    import json
+    import statistics
+
+    for row in json.loads((tmp_path / "attention.json").read_text())["codecs"]["default"]["results"]:
+        rounds = list(zip(row["sdpa_rounds_ms"], row["ours_rounds_ms"], strict=True))
+        assert rounds and row["speedup"] == statistics.median(p / o for p, o in rounds)
+        assert row["ms"] == statistics.median(row["ours_rounds_ms"])
+
+
+def test_probe_clocks_reads_nvidia_smi_samples(tmp_path):
+    # probe_clocks.py lines the replays' times up with nvidia-smi's samples: its timestamps are
+    # local wall-clock time with milliseconds; a line cut off when the sampler stops is skipped
+    import time
+
+    sys.path.insert(0, str(BENCH))
+    spec = importlib.util.spec_from_file_location("probe_clocks", BENCH / "probe_clocks.py")
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    t0 = time.time()
+    stamp = time.strftime("%Y/%m/%d %H:%M:%S", time.localtime(int(t0) + 2))
+    log = tmp_path / "clocks.csv"
+    log.write_text(
+        "timestamp, clocks.current.sm [MHz], clocks.current.memory [MHz], power.draw [W], "
+        "temperature.gpu, clocks_event_reasons.active\n"
+        f"{stamp}.250, 1785, 3201, 697.12, 61, 0x0000000000000004\n"
+        f"{stamp}.300, 17"
+    )
+    (sample,) = probe.read_clocks(log, t0)
+    assert abs(sample[0] - (int(t0) + 2.25 - t0)) < 1e-3
+    assert sample[1:] == (1785.0, 697.12, "0x0000000000000004")
