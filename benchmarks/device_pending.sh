@@ -45,6 +45,10 @@
 #                                                 # LaunchConfig.key_word_pairs (twenty-second
 #                                                 # session): its GPU tests, then the grid A/B
 #                                                 # against the tuned and the one-sequence configs
+#   bash benchmarks/device_pending.sh zero_padding_p
+#                                                 # LaunchConfig.zero_padding_p: the bit-identity
+#                                                 # test, the grid A/B, then sustained A/B phases
+#                                                 # (probe_clocks.py --configs)
 #   bash benchmarks/device_pending.sh clocks      # the op's time per call over 3 s of back-to-back
 #                                                 # replays against the SM clock, power draw and
 #                                                 # throttle reasons, SDPA between (probe_clocks.py)
@@ -54,7 +58,7 @@
 #                                                 # breakdown (Nsight Compute)
 set -u
 case "${1:-}" in
-tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce | exact_remainder | key_word_pairs | clocks) ;;
+tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce | exact_remainder | key_word_pairs | clocks | zero_padding_p) ;;
 grid | timeline)
     if [ ! -f "${2:-}" ]; then
         echo "$1 needs a JSON file of LaunchConfig dicts (e.g. benchmarks/probe_one_block_step.json), got '${2:-}'" >&2
@@ -62,7 +66,7 @@ grid | timeline)
     fi
     ;;
 *)
-    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|reduce|remainder|small_reduce|exact_remainder|key_word_pairs|clocks|grid FILE.json|timeline FILE.json|stalls [tuned|keys_in_step]" >&2
+    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|reduce|remainder|small_reduce|exact_remainder|key_word_pairs|clocks|zero_padding_p|grid FILE.json|timeline FILE.json|stalls [tuned|keys_in_step]" >&2
     exit 2
     ;;
 esac
@@ -179,6 +183,17 @@ key_word_pairs)
     attention_tests "key_word_pairs"
     probe_grid benchmarks/probe_key_word_pairs.json "8,131072;32,32768;8,32768" key_word_pairs 330
     probe_grid benchmarks/probe_key_word_pairs_one_sequence.json "1,32768" key_word_pairs_one_sequence 120
+    ;;
+zero_padding_p)
+    # twenty-second session: p = 0 in the MMAs' padding rows, for less tensor-core switching at the
+    # power cap; an A/B that alternates every few ms shares the clock between both sides, so also
+    # 2.5 s phases of each (A, B, A, B)
+    attention_tests "bit_identical"
+    probe_grid benchmarks/probe_zero_padding_p.json "8,131072;32,32768;8,32768" zero_padding_p 200
+    for shape in 32x32768 8x131072; do
+        run 120 python3 -P benchmarks/probe_clocks.py --out "$OUT/zero_padding_p_$shape" --shape "${shape/x/,}" \
+            --seconds 2.5 --configs benchmarks/probe_zero_padding_p_sustained.json
+    done
     ;;
 clocks)
     # twenty-second session: under sustained load the op ran at the power cap (SW power cap

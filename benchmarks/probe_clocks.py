@@ -3,6 +3,7 @@ ours again) back to back for a few seconds each, timing every replay, while nvid
 the SM clock, power draw and the active clock-event (throttle) reasons.
 
     python benchmarks/probe_clocks.py --out DIR [--shape 32,32768] [--seconds 3]
+    python benchmarks/probe_clocks.py --out DIR --configs A_B_A_B.json   # sustained A/B, no SDPA
 
 Why: bench_attention's alternating rounds (twenty-second session) saw our time rise 5% within
 one shape's rounds (0.247 -> 0.260 ms at (8, 131072)) while SDPA's stayed within 0.5%. Writes
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import pathlib
 import statistics
 import subprocess
@@ -47,15 +49,38 @@ def main() -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--shape", default="32,32768", help="B,N")
     p.add_argument("--seconds", type=float, default=3.0, help="per phase")
+    p.add_argument(
+        "--configs",
+        default="",
+        help="JSON file of LaunchConfig dicts: one phase each, in order (list A, B, A, B); no SDPA",
+    )
     a = p.parse_args()
     out = pathlib.Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     b, n = (int(x) for x in a.shape.split(","))
     setup = ba.Setup(b, n, ba.HQ, ba.HKV, "cuda", smoke=False)
     setup.use_codec(ba.CODECS["default"])
-    config = wa.tuned_config(setup.layout, ba.HEAD_DIM, 4, b * ba.HKV)
-    ours = ba.graph_of([lambda i=i: setup.call(i, config) for i in range(len(setup.copies))])
-    sdpa = ba.graph_of(ba.sdpa_calls(setup))
+
+    def graph(config: wa.LaunchConfig) -> tuple:
+        return ba.graph_of([lambda i=i: setup.call(i, config) for i in range(len(setup.copies))])
+
+    if a.configs:
+        # sustained A/B: a config's energy per call sets the clock it runs at, which an A/B that
+        # alternates every few milliseconds would share between both sides
+        configs = [wa.LaunchConfig(**c) for c in json.loads(pathlib.Path(a.configs).read_text())]
+        graphs = {}
+        phases = []
+        for k, config in enumerate(configs):
+            if config not in graphs:
+                graphs[config] = graph(config)
+            phases.append((f"config{configs.index(config)}_{k}", graphs[config]))
+        for k, config in enumerate(configs[: len(graphs)]):
+            print(f"config{k}: {config}")
+    else:
+        config = wa.tuned_config(setup.layout, ba.HEAD_DIM, 4, b * ba.HKV)
+        print(f"config: {config}")
+        ours = graph(config)
+        phases = [("ours", ours), ("sdpa", ba.graph_of(ba.sdpa_calls(setup))), ("ours_again", ours)]
     log = open(out / "clocks.csv", "w")  # noqa: SIM115 - closed after the sampler stops
     sampler = subprocess.Popen(
         ["nvidia-smi", f"--query-gpu={QUERY}", "--format=csv,nounits", "-lms", "50"], stdout=log
@@ -63,8 +88,8 @@ def main() -> int:
     time.sleep(1.0)  # the sampler's first lines: the idle state
     t0 = time.time()
     rows = []
-    for phase, (graph, per) in (("ours", ours), ("sdpa", sdpa), ("ours_again", ours)):
-        rows += replay_for(graph, per, a.seconds, t0, phase)
+    for phase, (replayed, per) in phases:
+        rows += replay_for(replayed, per, a.seconds, t0, phase)
         time.sleep(0.5)  # idle between phases
     time.sleep(0.5)
     sampler.terminate()
@@ -74,8 +99,8 @@ def main() -> int:
         csv.writer(f).writerows([("phase", "t_s", "ms_per_call"), *rows])
     samples = read_clocks(out / "clocks.csv", t0)
     # per phase and 0.5 s window: the median time per call, SM clock and power draw
-    print(f"shape {a.shape}, config {config}")
-    for phase in ("ours", "sdpa", "ours_again"):
+    print(f"shape {a.shape}")
+    for phase, _ in phases:
         times = [(t, ms) for ph, t, ms in rows if ph == phase]
         first, last = times[0][0], times[-1][0]
         print(f"{phase} (t = {first:.2f} .. {last:.2f} s): window | ms per call | SM MHz | W | reasons")
@@ -91,6 +116,9 @@ def main() -> int:
                 cells = f"{statistics.median(ms):.4f} | {clock:.0f} | {watts:.0f} | {' '.join(reasons)}"
                 print(f"  {lo:5.2f} | {cells}")
             k += 1
+        steady = [m for t, m in times if t >= first + 1.0]
+        if steady:
+            print(f"  after the first second: median {statistics.median(steady):.4f} ms per call")
     idle = [c for c in samples if c[0] < 0]
     if idle:
         print(

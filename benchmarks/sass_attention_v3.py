@@ -118,6 +118,7 @@ def compile_v3(args: argparse.Namespace) -> tuple[str, str, int, str]:
         LOADS_BEFORE_WAIT=args.loads_before_pdl_wait,
         SPLIT_MAJOR=args.split_major,
         KEY_WORD_PAIRS=args.key_word_pairs,
+        ZERO_PADDING_P=args.zero_padding_p,
     )
     pointer_types = dict(qw_ptr="*fp16", kc_ptr="*u8", vc_ptr="*u8", ks_ptr="*fp16", vs_ptr="*fp16")
     pointer_types.update(seq_lens_ptr="*i32", slot_coef_ptr="*i32")
@@ -220,6 +221,7 @@ def main() -> None:
     p.add_argument(
         "--key-word-pairs", action="store_true", help="a lane's two 4-bit key words by one 8-byte load"
     )
+    p.add_argument("--zero-padding-p", action="store_true", help="p = 0 in the MMAs' padding rows")
     p.add_argument("--prefetch-value-rows", action="store_true", help="the next step's value rows into L2")
     p.add_argument(
         "--fill-value-rows-l2", action="store_true", help="hinted loads fill the next value rows' L2 blocks"

@@ -107,6 +107,10 @@ class LaunchConfig:
     # and slots 2t + 8, 2t + 9 take 4t + 2, 4t + 3), so they arrive by one 8-byte load instead of
     # two 4-byte ones: 16 key loads a step instead of 24, and one request per row for the band
     key_word_pairs: bool = False
+    # v3: the MMAs' padding rows (a GQA group of 4 fills 4 of N's 8) start at a running max of +1e30,
+    # so their p is exactly 0 every step and the value MMAs multiply zeros there instead of p = 1:
+    # the same instructions, less switching in the tensor cores (the op runs at the power cap)
+    zero_padding_p: bool = False
     # v3: each step prefetches the next step's value rows into L2 (prefetch.global.L2, one 128-byte
     # line a lane), so the next step's copies find them there
     prefetch_value_rows: bool = False
@@ -255,7 +259,7 @@ class LaunchConfig:
                 f"keys_via_smem={self.keys_via_smem}"
             )
         hints = ("value_copies_l2_256b", "plain_loads_l2_256b")
-        for name in ("prefetch_value_rows", "fill_value_rows_l2", *hints):
+        for name in ("prefetch_value_rows", "fill_value_rows_l2", "zero_padding_p", *hints):
             if getattr(self, name) and self.kernel != "v3":
                 raise ValueError(
                     f"LaunchConfig.{name} is a v3 option: it needs kernel='v3', got {self.kernel!r}"
@@ -506,6 +510,7 @@ V3_ONLY_OPTIONS = (
     "keys_ahead",
     "key_loads_l2_256b",
     "key_word_pairs",
+    "zero_padding_p",
     "prefetch_value_rows",
     "fill_value_rows_l2",
     "value_copies_l2_256b",

@@ -2949,6 +2949,7 @@ def _launch_v3(
         ROW_COPIES=config.row_copies,
         KEY_LOADS_L2_256B=config.key_loads_l2_256b,
         KEY_WORD_PAIRS=config.key_word_pairs,
+        ZERO_PADDING_P=config.zero_padding_p,
         PREFETCH_VALUE_ROWS=config.prefetch_value_rows,
         FILL_VALUE_ROWS_L2=config.fill_value_rows_l2,
         VALUE_COPIES_L2_256B=config.value_copies_l2_256b,

@@ -731,6 +731,8 @@ if HAS_GLUON:
         # each lane's two 4-bit-band key words by one 8-byte load (the plan's key slots ordered
         # for it: _plan_v3(key_word_pairs=True)); keys from global memory only
         KEY_WORD_PAIRS: gl.constexpr = False,
+        # the padding rows of the MMAs' N get p = 0 (see the state's initial running max)
+        ZERO_PADDING_P: gl.constexpr = False,
     ):
         """One (split, sequence, kv head, row block): online softmax over a range of compressed
         tokens in the coefficient domain; grid (num_splits, programs), or (programs, num_splits)
@@ -811,7 +813,14 @@ if HAS_GLUON:
             ring = (k4s, k2s, v4s, v2s)
         # ---- state: running max, 8 field accumulators, token sums of p and of p * scale per band
         acc0 = gl.zeros([16, 8], gl.float32, layout=_MMA)
-        state = (gl.full([8], _NEG_BIG, gl.float32, layout=gl.SliceLayout(0, _MMA)),) + (acc0,) * 11
+        m0 = gl.full([8], _NEG_BIG, gl.float32, layout=gl.SliceLayout(0, _MMA))
+        if ZERO_PADDING_P:
+            # the MMAs' padding rows (the GQA group fills 4 of N's 8) start at a running max no
+            # score reaches: every step's p there is exp2(s - 1e30) = 0 and alpha exp2(0) = 1, so
+            # the value and token-sum MMAs multiply zeros in those columns instead of p = 1 (their
+            # query is zero, their scores 0), at no cost in instructions; real rows are untouched
+            m0 = gl.where(row_ok, m0, -_NEG_BIG)
+        state = (m0,) + (acc0,) * 11
         # ---- full steps: every token below every row's limit, no masks or clamps. The tiles of
         # step i + STAGES - 1 are in flight while step i computes; scales one step ahead.
         if full_hi > lo:

@@ -161,6 +161,7 @@ def test_v3_falls_back_off_the_gpu():
         dict(kernel="v1", fill_value_rows_l2=True),
         dict(kernel="v1", value_copies_l2_256b=True),
         dict(kernel="v2", plain_loads_l2_256b=True),
+        dict(kernel="v1", zero_padding_p=True),
     ],
 )
 def test_v3_config_is_validated(bad):
@@ -268,6 +269,7 @@ def test_a_v3_build_failure_falls_back_to_v1_once(monkeypatch, config):
         ["--tuned", "--pdl", "--split-major"],
         ["--tuned", "--pdl", "--key-word-pairs"],
         ["--keys-ahead", "--key-word-pairs", "--step-row-base"],
+        ["--tuned", "--pdl", "--zero-padding-p"],
     ],
     ids=[
         "plain",
@@ -281,6 +283,7 @@ def test_a_v3_build_failure_falls_back_to_v1_once(monkeypatch, config):
         "tuned_split_major",  # a remainder SplitPlan's launch: the same loop
         "tuned_key_word_pairs",
         "key_word_pairs_unhinted",  # plain loads, vectorised by Triton from the alignment hint
+        "tuned_zero_padding_p",
     ],
 )
 def test_v3_compiles_for_sm90_on_this_triton(tmp_path, options):

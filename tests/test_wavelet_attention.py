@@ -626,7 +626,15 @@ def test_gpu_v3_layout_options_leave_the_result_bit_identical():
     codec, args = make_case(
         UNIFORM_REAL, 5, 2, 4, 1, 128, [4096, 1, 1000, 2049, 133], 4096, torch.bfloat16, "cuda", "full"
     )
-    layout_options = ("copy_layout_tokens", "value_scales_in_b", "p_movmatrix", "step_row_base", "keys_ahead")
+    # zero_padding_p gives the MMAs' padding rows p = 0 (real rows untouched)
+    layout_options = (
+        "copy_layout_tokens",
+        "value_scales_in_b",
+        "p_movmatrix",
+        "step_row_base",
+        "keys_ahead",
+        "zero_padding_p",
+    )
     # (key_word_pairs reorders the key MMAs' k slots, which changes the rounding: off here, the
     # reference test covers it)
     plain = dataclasses.replace(
