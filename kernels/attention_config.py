@@ -109,7 +109,9 @@ class LaunchConfig:
     key_word_pairs: bool = False
     # v3: the MMAs' padding rows (a GQA group of 4 fills 4 of N's 8) start at a running max of +1e30,
     # so their p is exactly 0 every step and the value MMAs multiply zeros there instead of p = 1:
-    # the same instructions, less switching in the tensor cores (the op runs at the power cap)
+    # the same instructions, less switching in the tensor cores (the op runs at the power cap).
+    # Twenty-second session: +4.5% / -0.1% / +0.8% in the grid, -0.5% in sustained 2.5 s phases
+    # (power and clock unchanged at the cap): within the spread, not tuned
     zero_padding_p: bool = False
     # v3: each step prefetches the next step's value rows into L2 (prefetch.global.L2, one 128-byte
     # line a lane), so the next step's copies find them there
