@@ -613,6 +613,31 @@ def test_gpu_v3_matches_reference(spec, group, tq, channel, config):
 
 
 @pytest.mark.gpu
+def test_gpu_v3_key_word_pairs_on_a_cache_not_8_byte_aligned():
+    # key_word_pairs loads 8 bytes at once; a key cache 4 bytes off 8-byte alignment (still int16-
+    # aligned, so v3 runs) takes 4-byte loads instead: the same result as the unpaired launch, no
+    # misaligned access
+    codec, args = make_case(
+        UNIFORM_REAL, 3, 2, 4, 1, 128, [2049, 1, 700], 2304, torch.bfloat16, "cuda", "full"
+    )
+    kc = args[1]
+    storage = torch.empty(kc.numel() + 8, dtype=torch.uint8, device="cuda")
+    shifted = storage[4 : 4 + kc.numel()].view(kc.shape)
+    shifted.copy_(kc)
+    layout = ops.compressed_layout(codec.spec, 128)
+    assert shifted.data_ptr() % 8 == 4 and not K._key_pairs_aligned(shifted, layout)
+    tuned = K.TUNED_CONFIGS[(128, 4, "affine")]
+    assert tuned.key_word_pairs
+    moved = (args[0], shifted, *args[2:])
+    assert K.split_kernel_choice(tuned, layout, shifted, args[2], 4) == "v3"
+    got = _run_triton(moved, codec, 128**-0.5, config=tuned, num_splits=7)
+    unpaired = dataclasses.replace(tuned, key_word_pairs=False)
+    assert torch.equal(got, _run_triton(args, codec, 128**-0.5, config=unpaired, num_splits=7))
+    assert rel_err(got, dense_reference(codec, args, 128**-0.5)) <= 1e-2
+    assert not K._V3_FAILURE, K._V3_FAILURE
+
+
+@pytest.mark.gpu
 def test_gpu_v3_layout_options_leave_the_result_bit_identical():
     # These options change only where values are computed or how they move, never what is computed:
     # copy_layout_tokens makes the value tiles' token indices in their copies' layout (the same
