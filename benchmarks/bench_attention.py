@@ -238,9 +238,9 @@ def time_calls(calls: list, smoke: bool, min_ms: float = 2.0, replays: int = 15)
 
 def time_alternating(ours: list, peer: list, rounds: int, smoke: bool) -> tuple[list[float], list[float]]:
     """Per-round median ms per call of two sets of calls, each captured once and replayed in
-    turns (ours, peer, ours, peer, ...), so the clock and thermal drift between rounds, which
-    moved either side's time by several percent between runs, falls on both sides of each
-    round's ratio alike."""
+    turns (ours, peer, ours, peer, ...): the GPU's drift over a run (clock, temperature, the
+    power cap, which the op reaches and SDPA does not) reaches both sides round by round instead
+    of separating them by minutes, as timing every shape's SDPA first did."""
     if smoke:
         return [time_calls(ours, smoke)], [time_calls(peer, smoke)]
     graphs = [graph_of(ours), graph_of(peer)]

@@ -941,8 +941,7 @@ def _plan_v3(layout: CompressedLayout, device: torch.device, key_word_pairs: boo
                 _, pos = field_layout(bits, field_index)
                 per_value = step / 2**pos
                 slot = 16 * (4 * band + operand) + j
-
-                paired = key_word_pairs and n_elems == 16
+                paired = key_word_pairs and n_elems == 16  # (the 2-bit band has one word a lane)
                 key_coef[slot] = _v3_coefficient(
                     start, bits, offset, v3_key_pair_element(j) if paired else j % n_elems
                 )
