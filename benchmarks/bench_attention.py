@@ -2,6 +2,7 @@
 torch SDPA (bf16, enable_gqa=True) over a dense bf16 cache, measured in the same run.
 
     python benchmarks/bench_attention.py --out DIR [--sweep] [--precompile] [--config JSON] [--smoke]
+        [--sustained SECONDS]
 
 Shapes: Hq=32, Hkv=8, D=128, one query token, (B, N) in {(1, 32768), (8, 32768), (8, 131072),
 (32, 32768)}, the default codec (uniform grids after a per-head rotation: 64 coefficients at 4 bits
@@ -17,6 +18,9 @@ Timing: CUDA graphs of back-to-back calls that rotate over enough input copies t
 DESIGN.md figure). Each shape's row comes from ROUNDS alternating rounds of our graph and SDPA's
 (each round a median of 15 replays): ms columns are the rounds' medians, the speedup the median of
 the rounds' ratios (SDPA is also timed alone at the start, as sdpa_first_ms in the JSON).
+--sustained S adds, per shape, ours and then SDPA replayed back to back for S seconds each, the
+medians after each one's first second: the op reaches the GPU's power cap within a second and runs
+at a lower clock from then on, SDPA does not (benchmarks/probe_clocks.py).
 Accuracy: each shape's output against the PyTorch reference (decompress + fp32 attention) on the
 same inputs, relative Frobenius error.
 
@@ -92,6 +96,13 @@ def _parse() -> argparse.Namespace:
     p.add_argument("--smoke", action="store_true", help="CPU + Triton interpreter, tiny shapes")
     p.add_argument("--config", default="", help="LaunchConfig fields as JSON (instead of the tuned one)")
     p.add_argument("--codec", default="", help=f"comma-separated subset of {list(CODECS)} (default: all)")
+    p.add_argument(
+        "--sustained",
+        type=float,
+        default=0.0,
+        help="also replay ours, then SDPA, back to back for this many seconds per shape (the op "
+        "reaches the GPU's power cap within a second): medians after the first second",
+    )
     return p.parse_args()
 
 
@@ -250,6 +261,27 @@ def time_alternating(ours: list, peer: list, rounds: int, smoke: bool) -> tuple[
             out.append(replay_ms(graph, n))
     del graphs
     return times
+
+
+def time_sustained(calls: list, seconds: float) -> float:
+    """Median ms per call of a graph of the calls replayed back to back for `seconds`, counting
+    only the replays after the first second (by then the op has met the GPU's power cap, whose
+    lower clock the alternating rounds only partly see; benchmarks/probe_clocks.py)."""
+    graph, n = graph_of(calls)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    steady = []
+    t0 = time.time()
+    while (elapsed := time.time() - t0) < seconds:
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        if elapsed >= 1.0:
+            steady.append(start.elapsed_time(end) / n)
+    del graph
+    if not steady:
+        raise ValueError(f"--sustained must be more than 1 second to time anything, got {seconds}")
+    return statistics.median(steady)
 
 
 def time_ours(setup: Setup, config: wa.LaunchConfig, smoke: bool) -> float:
@@ -419,6 +451,13 @@ def _table(info: dict, codec: str, chosen: wa.LaunchConfig | str, results: list[
             f"{r['x_floor']:.2f} | {read} | {x_read} | {r['sdpa_ms']:.4f} | {r['speedup']:.2f}x | "
             f"{r['rel_err']:.1e} |"
         )
+    held = [(r["B"], r["N"], r["sustained"]) for r in results if r.get("sustained")]
+    if held:
+        cells = "; ".join(
+            f"({b}, {n}) {h['ms']:.4f} ms against SDPA {h['sdpa_ms']:.4f}: {h['speedup']:.2f}x"
+            for b, n, h in held
+        )
+        lines += ["", f"Sustained ({held[0][2]['seconds']:g} s of each, after the first second): {cells}"]
     return "\n".join(lines)
 
 
@@ -483,6 +522,13 @@ def main() -> int:
             sdpa_first_ms = sdpa_ms  # SDPA timed alone at the start of the run
             sdpa_ms = statistics.median(sdpa_rounds)
             speedup = statistics.median(p / o for p, o in zip(sdpa_rounds, ours_rounds, strict=True))
+            sustained = None
+            if args.sustained and not smoke:
+                ours_held = time_sustained(ours_calls, args.sustained)
+                sdpa_held = time_sustained(sdpa_calls(setup), args.sustained)
+                sustained = dict(
+                    seconds=args.sustained, ms=ours_held, sdpa_ms=sdpa_held, speedup=sdpa_held / ours_held
+                )
             floor_ms = setup.bytes / (COPY_TBPS * 1e12) * 1e3
             num_splits = wa.choose_num_splits(b * hkv, n, setup.layout, config, torch.device(device))
             # the same bytes read alone: on the op's grid and on the grid of 32 programs per SM
@@ -508,6 +554,7 @@ def main() -> int:
                 speedup=speedup,  # the median of the rounds' ratios
                 ours_rounds_ms=ours_rounds,
                 sdpa_rounds_ms=sdpa_rounds,
+                sustained=sustained,  # --sustained: each side replayed alone for that long
                 rel_err=err,
                 num_splits=num_splits,
                 kernel=config.kernel,

@@ -135,7 +135,7 @@ attention)
     run 420 python3 -P -m pytest -q -m gpu tests/test_wavelet_attention.py ${workers[@]+"${workers[@]}"} \
         -p no:benchmark -k "real_shapes or v3 or kv_head or side_stream or long_split or repeated or layouts" \
         -W error::UserWarning
-    run 150 python3 -P benchmarks/bench_attention.py --out "$OUT" --codec default
+    run 180 python3 -P benchmarks/bench_attention.py --out "$OUT" --codec default --sustained 3
     ;;
 decode)
     run 560 python3 -P benchmarks/bench_decode.py --codec default --shapes 8x131072,32x32768 --out "$OUT"

@@ -99,3 +99,20 @@ def test_probe_clocks_reads_nvidia_smi_samples(tmp_path):
     (sample,) = probe.read_clocks(log, t0)
     assert abs(sample[0] - (int(t0) + 2.25 - t0)) < 1e-3
     assert sample[1:] == (1785.0, 697.12, "0x0000000000000004")
+
+
+def test_bench_attention_table_reports_the_sustained_figures():
+    # --sustained adds each shape's figures replayed alone for a few seconds, below the table
+    sys.path.insert(0, str(BENCH))
+    spec = importlib.util.spec_from_file_location("bench_attention", BENCH / "bench_attention.py")
+    ba = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ba)
+    info = dict(date="2026-12-02", gpu="H200", torch="2.11", triton="3.6", bytes_per_vector=52)
+    row = dict(B=8, N=131072, ms=0.25, bytes=8.76e8, TBps=3.5, x_floor=1.2, read_floor_ms=0.2)
+    row.update(x_read_floor=1.25, sdpa_ms=0.95, speedup=3.8, rel_err=7e-4)
+    held = dict(row, sustained=dict(seconds=3.0, ms=0.262, sdpa_ms=0.928, speedup=0.928 / 0.262))
+    table = ba._table(info, "default", "tuned", [held, dict(row, B=32, N=32768, sustained=None)])
+    assert table.splitlines()[-1] == (
+        "Sustained (3 s of each, after the first second): (8, 131072) 0.2620 ms against SDPA 0.9280: 3.54x"
+    )
+    assert "Sustained" not in ba._table(info, "default", "tuned", [row])
