@@ -49,6 +49,10 @@
 #                                                 # LaunchConfig.zero_padding_p: the bit-identity
 #                                                 # test, the grid A/B, then sustained A/B phases
 #                                                 # (probe_clocks.py --configs)
+#   bash benchmarks/device_pending.sh sustained FILE.json [SHAPES]
+#                                                 # sustained A/B: each config in FILE (list A, B,
+#                                                 # A, B) replayed alone for 2.5 s, with the SM
+#                                                 # clock and power (probe_clocks.py --configs)
 #   bash benchmarks/device_pending.sh clocks      # the op's time per call over 3 s of back-to-back
 #                                                 # replays against the SM clock, power draw and
 #                                                 # throttle reasons, SDPA between (probe_clocks.py)
@@ -59,14 +63,14 @@
 set -u
 case "${1:-}" in
 tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce | exact_remainder | key_word_pairs | clocks | zero_padding_p) ;;
-grid | timeline)
+grid | timeline | sustained)
     if [ ! -f "${2:-}" ]; then
         echo "$1 needs a JSON file of LaunchConfig dicts (e.g. benchmarks/probe_one_block_step.json), got '${2:-}'" >&2
         exit 2
     fi
     ;;
 *)
-    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|reduce|remainder|small_reduce|exact_remainder|key_word_pairs|clocks|zero_padding_p|grid FILE.json|timeline FILE.json|stalls [tuned|keys_in_step]" >&2
+    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|reduce|remainder|small_reduce|exact_remainder|key_word_pairs|clocks|zero_padding_p|grid FILE.json|timeline FILE.json|sustained FILE.json|stalls [tuned|keys_in_step]" >&2
     exit 2
     ;;
 esac
@@ -193,6 +197,14 @@ zero_padding_p)
     for shape in 32x32768 8x131072; do
         run 120 python3 -P benchmarks/probe_clocks.py --out "$OUT/zero_padding_p_$shape" --shape "${shape/x/,}" \
             --seconds 2.5 --configs benchmarks/probe_zero_padding_p_sustained.json
+    done
+    ;;
+sustained)
+    # an A/B that alternates every few milliseconds shares one clock between both sides; at the
+    # power cap a config's energy per call sets its clock, so each config also runs alone
+    for shape in $(echo "${3:-32,32768;8,131072}" | tr ';' ' '); do
+        run 120 python3 -P benchmarks/probe_clocks.py --out "$OUT/sustained_${shape/,/x}" --shape "$shape" \
+            --seconds 2.5 --configs "$2"
     done
     ;;
 clocks)
