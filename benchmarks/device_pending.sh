@@ -121,6 +121,16 @@ probe_timeline() {
     run "${3:-150}" python3 -P benchmarks/probe_attention.py timeline --configs "$1" --shapes "$2"
 }
 
+# sustained A/B (probe_clocks.py --configs): each config of $1 (list A, B, A, B) replayed alone for
+# 2.5 s at each shape of $2 ("B,N;B,N"), with the SM clock and power; JSON under $OUT/$3_BxN
+probe_sustained() {
+    local shape
+    for shape in $(echo "$2" | tr ';' ' '); do
+        run 120 python3 -P benchmarks/probe_clocks.py --out "$OUT/$3_${shape/,/x}" --shape "$shape" \
+            --seconds 2.5 --configs "$1"
+    done
+}
+
 case "${1:-}" in
 tests)
     # six xdist workers share the GPU (the tests are small; their time is mostly compiling): the
@@ -194,18 +204,12 @@ zero_padding_p)
     # 2.5 s phases of each (A, B, A, B)
     attention_tests "bit_identical"
     probe_grid benchmarks/probe_zero_padding_p.json "8,131072;32,32768;8,32768" zero_padding_p 200
-    for shape in 32x32768 8x131072; do
-        run 120 python3 -P benchmarks/probe_clocks.py --out "$OUT/zero_padding_p_$shape" --shape "${shape/x/,}" \
-            --seconds 2.5 --configs benchmarks/probe_zero_padding_p_sustained.json
-    done
+    probe_sustained benchmarks/probe_zero_padding_p_sustained.json "32,32768;8,131072" zero_padding_p
     ;;
 sustained)
     # an A/B that alternates every few milliseconds shares one clock between both sides; at the
     # power cap a config's energy per call sets its clock, so each config also runs alone
-    for shape in $(echo "${3:-32,32768;8,131072}" | tr ';' ' '); do
-        run 120 python3 -P benchmarks/probe_clocks.py --out "$OUT/sustained_${shape/,/x}" --shape "$shape" \
-            --seconds 2.5 --configs "$2"
-    done
+    probe_sustained "$2" "${3:-32,32768;8,131072}" sustained
     ;;
 clocks)
     # twenty-second session: under sustained load the op ran at the power cap (SW power cap
