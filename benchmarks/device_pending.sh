@@ -49,6 +49,11 @@
 #                                                 # LaunchConfig.zero_padding_p: the bit-identity
 #                                                 # test, the grid A/B, then sustained A/B phases
 #                                                 # (probe_clocks.py --configs)
+#   bash benchmarks/device_pending.sh value_subnormals
+#                                                 # packed_p_scaling and value_subnormals
+#                                                 # (twenty-third session): GPU tests, error
+#                                                 # against split length, grid A/B; then
+#                                                 # value_subnormals_sustained: sustained A/B
 #   bash benchmarks/device_pending.sh sustained FILE.json [SHAPES]
 #                                                 # sustained A/B: each config in FILE (list A, B,
 #                                                 # A, B) replayed alone for 2.5 s, with the SM
@@ -62,7 +67,7 @@
 #                                                 # breakdown (Nsight Compute)
 set -u
 case "${1:-}" in
-tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce | exact_remainder | key_word_pairs | clocks | zero_padding_p) ;;
+tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce | exact_remainder | key_word_pairs | clocks | zero_padding_p | value_subnormals | value_subnormals_sustained) ;;
 grid | timeline | sustained)
     if [ ! -f "${2:-}" ]; then
         echo "$1 needs a JSON file of LaunchConfig dicts (e.g. benchmarks/probe_one_block_step.json), got '${2:-}'" >&2
@@ -70,7 +75,7 @@ grid | timeline | sustained)
     fi
     ;;
 *)
-    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|reduce|remainder|small_reduce|exact_remainder|key_word_pairs|clocks|zero_padding_p|grid FILE.json|timeline FILE.json|sustained FILE.json|stalls [tuned|keys_in_step]" >&2
+    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|reduce|remainder|small_reduce|exact_remainder|key_word_pairs|clocks|zero_padding_p|value_subnormals|grid FILE.json|timeline FILE.json|sustained FILE.json|stalls [tuned|keys_in_step]" >&2
     exit 2
     ;;
 esac
@@ -205,6 +210,18 @@ zero_padding_p)
     attention_tests "bit_identical"
     probe_grid benchmarks/probe_zero_padding_p.json "8,131072;32,32768;8,32768" zero_padding_p 200
     probe_sustained benchmarks/probe_zero_padding_p_sustained.json "32,32768;8,131072" zero_padding_p
+    ;;
+value_subnormals)
+    # twenty-third session: p scaled by packed fp16 multiplies (packed_p_scaling) and the value
+    # fields as subnormals centred once at the store (value_subnormals): their GPU tests, the error
+    # against the split's length, then A/B in alternating rounds and sustained phases
+    attention_tests "v3_matches_reference or bit_identical or long_split or value_subnormals"
+    run 120 python3 -P benchmarks/probe_value_precision.py --out "$OUT/value_precision"
+    probe_grid benchmarks/probe_value_subnormals.json "8,131072;32,32768;8,32768" value_subnormals 240
+    probe_grid benchmarks/probe_value_subnormals_one_sequence.json "1,32768" value_subnormals_one_sequence 90
+    ;;
+value_subnormals_sustained)
+    probe_sustained benchmarks/probe_value_subnormals_sustained.json "32,32768;8,131072" value_subnormals
     ;;
 sustained)
     # an A/B that alternates every few milliseconds shares one clock between both sides; at the

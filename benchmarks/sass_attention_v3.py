@@ -119,6 +119,8 @@ def compile_v3(args: argparse.Namespace) -> tuple[str, str, int, str]:
         SPLIT_MAJOR=args.split_major,
         KEY_WORD_PAIRS=args.key_word_pairs,
         ZERO_PADDING_P=args.zero_padding_p,
+        VALUE_SUBNORMALS=args.value_subnormals,
+        PACKED_P_SCALING=args.packed_p_scaling,
     )
     pointer_types = dict(qw_ptr="*fp16", kc_ptr="*u8", vc_ptr="*u8", ks_ptr="*fp16", vs_ptr="*fp16")
     pointer_types.update(seq_lens_ptr="*i32", slot_coef_ptr="*i32")
@@ -222,6 +224,12 @@ def main() -> None:
         "--key-word-pairs", action="store_true", help="a lane's two 4-bit key words by one 8-byte load"
     )
     p.add_argument("--zero-padding-p", action="store_true", help="p = 0 in the MMAs' padding rows")
+    p.add_argument(
+        "--packed-p-scaling", action="store_true", help="p times the value scales by packed fp16 multiplies"
+    )
+    p.add_argument(
+        "--value-subnormals", action="store_true", help="value fields as subnormals, centred at the store"
+    )
     p.add_argument("--prefetch-value-rows", action="store_true", help="the next step's value rows into L2")
     p.add_argument(
         "--fill-value-rows-l2", action="store_true", help="hinted loads fill the next value rows' L2 blocks"

@@ -113,6 +113,20 @@ class LaunchConfig:
     # Twenty-second session: +4.5% / -0.1% / +0.8% in the grid, -0.5% in sustained 2.5 s phases
     # (power and clock unchanged at the cap): within the spread, not tuned
     zero_padding_p: bool = False
+    # v3: p times the value scales (VALUE_SCALES_IN_B) by one packed fp16 multiply per register and
+    # band (inline mul.f16x2); as plain fp16 products of broadcast vectors the compiler multiplies
+    # each element alone and packs the pairs again: 48 instructions a step against 32, the same
+    # IEEE products bit for bit (twenty-third session, offline: 772 -> 756 loop instructions)
+    packed_p_scaling: bool = False
+    # v3: the value fields as fp16 subnormals (field in place x 2**-24, no 1024 offset), summed
+    # uncentred and centred once when the split stores its partial, instead of centring through
+    # every step's accumulator inputs (the step's 32 FFMAs and 8 FADDs of the centring; offline
+    # 756 -> 738 with packed_p_scaling). The uncentred sums grow with the split, and the tensor
+    # cores' fp32 accumulation truncates (v2's subnormals reached 1.0e-2 at one 32k-token split,
+    # second session), so a launch whose longest split exceeds value_subnormals_max_split_tokens
+    # runs the centred step instead
+    value_subnormals: bool = False
+    value_subnormals_max_split_tokens: int = 8192
     # v3: each step prefetches the next step's value rows into L2 (prefetch.global.L2, one 128-byte
     # line a lane), so the next step's copies find them there
     prefetch_value_rows: bool = False
@@ -260,8 +274,20 @@ class LaunchConfig:
                 f"kernel='v3' and keys_via_smem=False, got kernel={self.kernel!r}, "
                 f"keys_via_smem={self.keys_via_smem}"
             )
+        if self.packed_p_scaling and not (self.kernel == "v3" and self.value_scales_in_b):
+            raise ValueError(
+                "LaunchConfig.packed_p_scaling multiplies p by the value scales in the B layout: it "
+                f"needs kernel='v3' and value_scales_in_b=True, got kernel={self.kernel!r}, "
+                f"value_scales_in_b={self.value_scales_in_b}"
+            )
+        if self.value_subnormals_max_split_tokens < self.block_n:
+            raise ValueError(
+                "LaunchConfig.value_subnormals_max_split_tokens must be at least one step "
+                f"(block_n={self.block_n}), got {self.value_subnormals_max_split_tokens}"
+            )
         hints = ("value_copies_l2_256b", "plain_loads_l2_256b")
-        for name in ("prefetch_value_rows", "fill_value_rows_l2", "zero_padding_p", *hints):
+        extras = ("zero_padding_p", "value_subnormals")
+        for name in ("prefetch_value_rows", "fill_value_rows_l2", *extras, *hints):
             if getattr(self, name) and self.kernel != "v3":
                 raise ValueError(
                     f"LaunchConfig.{name} is a v3 option: it needs kernel='v3', got {self.kernel!r}"
@@ -513,6 +539,8 @@ V3_ONLY_OPTIONS = (
     "key_loads_l2_256b",
     "key_word_pairs",
     "zero_padding_p",
+    "packed_p_scaling",
+    "value_subnormals",
     "prefetch_value_rows",
     "fill_value_rows_l2",
     "value_copies_l2_256b",
@@ -678,6 +706,16 @@ def split_bounds(span: int, plan: SplitPlan, block_n: int) -> list[tuple[int, in
     share = -(-span * plan.split_num // plan.split_den)
     chunk = -(-share // block_n) * block_n
     return [(min(i * chunk, span), min((i + 1) * chunk, span)) for i in range(plan.num_splits)]
+
+
+def value_subnormals_apply(config: LaunchConfig, tokens: int, plan: SplitPlan) -> bool:
+    """Whether a v3 launch of ``config`` runs the value_subnormals step: asked for, and no split of
+    a ``tokens``-position compressed span under ``plan`` longer than
+    ``config.value_subnormals_max_split_tokens`` (the uncentred sums' error grows with the split)."""
+    if not config.value_subnormals:
+        return False
+    longest = max(hi - lo for lo, hi in split_bounds(max(tokens, 1), plan, config.block_n))
+    return longest <= config.value_subnormals_max_split_tokens
 
 
 def split_plan(

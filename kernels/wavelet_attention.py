@@ -1083,6 +1083,7 @@ from .attention_config import (  # noqa: E402
     resident_programs_per_sm,
     split_count,
     v1_fallback,
+    value_subnormals_apply,
 )
 
 
@@ -2949,6 +2950,8 @@ def _launch_v3(
         KEY_LOADS_L2_256B=config.key_loads_l2_256b,
         KEY_WORD_PAIRS=config.key_word_pairs,
         ZERO_PADDING_P=config.zero_padding_p,
+        VALUE_SUBNORMALS=config.value_subnormals,
+        PACKED_P_SCALING=config.packed_p_scaling,
         PREFETCH_VALUE_ROWS=config.prefetch_value_rows,
         FILL_VALUE_ROWS_L2=config.fill_value_rows_l2,
         VALUE_COPIES_L2_256B=config.value_copies_l2_256b,
@@ -3048,6 +3051,10 @@ def wavelet_attention_triton(
     else:  # equal splits, as given
         plan = SplitPlan(num_splits)
     num_splits, split_num, split_den = plan.num_splits, plan.split_num, plan.split_den
+    if config.value_subnormals and not value_subnormals_apply(config, capacity - layout.n_exact, plan):
+        # uncentred value sums lose precision with the split's length: past the bound (from the
+        # capacity, so no host sync), the centred step
+        config = replace(config, value_subnormals=False)
     # partials per program: the compressed splits, then the exact tokens' (v3: exact_chunks of them,
     # from their own kernel; v1 and v2: one, from the split kernel's last split)
     exact_programs, exact_slots = exact_chunks(config, layout) if use_v3 else (1, 0)

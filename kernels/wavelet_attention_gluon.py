@@ -33,7 +33,14 @@ compiles the kernel for sm_90 (so CI's Triton proves it still builds).
 from __future__ import annotations
 
 from . import ptx_patches
-from .wavelet_attention import _MODE_MAGIC, MAGIC_OFFSET, _field_asm, field_layout
+from .wavelet_attention import (
+    _MODE_MAGIC,
+    _MODE_SUBNORMAL,
+    MAGIC_OFFSET,
+    SUBNORMAL_UNIT,
+    _field_asm,
+    field_layout,
+)
 
 try:  # Gluon ships with Triton >= 3.5; without it v3 is simply unavailable
     from triton.experimental import gluon
@@ -86,6 +93,13 @@ if HAS_GLUON:
         _F2_0, _F2_1, _F2_2, _F2_3, _F2_4, _F2_5, _F2_6, _F2_7 = (
             gl.constexpr(_field_asm(_MODE_MAGIC, 2, f)) for f in range(8)
         )
+        # VALUE_SUBNORMALS: the value fields as fp16 subnormals (field in place: field * 2**-24)
+        _S4_0, _S4_1, _S4_2, _S4_3 = (gl.constexpr(_field_asm(_MODE_SUBNORMAL, 4, f)) for f in range(4))
+        _S2_0, _S2_1, _S2_2, _S2_3, _S2_4, _S2_5, _S2_6, _S2_7 = (
+            gl.constexpr(_field_asm(_MODE_SUBNORMAL, 2, f)) for f in range(8)
+        )
+        _INV_SUBNORMAL_UNIT = gl.constexpr(1.0 / SUBNORMAL_UNIT)
+        MAGIC = gl.constexpr(MAGIC_OFFSET)
         # per-operand centres of the value fields (rows 0-7, rows 8-15)
         _C4_0, _C4_1, _C4_2, _C4_3 = (gl.constexpr(field_centre(4, f)) for f in range(4))
         _C2_0, _C2_1, _C2_2, _C2_3, _C2_4, _C2_5, _C2_6, _C2_7 = (
@@ -118,19 +132,30 @@ if HAS_GLUON:
         return gl.where(upper, _field(raw, ASM_HI), _field(raw, ASM_LO))
 
     @gluon.jit
-    def _band_operands(raw4, raw2, upper):
+    def _band_operands(raw4, raw2, upper, SUBNORMALS: gl.constexpr = False):
         """The 8 field operands of one step's codes (keys [tokens, 16] or values [16, tokens]): 4
         of the 4-bit band (field f of every element), 4 of the 2-bit band (fields 2o, 2o + 1).
-        (A shared raw >> 8 for the upper-byte fields compiled to the same SASS: ptxas already
-        merges the shifts inside the field asm.)"""
-        o0 = _field(raw4, _F4_0)
-        o1 = _field(raw4, _F4_1)
-        o2 = _field(raw4, _F4_2)
-        o3 = _field(raw4, _F4_3)
-        o4 = _field_pair(raw2, upper, _F2_0, _F2_1)
-        o5 = _field_pair(raw2, upper, _F2_2, _F2_3)
-        o6 = _field_pair(raw2, upper, _F2_4, _F2_5)
-        o7 = _field_pair(raw2, upper, _F2_6, _F2_7)
+        Magic fp16 (1024 + field in place), or with SUBNORMALS fp16 subnormals (field in place
+        times 2**-24: no offset). (A shared raw >> 8 for the upper-byte fields compiled to the same
+        SASS: ptxas already merges the shifts inside the field asm.)"""
+        if SUBNORMALS:
+            o0 = _field(raw4, _S4_0)
+            o1 = _field(raw4, _S4_1)
+            o2 = _field(raw4, _S4_2)
+            o3 = _field(raw4, _S4_3)
+            o4 = _field_pair(raw2, upper, _S2_0, _S2_1)
+            o5 = _field_pair(raw2, upper, _S2_2, _S2_3)
+            o6 = _field_pair(raw2, upper, _S2_4, _S2_5)
+            o7 = _field_pair(raw2, upper, _S2_6, _S2_7)
+        else:
+            o0 = _field(raw4, _F4_0)
+            o1 = _field(raw4, _F4_1)
+            o2 = _field(raw4, _F4_2)
+            o3 = _field(raw4, _F4_3)
+            o4 = _field_pair(raw2, upper, _F2_0, _F2_1)
+            o5 = _field_pair(raw2, upper, _F2_2, _F2_3)
+            o6 = _field_pair(raw2, upper, _F2_4, _F2_5)
+            o7 = _field_pair(raw2, upper, _F2_6, _F2_7)
         return o0, o1, o2, o3, o4, o5, o6, o7
 
     @gluon.jit
@@ -437,6 +462,22 @@ if HAS_GLUON:
         return gl.convert_layout(gl.reshape(blocks, [p16.shape[0], 8]), _B, assert_trivial=True)
 
     @gluon.jit
+    def _scale_p_packed(p16, w0, w1):
+        """p * w0 and p * w1 (p [tokens, 8] fp16 in the B layout, w0/w1 [tokens] fp16 in its K
+        slice) by one mul.f16x2 per register and band. Written as fp16 products of broadcast
+        vectors, the compiler multiplies each element alone (an HMUL2 on duplicated halves) and
+        packs the pairs again (a PRMT): 48 instructions a step where these take 32 (the same
+        IEEE products, bit for bit)."""
+        return gl.inline_asm_elementwise(
+            "mul.rn.f16x2 $0, $2, $3; mul.rn.f16x2 $1, $2, $4;",
+            "=r,=r,r,r,r",
+            [p16, w0[:, None], w1[:, None]],
+            dtype=(gl.float16, gl.float16),
+            is_pure=True,
+            pack=2,
+        )
+
+    @gluon.jit
     def _centre(upper_rows, C_LO: gl.constexpr, C_HI: gl.constexpr):
         """[16, 1] fp32 centres of one value operand's rows (folds to constants per register)."""
         return gl.where(upper_rows, C_HI, C_LO)
@@ -454,13 +495,17 @@ if HAS_GLUON:
         P_ONCE: gl.constexpr,
         W_IN_B: gl.constexpr = False,
         P_MOVMATRIX: gl.constexpr = False,
+        SUBNORMALS: gl.constexpr = False,
+        PACKED_SCALING: gl.constexpr = False,
     ):
         """Online-softmax update of one step: rescale when a running max grows, p = exp2(s - m),
         then the value fields of both bands against p * scale, centred through the accumulator
         input. state: (running max, the 8 field accumulators, the token sums of p, p * scale of
         each band); tile4/tile2: this step's value tiles (their cp.async already waited for).
         W_IN_B: w0/w1 are fp16 in SliceLayout(1, _B) already (VALUE_SCALES_IN_B; needs P_ONCE).
-        P_MOVMATRIX: p reaches the B layout by movmatrix (needs P_ONCE)."""
+        P_MOVMATRIX: p reaches the B layout by movmatrix (needs P_ONCE). SUBNORMALS: the value
+        fields as fp16 subnormals, summed uncentred (no offset to cancel each step); the store
+        takes the centres off once (_store_operand)."""
         m_i, a0, a1, a2, a3, a4, a5, a6, a7, l_acc, wsa, wsb = state
         m_new = gl.maximum(m_i, gl.max(s, axis=0))
         if (not LAZY_RESCALE) or gl.max(m_new - m_i, axis=0) > 0:
@@ -483,7 +528,9 @@ if HAS_GLUON:
                 p16 = _p_to_b_by_movmatrix(p.to(gl.float16))
             else:
                 p16 = gl.convert_layout(p.to(gl.float16), _B)
-            if W_IN_B:
+            if W_IN_B and PACKED_SCALING:
+                pa, pb = _scale_p_packed(p16, w0, w1)
+            elif W_IN_B:
                 pa = p16 * w0[:, None]
                 pb = p16 * w1[:, None]
             else:
@@ -493,19 +540,32 @@ if HAS_GLUON:
             pa = gl.convert_layout((p * w0[:, None]).to(gl.float16), _B)
             pb = gl.convert_layout((p * w1[:, None]).to(gl.float16), _B)
             p16 = gl.convert_layout(p.to(gl.float16), _B)
-        zero = gl.zeros([16, 8], gl.float32, layout=_MMA)
         l_acc = mma_v2(ones, p16, l_acc)
+        slot = gl.arange(0, 16, layout=gl.SliceLayout(1, _A))
+        upper = (slot >= 8)[:, None]
+        r4 = tile4.permute([1, 0]).load(_A)  # [16 elements, BLOCK_N tokens]
+        r2 = tile2.permute([1, 0]).load(_A)
+        o0, o1, o2, o3, o4, o5, o6, o7 = _band_operands(r4, r2, upper, SUBNORMALS)
+        if SUBNORMALS:
+            # the sums of p * scale straight in their accumulators, the fields' sums uncentred
+            wsa = mma_v2(ones, pa, wsa)
+            wsb = mma_v2(ones, pb, wsb)
+            a0 = mma_v2(o0, pa, a0)
+            a1 = mma_v2(o1, pa, a1)
+            a2 = mma_v2(o2, pa, a2)
+            a3 = mma_v2(o3, pa, a3)
+            a4 = mma_v2(o4, pb, a4)
+            a5 = mma_v2(o5, pb, a5)
+            a6 = mma_v2(o6, pb, a6)
+            a7 = mma_v2(o7, pb, a7)
+            return (m_i, a0, a1, a2, a3, a4, a5, a6, a7, l_acc, wsa, wsb)
+        zero = gl.zeros([16, 8], gl.float32, layout=_MMA)
         # this step's sums of p * scale, in every row of the accumulators' layout
         step_a = mma_v2(ones, pa, zero)
         step_b = mma_v2(ones, pb, zero)
         wsa = wsa + step_a
         wsb = wsb + step_b
-        slot = gl.arange(0, 16, layout=gl.SliceLayout(1, _A))
-        upper = (slot >= 8)[:, None]
         upper_rows = (gl.arange(0, 16, layout=gl.SliceLayout(1, _MMA)) >= 8)[:, None]
-        r4 = tile4.permute([1, 0]).load(_A)  # [16 elements, BLOCK_N tokens]
-        r2 = tile2.permute([1, 0]).load(_A)
-        o0, o1, o2, o3, o4, o5, o6, o7 = _band_operands(r4, r2, upper)
         a0 = mma_v2(o0, pa, a0 - _C4_0 * step_a)
         a1 = mma_v2(o1, pa, a1 - _C4_1 * step_a)
         a2 = mma_v2(o2, pa, a2 - _C4_2 * step_a)
@@ -527,15 +587,26 @@ if HAS_GLUON:
         row_ok,
         SLOT0: gl.constexpr,
         D: gl.constexpr,
+        SUBNORMALS: gl.constexpr = False,
+        C_LO: gl.constexpr = 0.0,
+        C_HI: gl.constexpr = 0.0,
     ):
         """Coefficient sums of one operand's 16 slots, scattered to coefficient order:
-        (acc + shift * sum_n p w) * step (see _plan_v3)."""
+        (acc + shift * sum_n p w) * step (see _plan_v3). SUBNORMALS: acc holds the uncentred sums
+        of field * 2**-24; its rows' magic centres (C_LO for rows 0-7, C_HI for 8-15) less the
+        magic offset are the field mids to take off: acc * 2**24 - mid * sum_n p w is what the
+        centred accumulator holds."""
         slots = SLOT0 + gl.arange(0, 16, layout=gl.SliceLayout(1, _MMA))
         rows = gl.arange(0, 8, layout=gl.SliceLayout(0, _MMA))
         coef = gl.load(slot_coef_ptr + slots)
         step = gl.load(v_step_ptr + slots)
         shift = gl.load(v_shift_ptr + slots)
-        values = (acc + shift[:, None] * sums) * step[:, None]
+        if SUBNORMALS:
+            upper_rows = gl.arange(0, 16, layout=gl.SliceLayout(1, _MMA)) >= 8
+            mid = gl.where(upper_rows, C_HI - MAGIC, C_LO - MAGIC)
+            values = (acc * _INV_SUBNORMAL_UNIT + (shift - mid)[:, None] * sums) * step[:, None]
+        else:
+            values = (acc + shift[:, None] * sums) * step[:, None]
         gl.store(acc_out + rows[None, :] * D + coef[:, None], values, mask=row_ok[None, :])
 
     @gluon.jit
@@ -589,6 +660,8 @@ if HAS_GLUON:
         P_ONCE: gl.constexpr,
         P_MOVMATRIX: gl.constexpr,
         KEY_WORD_PAIRS: gl.constexpr = False,
+        VALUE_SUBNORMALS: gl.constexpr = False,
+        PACKED_P_SCALING: gl.constexpr = False,
     ):
         """split_kernel_v3's steps after its full ones (rest: the ring, the caches, the range
         full_hi .. hi, the rows' limits, the token index vectors and the ones operand): tokens
@@ -635,6 +708,8 @@ if HAS_GLUON:
                 P_ONCE,
                 VALUE_SCALES_IN_B,
                 P_MOVMATRIX,
+                VALUE_SUBNORMALS,
+                PACKED_P_SCALING,
             )
         return state
 
@@ -733,6 +808,12 @@ if HAS_GLUON:
         KEY_WORD_PAIRS: gl.constexpr = False,
         # the padding rows of the MMAs' N get p = 0 (see the state's initial running max)
         ZERO_PADDING_P: gl.constexpr = False,
+        # the value fields as fp16 subnormals summed uncentred, centred once at the store (no
+        # per-step centring: LaunchConfig.value_subnormals says when the split is short enough)
+        VALUE_SUBNORMALS: gl.constexpr = False,
+        # p times the value scales by one packed fp16 multiply per register and band (needs
+        # VALUE_SCALES_IN_B; bit-identical)
+        PACKED_P_SCALING: gl.constexpr = False,
     ):
         """One (split, sequence, kv head, row block): online softmax over a range of compressed
         tokens in the coefficient domain; grid (num_splits, programs), or (programs, num_splits)
@@ -939,6 +1020,8 @@ if HAS_GLUON:
                     P_ONCE,
                     VALUE_SCALES_IN_B,
                     P_MOVMATRIX,
+                    VALUE_SUBNORMALS,
+                    PACKED_P_SCALING,
                 )
             async_copy.wait_group(0)
             if FILL_VALUE_ROWS_L2:
@@ -972,6 +1055,8 @@ if HAS_GLUON:
                 P_ONCE,
                 P_MOVMATRIX,
                 KEY_WORD_PAIRS,
+                VALUE_SUBNORMALS,
+                PACKED_P_SCALING,
             )
         # ---- partials in the reduce's format
         m_i, a0, a1, a2, a3, a4, a5, a6, a7, l_acc, wsa, wsb = state
@@ -979,11 +1064,13 @@ if HAS_GLUON:
         gl.store(m_ptr + part * BLOCK_M + local, m_i, mask=row_ok)
         gl.store(l_ptr + part * BLOCK_M + local, gl.max(l_acc, axis=0), mask=row_ok)
         acc_out = acc_ptr + part * BLOCK_M * D
-        _store_operand(a0, wsa, acc_out, v_step_ptr, v_shift_ptr, slot_coef_ptr, row_ok, 0, D)
-        _store_operand(a1, wsa, acc_out, v_step_ptr, v_shift_ptr, slot_coef_ptr, row_ok, 16, D)
-        _store_operand(a2, wsa, acc_out, v_step_ptr, v_shift_ptr, slot_coef_ptr, row_ok, 32, D)
-        _store_operand(a3, wsa, acc_out, v_step_ptr, v_shift_ptr, slot_coef_ptr, row_ok, 48, D)
-        _store_operand(a4, wsb, acc_out, v_step_ptr, v_shift_ptr, slot_coef_ptr, row_ok, 64, D)
-        _store_operand(a5, wsb, acc_out, v_step_ptr, v_shift_ptr, slot_coef_ptr, row_ok, 80, D)
-        _store_operand(a6, wsb, acc_out, v_step_ptr, v_shift_ptr, slot_coef_ptr, row_ok, 96, D)
-        _store_operand(a7, wsb, acc_out, v_step_ptr, v_shift_ptr, slot_coef_ptr, row_ok, 112, D)
+        sub = VALUE_SUBNORMALS
+        store = (v_step_ptr, v_shift_ptr, slot_coef_ptr, row_ok)
+        _store_operand(a0, wsa, acc_out, *store, 0, D, sub, _C4_0, _C4_0)
+        _store_operand(a1, wsa, acc_out, *store, 16, D, sub, _C4_1, _C4_1)
+        _store_operand(a2, wsa, acc_out, *store, 32, D, sub, _C4_2, _C4_2)
+        _store_operand(a3, wsa, acc_out, *store, 48, D, sub, _C4_3, _C4_3)
+        _store_operand(a4, wsb, acc_out, *store, 64, D, sub, _C2_0, _C2_1)
+        _store_operand(a5, wsb, acc_out, *store, 80, D, sub, _C2_2, _C2_3)
+        _store_operand(a6, wsb, acc_out, *store, 96, D, sub, _C2_4, _C2_5)
+        _store_operand(a7, wsb, acc_out, *store, 112, D, sub, _C2_6, _C2_7)

@@ -162,11 +162,31 @@ def test_v3_falls_back_off_the_gpu():
         dict(kernel="v1", value_copies_l2_256b=True),
         dict(kernel="v2", plain_loads_l2_256b=True),
         dict(kernel="v1", zero_padding_p=True),
+        dict(kernel="v2", value_subnormals=True),
+        dict(kernel="v1", packed_p_scaling=True),
+        dict(kernel="v3", convert_p_once=True, value_scales_in_b=False, packed_p_scaling=True),
     ],
 )
 def test_v3_config_is_validated(bad):
     with pytest.raises(ValueError, match="v3"):
         K.LaunchConfig(**bad)
+
+
+def test_value_subnormals_hold_to_short_splits():
+    # the uncentred value sums lose precision with the split's length: a launch whose longest split
+    # passes the bound runs the centred step (the bound itself is validated)
+    config = K.LaunchConfig(kernel="v3", value_subnormals=True, value_subnormals_max_split_tokens=8192)
+    tokens = 32768 - 132  # the default codec's compressed span at a 32k cache
+    assert not K.value_subnormals_apply(config, tokens, K.SplitPlan(1))
+    assert not K.value_subnormals_apply(config, tokens, K.SplitPlan(3))  # 10,880-token splits
+    assert K.value_subnormals_apply(config, tokens, K.SplitPlan(4))  # 8,192: at the bound
+    assert K.value_subnormals_apply(config, tokens, K.SplitPlan(49))
+    # a remainder plan: 6 splits of 83 steps and a short one
+    assert K.value_subnormals_apply(config, tokens, K.SplitPlan(7, 83, 510, split_major=True))
+    off = dataclasses.replace(config, value_subnormals=False)
+    assert not K.value_subnormals_apply(off, tokens, K.SplitPlan(49))
+    with pytest.raises(ValueError, match="value_subnormals_max_split_tokens"):
+        K.LaunchConfig(kernel="v3", value_subnormals=True, value_subnormals_max_split_tokens=32)
 
 
 def test_key_load_hint_needs_keys_loaded_from_global_memory():
@@ -270,6 +290,8 @@ def test_a_v3_build_failure_falls_back_to_v1_once(monkeypatch, config):
         ["--tuned", "--pdl", "--key-word-pairs"],
         ["--keys-ahead", "--key-word-pairs", "--step-row-base"],
         ["--tuned", "--pdl", "--zero-padding-p"],
+        ["--tuned", "--pdl", "--packed-p-scaling"],
+        ["--tuned", "--pdl", "--packed-p-scaling", "--value-subnormals"],
     ],
     ids=[
         "plain",
@@ -284,6 +306,8 @@ def test_a_v3_build_failure_falls_back_to_v1_once(monkeypatch, config):
         "tuned_key_word_pairs",
         "key_word_pairs_unhinted",  # plain loads, vectorised by Triton from the alignment hint
         "tuned_zero_padding_p",
+        "tuned_packed_p_scaling",
+        "tuned_value_subnormals",
     ],
 )
 def test_v3_compiles_for_sm90_on_this_triton(tmp_path, options):
@@ -306,6 +330,15 @@ def test_v3_compiles_for_sm90_on_this_triton(tmp_path, options):
     hmma = int(re.search(r"(\d+)\s+HMMA", out).group(1))
     assert hmma >= 64, out  # 32 key + 32 value field MMAs at least
     assert 600 < step < 1100, out
+    tuned = K.TUNED_CONFIGS[(128, 4, "affine")]
+    if "--packed-p-scaling" in options or ("--tuned" in options and tuned.packed_p_scaling):
+        # p times the two value scales: one packed multiply per B register and band (8 + 8), where
+        # the plain fp16 products took 32 on duplicated halves and 16 PRMTs to pack them again
+        assert int(re.search(r"(\d+)\s+HMUL2", out).group(1)) == 16, out
+    if "--value-subnormals" in options or ("--tuned" in options and tuned.value_subnormals):
+        # no centring per step: of the 56 FFMAs, the 32 that centred the value accumulators (their
+        # rescale stays, as FMULs) and the 8 FADDs of the p * scale sums go
+        assert int(re.search(r"(\d+)\s+FFMA$", out, re.M).group(1)) <= 24, out
     if options == ["--keys-ahead", "--key-word-pairs", "--step-row-base"]:
         pairs = re.search(r"(\d+)\s+LDG\.E\.64$", out, re.M)
         assert pairs and int(pairs.group(1)) == 8, out  # Triton vectorised the pairs itself

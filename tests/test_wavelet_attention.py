@@ -570,6 +570,9 @@ V3_GPU_CONFIGS = [
         copy_layout_tokens=False,
         row_copies=True,
     ),
+    # the value fields as subnormals, centred once at the store (active at the 4096-token
+    # capacity's splits: all within the bound), with p scaled by packed multiplies
+    dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], packed_p_scaling=True, value_subnormals=True),
     # the sixteenth session's tuned config: key words loaded in their step
     dataclasses.replace(
         K.TUNED_CONFIGS[(128, 4, "affine")],
@@ -669,18 +672,21 @@ def test_gpu_v3_layout_options_leave_the_result_bit_identical():
         key_word_pairs=False,
         **dict.fromkeys(layout_options, False),
     )
+    # packed_p_scaling multiplies p by the value scales two halves at a time (the same products)
+    packed = {"value_scales_in_b": True, "packed_p_scaling": True}
     for offset_in_mma in (False, True):
-        base = dataclasses.replace(plain, score_offset_in_mma=offset_in_mma)
+        base = dataclasses.replace(plain, score_offset_in_mma=offset_in_mma, packed_p_scaling=False)
         want = _run_triton(args, codec, 128**-0.5, config=base, num_splits=7)
         assert rel_err(want, dense_reference(codec, args, 128**-0.5)) <= 1e-2
-        for changed in [{name: True} for name in layout_options] + [dict.fromkeys(layout_options, True)]:
+        singles = [{name: True} for name in layout_options]
+        for changed in singles + [packed, {**dict.fromkeys(layout_options, True), **packed}]:
             config = dataclasses.replace(base, **changed)
             assert torch.equal(_run_triton(args, codec, 128**-0.5, config=config, num_splits=7), want), config
         # the key words loaded with an L2 prefetch-size hint (a step ahead or in-step), the next
         # value rows prefetched or filled into L2 by hinted loads, the copies and scale loads
         # hinted: the same words
         for keys_ahead in (False, True):
-            options = {**dict.fromkeys(layout_options, True), "keys_ahead": keys_ahead}
+            options = {**dict.fromkeys(layout_options, True), **packed, "keys_ahead": keys_ahead}
             hinted = dataclasses.replace(base, **options, key_loads_l2_256b=True)
             for config in (
                 hinted,
@@ -996,11 +1002,35 @@ def test_gpu_long_split_precision(spec):
         (K.LaunchConfig(centre_in_mma=True), (1, 64)),
         (K.LaunchConfig(kernel="v1", centre_in_mma=True), (1, 64)),
         (K.LaunchConfig(kernel="v3", num_stages=2), (1, 64)),
+        # v3's uncentred value sums, at its bound's split length (8,192 tokens) and below
+        (SUBNORMAL_V3, (4, 64)),
     ]
     for config, split_counts in cases if spec == UNIFORM_REAL else cases[1:2] + cases[4:5]:
         for splits in split_counts:
             got = K.wavelet_attention_triton(*args, layout, 128**-0.5, config=config, num_splits=splits)
             assert rel_err(got, want) <= 1e-2, (config, splits)
+
+
+SUBNORMAL_V3 = dataclasses.replace(
+    K.TUNED_CONFIGS[(128, 4, "affine")], packed_p_scaling=True, value_subnormals=True
+)
+
+
+@pytest.mark.gpu
+def test_gpu_v3_value_subnormals_run_the_centred_step_past_their_bound():
+    # value_subnormals leave the centring to the store, whose uncentred sums lose precision with the
+    # split's length: a launch with longer splits than value_subnormals_max_split_tokens must run the
+    # centred step (bit for bit the config without the option), a shorter one the subnormal step
+    lens = [32768, 20000]
+    codec, args = make_case(UNIFORM_REAL, 2, 2, 4, 1, 128, lens, 32768, torch.bfloat16, "cuda", "full")
+    want = dense_reference(codec, args, 128**-0.5)
+    centred = dataclasses.replace(SUBNORMAL_V3, value_subnormals=False)
+    for splits, active in ((1, False), (3, False), (4, True), (64, True)):
+        got = _run_triton(args, codec, 128**-0.5, config=SUBNORMAL_V3, num_splits=splits)
+        same = _run_triton(args, codec, 128**-0.5, config=centred, num_splits=splits)
+        assert rel_err(got, want) <= 1e-2, splits
+        assert torch.equal(got, same) is not active, splits
+    assert not K._V3_FAILURE, K._V3_FAILURE
 
 
 @pytest.mark.parametrize("group,tq", [(4, 1), (2, 1), (2, 2)])
