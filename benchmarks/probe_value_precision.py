@@ -21,8 +21,9 @@ import json
 import pathlib
 
 import torch
-from wmoe_compile.codec import get_codec
 from wmoe_compile.kernels import wavelet_attention as K
+
+from wmoe_compile.codec import get_codec
 from wmoe_compile.ops import attention as ops
 
 
