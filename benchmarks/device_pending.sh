@@ -221,7 +221,12 @@ value_subnormals)
     probe_grid benchmarks/probe_value_subnormals_one_sequence.json "1,32768" value_subnormals_one_sequence 90
     ;;
 value_subnormals_sustained)
+    # value_subnormals without packed_p_scaling, in alternating rounds; the tuned config (both)
+    # against the twenty-second session's in sustained phases; then the bench
+    attention_tests "bit_identical or value_subnormals"
+    probe_grid benchmarks/probe_value_subnormals_alone.json "8,131072;32,32768;8,32768" value_subnormals_alone 240
     probe_sustained benchmarks/probe_value_subnormals_sustained.json "32,32768;8,131072" value_subnormals
+    run 420 python3 -P benchmarks/bench_attention.py --out "$OUT" --codec default --sustained 3
     ;;
 sustained)
     # an A/B that alternates every few milliseconds shares one clock between both sides; at the

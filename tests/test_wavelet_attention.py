@@ -324,11 +324,17 @@ def test_tuned_config_by_launch_size():
     large = K.tuned_config(affine, 128, 4, programs=K.SMALL_LAUNCH_PROGRAMS + 1)
     assert (small.kernel, small.min_split_tokens, small.reduce_split_chunk) == ("v3", 256, 128)
     # and the first step's cache reads before the wait for the prologue (nineteenth session), the
-    # key words loaded one by one (key_word_pairs was +0.4% there, twenty-second session)
+    # key words loaded one by one (key_word_pairs was +0.4% there, twenty-second session), the value
+    # sums centred every step (value_subnormals +0.2% there, twenty-third session)
     assert small == dataclasses.replace(
-        large, min_split_tokens=256, reduce_split_chunk=128, loads_before_pdl_wait=1, key_word_pairs=False
+        large,
+        min_split_tokens=256,
+        reduce_split_chunk=128,
+        loads_before_pdl_wait=1,
+        key_word_pairs=False,
+        value_subnormals=False,
     )
-    assert large.key_word_pairs
+    assert large.key_word_pairs and large.value_subnormals and large.packed_p_scaling
     small_v1 = K.v1_fallback(small)
     assert (small_v1.kernel, small_v1.block_n, small_v1.num_warps) == ("v1", 128, 2)
     large_v1 = K.v1_fallback(large)  # the same settings, v3's options dropped
@@ -546,7 +552,10 @@ V3_GPU_CONFIGS = [
     # two of its layout options
     K.TUNED_CONFIGS[(128, 4, "affine")],
     dataclasses.replace(
-        K.TUNED_CONFIGS[(128, 4, "affine")], copy_layout_tokens=False, value_scales_in_b=False
+        K.TUNED_CONFIGS[(128, 4, "affine")],
+        copy_layout_tokens=False,
+        value_scales_in_b=False,
+        packed_p_scaling=False,
     ),
     # every tuned option but keys_ahead: the key words loaded in their step, as hinted words (a
     # lane's two 4-bit key words by one 8-byte load, key_word_pairs, as tuned)
@@ -670,12 +679,13 @@ def test_gpu_v3_layout_options_leave_the_result_bit_identical():
         score_offset_in_mma=False,
         key_loads_l2_256b=False,
         key_word_pairs=False,
+        packed_p_scaling=False,
         **dict.fromkeys(layout_options, False),
     )
     # packed_p_scaling multiplies p by the value scales two halves at a time (the same products)
     packed = {"value_scales_in_b": True, "packed_p_scaling": True}
     for offset_in_mma in (False, True):
-        base = dataclasses.replace(plain, score_offset_in_mma=offset_in_mma, packed_p_scaling=False)
+        base = dataclasses.replace(plain, score_offset_in_mma=offset_in_mma)
         want = _run_triton(args, codec, 128**-0.5, config=base, num_splits=7)
         assert rel_err(want, dense_reference(codec, args, 128**-0.5)) <= 1e-2
         singles = [{name: True} for name in layout_options]
