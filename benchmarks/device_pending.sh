@@ -54,6 +54,9 @@
 #                                                 # (twenty-third session): GPU tests, error
 #                                                 # against split length, grid A/B; then
 #                                                 # value_subnormals_sustained: sustained A/B
+#   bash benchmarks/device_pending.sh band_columns
+#                                                 # LaunchConfig.band_columns: GPU tests, grid and
+#                                                 # sustained A/B, one sequence
 #   bash benchmarks/device_pending.sh sustained FILE.json [SHAPES]
 #                                                 # sustained A/B: each config in FILE (list A, B,
 #                                                 # A, B) replayed alone for 2.5 s, with the SM
@@ -67,7 +70,7 @@
 #                                                 # breakdown (Nsight Compute)
 set -u
 case "${1:-}" in
-tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce | exact_remainder | key_word_pairs | clocks | zero_padding_p | value_subnormals | value_subnormals_sustained) ;;
+tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce | exact_remainder | key_word_pairs | clocks | zero_padding_p | value_subnormals | value_subnormals_sustained | band_columns) ;;
 grid | timeline | sustained)
     if [ ! -f "${2:-}" ]; then
         echo "$1 needs a JSON file of LaunchConfig dicts (e.g. benchmarks/probe_one_block_step.json), got '${2:-}'" >&2
@@ -75,7 +78,7 @@ grid | timeline | sustained)
     fi
     ;;
 *)
-    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|reduce|remainder|small_reduce|exact_remainder|key_word_pairs|clocks|zero_padding_p|value_subnormals|grid FILE.json|timeline FILE.json|sustained FILE.json|stalls [tuned|keys_in_step]" >&2
+    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|reduce|remainder|small_reduce|exact_remainder|key_word_pairs|clocks|zero_padding_p|value_subnormals|value_subnormals_sustained|band_columns|grid FILE.json|timeline FILE.json|sustained FILE.json|stalls [tuned|keys_in_step]" >&2
     exit 2
     ;;
 esac
@@ -227,6 +230,14 @@ value_subnormals_sustained)
     probe_grid benchmarks/probe_value_subnormals_alone.json "8,131072;32,32768;8,32768" value_subnormals_alone 240
     probe_sustained benchmarks/probe_value_subnormals_sustained.json "32,32768;8,131072" value_subnormals
     run 420 python3 -P benchmarks/bench_attention.py --out "$OUT" --codec default --sustained 3
+    ;;
+band_columns)
+    # twenty-third session: the MMAs' padding columns serving the 2-bit band (band_columns): the
+    # GPU tests, then A/B in alternating rounds and sustained phases, and at one sequence
+    attention_tests "v3_matches_reference or bit_identical or long_split or value_subnormals"
+    probe_grid benchmarks/probe_band_columns.json "8,131072;32,32768;8,32768" band_columns 240
+    probe_grid benchmarks/probe_band_columns_one_sequence.json "1,32768" band_columns_one_sequence 90
+    probe_sustained benchmarks/probe_band_columns_sustained.json "32,32768;8,131072" band_columns
     ;;
 sustained)
     # an A/B that alternates every few milliseconds shares one clock between both sides; at the

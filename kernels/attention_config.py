@@ -127,6 +127,13 @@ class LaunchConfig:
     # runs the centred step instead
     value_subnormals: bool = False
     value_subnormals_max_split_tokens: int = 8192
+    # v3, GQA groups of at most 4 query rows (half of the MMAs' N of 8 was padding): columns 4-7
+    # repeat the query rows, and the value MMAs' B operand is p times the 4-bit band's scales in
+    # columns 0-3 and the 2-bit band's in 4-7, so one B operand (one PRMT and one mul.f16x2 a
+    # register) and one token-sum MMA of p * scale serve both bands; each field's MMA keeps the
+    # columns of its band (offline: 738 -> 711 loop instructions with value_subnormals). Larger
+    # groups, or scale rows other than two fp16 a token, run without it
+    band_columns: bool = False
     # v3: each step prefetches the next step's value rows into L2 (prefetch.global.L2, one 128-byte
     # line a lane), so the next step's copies find them there
     prefetch_value_rows: bool = False
@@ -279,6 +286,11 @@ class LaunchConfig:
                 "LaunchConfig.packed_p_scaling multiplies p by the value scales in the B layout: it "
                 f"needs kernel='v3' and value_scales_in_b=True, got kernel={self.kernel!r}, "
                 f"value_scales_in_b={self.value_scales_in_b}"
+            )
+        if self.band_columns and not (self.kernel == "v3" and self.convert_p_once):
+            raise ValueError(
+                "LaunchConfig.band_columns scales p in the value MMAs' B layout: it needs kernel='v3' "
+                f"and convert_p_once=True, got kernel={self.kernel!r}, convert_p_once={self.convert_p_once}"
             )
         if self.value_subnormals_max_split_tokens < self.block_n:
             raise ValueError(
@@ -553,6 +565,7 @@ V3_ONLY_OPTIONS = (
     "zero_padding_p",
     "packed_p_scaling",
     "value_subnormals",
+    "band_columns",
     "prefetch_value_rows",
     "fill_value_rows_l2",
     "value_copies_l2_256b",

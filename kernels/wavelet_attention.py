@@ -1034,6 +1034,22 @@ def _key_pairs_aligned(k_codes: torch.Tensor, layout: CompressedLayout) -> bool:
     )
 
 
+def _band_columns_fit(k_scales: torch.Tensor, v_scales: torch.Tensor, block_m: int) -> bool:
+    """Whether LaunchConfig.band_columns can run: a GQA block of at most 4 rows (the MMAs' columns
+    4-7 repeat them) and scale rows of exactly two fp16 scales (the kernel's row stride is the key
+    scales'), the value scales read as one 4-byte word per token (4-byte aligned rows)."""
+    strides = v_scales.stride()[:3]  # fp16 elements
+    return (
+        block_m <= 4
+        and k_scales.stride(2) == 2
+        and v_scales.shape[-1] == 2
+        and v_scales.stride(-1) == 1
+        and v_scales.stride(2) == 2
+        and v_scales.data_ptr() % 4 == 0
+        and all(st % 2 == 0 for st in strides)
+    )
+
+
 def split_kernel_choice(
     config: LaunchConfig,
     layout: CompressedLayout,
@@ -2952,6 +2968,7 @@ def _launch_v3(
         ZERO_PADDING_P=config.zero_padding_p,
         VALUE_SUBNORMALS=config.value_subnormals,
         PACKED_P_SCALING=config.packed_p_scaling,
+        BAND_COLUMNS=config.band_columns,
         PREFETCH_VALUE_ROWS=config.prefetch_value_rows,
         FILL_VALUE_ROWS_L2=config.fill_value_rows_l2,
         VALUE_COPIES_L2_256B=config.value_copies_l2_256b,
@@ -3040,6 +3057,9 @@ def wavelet_attention_triton(
         # the paired loads read 8 bytes at once: rows that are not 8-byte aligned take the same
         # kernel with one 4-byte load per word
         config = replace(config, key_word_pairs=False)
+    if use_v3 and config.band_columns and not _band_columns_fit(k_scales, v_scales, block_m):
+        # GQA groups of more than 4 rows fill the MMAs' columns; other scale rows: the two B operands
+        config = replace(config, band_columns=False)
     if use_v2 and block_m > V2_MAX_BLOCK_M:
         block_m = V2_MAX_BLOCK_M
         n_row_blocks = -(-rows // block_m)

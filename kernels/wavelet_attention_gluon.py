@@ -478,6 +478,28 @@ if HAS_GLUON:
         )
 
     @gluon.jit
+    def _load_scale_words(scales, tok, ROW: gl.constexpr):
+        """The two fp16 band scales of each token as one int32 word (band 0 in the low half),
+        [tokens] (BAND_COLUMNS; rows of exactly two scales)."""
+        words = scales.to(gl.pointer_type(gl.int32), bitcast=True)
+        return gl.load(words + tok * (ROW // 2))
+
+    @gluon.jit
+    def _scale_p_by_column_band(p16, words, select):
+        """BAND_COLUMNS: p [tokens, 8] fp16 in the B layout times each token's scale of the band its
+        column serves (columns 0-3 the 4-bit band's, 4-7 the 2-bit band's): per register, one PRMT
+        picks the two tokens' scales of that band from their scale words (select: 0x5410 or
+        0x7632 per column) and one mul.f16x2 applies them."""
+        return gl.inline_asm_elementwise(
+            "{ .reg .b32 w; prmt.b32 w, $2, $3, $4; mul.rn.f16x2 $0, $1, w; }",
+            "=r,r,r,r,r,r",
+            [p16, words[:, None], select[None, :]],
+            dtype=gl.float16,
+            is_pure=True,
+            pack=2,
+        )
+
+    @gluon.jit
     def _centre(upper_rows, C_LO: gl.constexpr, C_HI: gl.constexpr):
         """[16, 1] fp32 centres of one value operand's rows (folds to constants per register)."""
         return gl.where(upper_rows, C_HI, C_LO)
@@ -497,6 +519,7 @@ if HAS_GLUON:
         P_MOVMATRIX: gl.constexpr = False,
         SUBNORMALS: gl.constexpr = False,
         PACKED_SCALING: gl.constexpr = False,
+        BAND_COLUMNS: gl.constexpr = False,
     ):
         """Online-softmax update of one step: rescale when a running max grows, p = exp2(s - m),
         then the value fields of both bands against p * scale, centred through the accumulator
@@ -505,7 +528,10 @@ if HAS_GLUON:
         W_IN_B: w0/w1 are fp16 in SliceLayout(1, _B) already (VALUE_SCALES_IN_B; needs P_ONCE).
         P_MOVMATRIX: p reaches the B layout by movmatrix (needs P_ONCE). SUBNORMALS: the value
         fields as fp16 subnormals, summed uncentred (no offset to cancel each step); the store
-        takes the centres off once (_store_operand)."""
+        takes the centres off once (_store_operand). BAND_COLUMNS (needs P_ONCE): columns 4-7
+        repeat the query rows, w0 holds the tokens' scale words and w1 the per-column PRMT
+        selectors; one B operand p * scale serves both bands (4-bit fields read columns 0-3, 2-bit
+        fields 4-7), its token sums accumulate in wsa (columns as the bands) and wsb stays."""
         m_i, a0, a1, a2, a3, a4, a5, a6, a7, l_acc, wsa, wsb = state
         m_new = gl.maximum(m_i, gl.max(s, axis=0))
         if (not LAZY_RESCALE) or gl.max(m_new - m_i, axis=0) > 0:
@@ -520,7 +546,8 @@ if HAS_GLUON:
             a7 = a7 * alpha
             l_acc = l_acc * alpha
             wsa = wsa * alpha
-            wsb = wsb * alpha
+            if not BAND_COLUMNS:
+                wsb = wsb * alpha
             m_i = m_new
         p = gl.exp2(s - m_i[None, :])
         if P_ONCE:  # one layout conversion of p, the scales applied in fp16 in the B layout
@@ -528,7 +555,10 @@ if HAS_GLUON:
                 p16 = _p_to_b_by_movmatrix(p.to(gl.float16))
             else:
                 p16 = gl.convert_layout(p.to(gl.float16), _B)
-            if W_IN_B and PACKED_SCALING:
+            if BAND_COLUMNS:
+                pa = _scale_p_by_column_band(p16, w0, w1)
+                pb = pa
+            elif W_IN_B and PACKED_SCALING:
                 pa, pb = _scale_p_packed(p16, w0, w1)
             elif W_IN_B:
                 pa = p16 * w0[:, None]
@@ -549,7 +579,8 @@ if HAS_GLUON:
         if SUBNORMALS:
             # the sums of p * scale straight in their accumulators, the fields' sums uncentred
             wsa = mma_v2(ones, pa, wsa)
-            wsb = mma_v2(ones, pb, wsb)
+            if not BAND_COLUMNS:
+                wsb = mma_v2(ones, pb, wsb)
             a0 = mma_v2(o0, pa, a0)
             a1 = mma_v2(o1, pa, a1)
             a2 = mma_v2(o2, pa, a2)
@@ -562,9 +593,12 @@ if HAS_GLUON:
         zero = gl.zeros([16, 8], gl.float32, layout=_MMA)
         # this step's sums of p * scale, in every row of the accumulators' layout
         step_a = mma_v2(ones, pa, zero)
-        step_b = mma_v2(ones, pb, zero)
         wsa = wsa + step_a
-        wsb = wsb + step_b
+        if BAND_COLUMNS:  # one operand: its columns are the bands
+            step_b = step_a
+        else:
+            step_b = mma_v2(ones, pb, zero)
+            wsb = wsb + step_b
         upper_rows = (gl.arange(0, 16, layout=gl.SliceLayout(1, _MMA)) >= 8)[:, None]
         a0 = mma_v2(o0, pa, a0 - _C4_0 * step_a)
         a1 = mma_v2(o1, pa, a1 - _C4_1 * step_a)
@@ -590,14 +624,20 @@ if HAS_GLUON:
         SUBNORMALS: gl.constexpr = False,
         C_LO: gl.constexpr = 0.0,
         C_HI: gl.constexpr = 0.0,
+        BAND_COLUMNS: gl.constexpr = False,
+        UPPER_BAND: gl.constexpr = False,
     ):
         """Coefficient sums of one operand's 16 slots, scattered to coefficient order:
         (acc + shift * sum_n p w) * step (see _plan_v3). SUBNORMALS: acc holds the uncentred sums
         of field * 2**-24; its rows' magic centres (C_LO for rows 0-7, C_HI for 8-15) less the
         magic offset are the field mids to take off: acc * 2**24 - mid * sum_n p w is what the
-        centred accumulator holds."""
+        centred accumulator holds. BAND_COLUMNS: the operand's rows are columns 0-3, or 4-7 for
+        the 2-bit band's operands (UPPER_BAND); row_ok already repeats every 4 columns."""
         slots = SLOT0 + gl.arange(0, 16, layout=gl.SliceLayout(1, _MMA))
         rows = gl.arange(0, 8, layout=gl.SliceLayout(0, _MMA))
+        if BAND_COLUMNS:
+            row_ok = row_ok & ((rows >= 4) == UPPER_BAND)
+            rows = rows % 4
         coef = gl.load(slot_coef_ptr + slots)
         step = gl.load(v_step_ptr + slots)
         shift = gl.load(v_shift_ptr + slots)
@@ -617,12 +657,17 @@ if HAS_GLUON:
         )
 
     @gluon.jit
-    def _load_query(qw_ptr, qc_ptr, pid, BLOCK_M: gl.constexpr, N_QC: gl.constexpr):
+    def _load_query(
+        qw_ptr, qc_ptr, pid, BLOCK_M: gl.constexpr, N_QC: gl.constexpr, BAND_COLUMNS: gl.constexpr = False
+    ):
         """The prologue's transformed query rows of program `pid` as the key MMAs' 8 B operands (16
         slots each, rows on N), and each band's score offset per row (the sum of the prologue's
-        N_QC chunk shares). Returns (q0, ..., q7, qc0, qc1)."""
+        N_QC chunk shares). BAND_COLUMNS: columns 4-7 repeat rows 0-3. Returns (q0, ..., q7, qc0,
+        qc1)."""
         qs = gl.arange(0, 16, layout=gl.SliceLayout(1, _B))
         qr = gl.arange(0, 8, layout=gl.SliceLayout(0, _B))
+        if BAND_COLUMNS:
+            qr = qr % 4
         q_rows = qw_ptr + pid * BLOCK_M * 128 + qr[None, :] * 128 + qs[:, None]
         q_ok = (qr < BLOCK_M)[None, :]
         q0 = gl.load(q_rows + 0 * 16, mask=q_ok, other=0.0)
@@ -634,6 +679,8 @@ if HAS_GLUON:
         q6 = gl.load(q_rows + 6 * 16, mask=q_ok, other=0.0)
         q7 = gl.load(q_rows + 7 * 16, mask=q_ok, other=0.0)
         local = gl.arange(0, 8, layout=gl.SliceLayout(0, _MMA))
+        if BAND_COLUMNS:
+            local = local % 4
         qc_rows = qc_ptr + pid * N_QC * BLOCK_M * 4 + local * 4
         qc0 = gl.zeros([8], gl.float32, layout=gl.SliceLayout(0, _MMA))
         qc1 = gl.zeros([8], gl.float32, layout=gl.SliceLayout(0, _MMA))
@@ -662,6 +709,8 @@ if HAS_GLUON:
         KEY_WORD_PAIRS: gl.constexpr = False,
         VALUE_SUBNORMALS: gl.constexpr = False,
         PACKED_P_SCALING: gl.constexpr = False,
+        BAND_COLUMNS: gl.constexpr = False,
+        select=None,
     ):
         """split_kernel_v3's steps after its full ones (rest: the ring, the caches, the range
         full_hi .. hi, the rows' limits, the token index vectors and the ones operand): tokens
@@ -677,11 +726,16 @@ if HAS_GLUON:
                 ring, 0, kcodes, vcodes, tok, CODE_ROW, E4, E2, KEYS_VIA_SMEM, CACHE_TILES, ROW_COPIES
             )
             k0, k1 = _split_scales(_load_scale_pairs(kscales, gl.minimum(start + st, last), SCALE_ROW))
-            w_pair = _load_scale_pairs(vscales, gl.minimum(start + st, last), SCALE_ROW)
-            if VALUE_SCALES_IN_B:
-                w0, w1 = _split_value_scales(w_pair)
+            if BAND_COLUMNS:
+                words = _load_scale_words(vscales, gl.minimum(start + st, last), SCALE_ROW)
+                w0 = gl.convert_layout(words, gl.SliceLayout(1, _B))
+                w1 = select
             else:
-                w0, w1 = _split_scales(w_pair)
+                w_pair = _load_scale_pairs(vscales, gl.minimum(start + st, last), SCALE_ROW)
+                if VALUE_SCALES_IN_B:
+                    w0, w1 = _split_value_scales(w_pair)
+                else:
+                    w0, w1 = _split_scales(w_pair)
             k4t, k2t, v4t, v2t = _stage_tiles(ring, 0, ROW_COPIES)
             if KEYS_VIA_SMEM:
                 async_copy.wait_group(0)
@@ -710,6 +764,7 @@ if HAS_GLUON:
                 P_MOVMATRIX,
                 VALUE_SUBNORMALS,
                 PACKED_P_SCALING,
+                BAND_COLUMNS,
             )
         return state
 
@@ -814,6 +869,11 @@ if HAS_GLUON:
         # p times the value scales by one packed fp16 multiply per register and band (needs
         # VALUE_SCALES_IN_B; bit-identical)
         PACKED_P_SCALING: gl.constexpr = False,
+        # a GQA group of at most 4 rows: the MMAs' N columns 4-7 repeat the query rows, and the
+        # value MMAs' B operand is p times the 4-bit band's scales in columns 0-3 and the 2-bit
+        # band's in 4-7: one B operand and one p * scale token sum for both bands (needs P_ONCE,
+        # BLOCK_M <= 4 and rows of two scales)
+        BAND_COLUMNS: gl.constexpr = False,
     ):
         """One (split, sequence, kv head, row block): online softmax over a range of compressed
         tokens in the coefficient domain; grid (num_splits, programs), or (programs, num_splits)
@@ -844,8 +904,16 @@ if HAS_GLUON:
         batch = pid // (n_row_blocks * n_kv_heads)
         # query rows on the MMAs' N (8; rows >= BLOCK_M are padding)
         local = gl.arange(0, 8, layout=gl.SliceLayout(0, _MMA))
+        if BAND_COLUMNS:  # columns 4-7 repeat rows 0-3 (limits, masks and all)
+            gl.static_assert(BLOCK_M <= 4, "BAND_COLUMNS needs BLOCK_M <= 4")
+            gl.static_assert(SCALE_ROW == 2, "BAND_COLUMNS reads each token's two scales as a word")
+            gl.static_assert(P_ONCE, "BAND_COLUMNS scales p in the B layout (P_ONCE)")
+            local = local % 4
         rows = row_block * BLOCK_M + local
         row_ok = (local < BLOCK_M) & (rows < group * n_new)
+        # the PRMT selector of each column's band in the scale words (BAND_COLUMNS)
+        column = gl.arange(0, 8, layout=gl.SliceLayout(0, _B))
+        select = gl.where(column < 4, 0x5410, 0x7632)
         token = rows % n_new
         seq_len = gl.load(seq_lens_ptr + batch).to(gl.int32)
         # causal: new token t sees positions < seq_len - n_new + t + 1
@@ -861,7 +929,9 @@ if HAS_GLUON:
         full_hi = lo + gl.maximum(all_hi - lo, 0) // BLOCK_N * BLOCK_N
         # ---- loop invariants
         if LOADS_BEFORE_WAIT == 0:
-            q0, q1, q2, q3, q4, q5, q6, q7, qc0, qc1 = _load_query(qw_ptr, qc_ptr, pid, BLOCK_M, N_QC)
+            q0, q1, q2, q3, q4, q5, q6, q7, qc0, qc1 = _load_query(
+                qw_ptr, qc_ptr, pid, BLOCK_M, N_QC, BAND_COLUMNS
+            )
         ones = gl.full([16, BLOCK_N], 1.0, gl.float16, layout=_A)  # token sums through the MMA
         kcodes = (kc_ptr + batch * kc_stride_b + kv_head * kc_stride_h).to(
             gl.pointer_type(gl.int16), bitcast=True
@@ -922,7 +992,10 @@ if HAS_GLUON:
                     ROW_COPIES,
                 )
             k_pair = _load_scale_pairs(kscales, lo + st, SCALE_ROW)
-            v_pair = _load_scale_pairs(vscales, lo + st, SCALE_ROW)
+            if BAND_COLUMNS:
+                v_pair = _load_scale_words(vscales, lo + st, SCALE_ROW)
+            else:
+                v_pair = _load_scale_pairs(vscales, lo + st, SCALE_ROW)
             if KEYS_AHEAD:
                 next4, next2 = _load_key_words(
                     kcodes, lo + kt, CODE_ROW, E4, E2, False, KEY_LOADS_L2_256B, KEY_WORD_PAIRS
@@ -938,7 +1011,9 @@ if HAS_GLUON:
                         _fetch_rows_into_l2(vscales + first * SCALE_ROW, SCALE_ROW, BLOCK_N)
                 if PDL:
                     _wait_for_prologue()
-                q0, q1, q2, q3, q4, q5, q6, q7, qc0, qc1 = _load_query(qw_ptr, qc_ptr, pid, BLOCK_M, N_QC)
+                q0, q1, q2, q3, q4, q5, q6, q7, qc0, qc1 = _load_query(
+                    qw_ptr, qc_ptr, pid, BLOCK_M, N_QC, BAND_COLUMNS
+                )
             if FILL_VALUE_ROWS_L2:
                 fill = gl.zeros([32], gl.int32, layout=_LANES)
                 sink = gl.zeros([32], gl.int32, layout=_LANES)
@@ -963,7 +1038,10 @@ if HAS_GLUON:
                     STEP_ROW_BASE,
                 )
                 k0, k1 = _split_scales(k_pair)
-                if VALUE_SCALES_IN_B:
+                if BAND_COLUMNS:
+                    w0 = gl.convert_layout(v_pair, gl.SliceLayout(1, _B))
+                    w1 = select
+                elif VALUE_SCALES_IN_B:
                     w0, w1 = _split_value_scales(v_pair)
                 else:
                     w0, w1 = _split_scales(v_pair)
@@ -974,7 +1052,10 @@ if HAS_GLUON:
                     sink = sink ^ fill
                     fill = _fill_rows_into_l2(vcodes + nxt * CODE_ROW, CODE_ROW, BLOCK_N)
                 k_pair = _load_scale_pairs(kscales, nxt + st, SCALE_ROW)
-                v_pair = _load_scale_pairs(vscales, nxt + st, SCALE_ROW)
+                if BAND_COLUMNS:
+                    v_pair = _load_scale_words(vscales, nxt + st, SCALE_ROW)
+                else:
+                    v_pair = _load_scale_pairs(vscales, nxt + st, SCALE_ROW)
                 cur = step % STAGES
                 k4t, k2t, v4t, v2t = _stage_tiles(ring, cur, ROW_COPIES)
                 if KEYS_VIA_SMEM:
@@ -1022,6 +1103,7 @@ if HAS_GLUON:
                     P_MOVMATRIX,
                     VALUE_SUBNORMALS,
                     PACKED_P_SCALING,
+                    BAND_COLUMNS,
                 )
             async_copy.wait_group(0)
             if FILL_VALUE_ROWS_L2:
@@ -1037,7 +1119,9 @@ if HAS_GLUON:
             if LOADS_BEFORE_WAIT > 0:  # (a program with full steps has waited already: at once)
                 if PDL:
                     _wait_for_prologue()
-                q0, q1, q2, q3, q4, q5, q6, q7, qc0, qc1 = _load_query(qw_ptr, qc_ptr, pid, BLOCK_M, N_QC)
+                q0, q1, q2, q3, q4, q5, q6, q7, qc0, qc1 = _load_query(
+                    qw_ptr, qc_ptr, pid, BLOCK_M, N_QC, BAND_COLUMNS
+                )
             state = _masked_steps(
                 rest,
                 (q0, q1, q2, q3, q4, q5, q6, q7, qc0, qc1),
@@ -1057,20 +1141,26 @@ if HAS_GLUON:
                 KEY_WORD_PAIRS,
                 VALUE_SUBNORMALS,
                 PACKED_P_SCALING,
+                BAND_COLUMNS,
+                select,
             )
         # ---- partials in the reduce's format
         m_i, a0, a1, a2, a3, a4, a5, a6, a7, l_acc, wsa, wsb = state
         part = pid * n_parts + split
-        gl.store(m_ptr + part * BLOCK_M + local, m_i, mask=row_ok)
-        gl.store(l_ptr + part * BLOCK_M + local, gl.max(l_acc, axis=0), mask=row_ok)
+        kept = row_ok
+        if BAND_COLUMNS:  # columns 4-7 repeat 0-3
+            kept = row_ok & (gl.arange(0, 8, layout=gl.SliceLayout(0, _MMA)) < 4)
+        gl.store(m_ptr + part * BLOCK_M + local, m_i, mask=kept)
+        gl.store(l_ptr + part * BLOCK_M + local, gl.max(l_acc, axis=0), mask=kept)
         acc_out = acc_ptr + part * BLOCK_M * D
         sub = VALUE_SUBNORMALS
+        wsb_or_a = wsa if BAND_COLUMNS else wsb  # BAND_COLUMNS: wsa's columns are the bands
         store = (v_step_ptr, v_shift_ptr, slot_coef_ptr, row_ok)
-        _store_operand(a0, wsa, acc_out, *store, 0, D, sub, _C4_0, _C4_0)
-        _store_operand(a1, wsa, acc_out, *store, 16, D, sub, _C4_1, _C4_1)
-        _store_operand(a2, wsa, acc_out, *store, 32, D, sub, _C4_2, _C4_2)
-        _store_operand(a3, wsa, acc_out, *store, 48, D, sub, _C4_3, _C4_3)
-        _store_operand(a4, wsb, acc_out, *store, 64, D, sub, _C2_0, _C2_1)
-        _store_operand(a5, wsb, acc_out, *store, 80, D, sub, _C2_2, _C2_3)
-        _store_operand(a6, wsb, acc_out, *store, 96, D, sub, _C2_4, _C2_5)
-        _store_operand(a7, wsb, acc_out, *store, 112, D, sub, _C2_6, _C2_7)
+        _store_operand(a0, wsa, acc_out, *store, 0, D, sub, _C4_0, _C4_0, BAND_COLUMNS, False)
+        _store_operand(a1, wsa, acc_out, *store, 16, D, sub, _C4_1, _C4_1, BAND_COLUMNS, False)
+        _store_operand(a2, wsa, acc_out, *store, 32, D, sub, _C4_2, _C4_2, BAND_COLUMNS, False)
+        _store_operand(a3, wsa, acc_out, *store, 48, D, sub, _C4_3, _C4_3, BAND_COLUMNS, False)
+        _store_operand(a4, wsb_or_a, acc_out, *store, 64, D, sub, _C2_0, _C2_1, BAND_COLUMNS, True)
+        _store_operand(a5, wsb_or_a, acc_out, *store, 80, D, sub, _C2_2, _C2_3, BAND_COLUMNS, True)
+        _store_operand(a6, wsb_or_a, acc_out, *store, 96, D, sub, _C2_4, _C2_5, BAND_COLUMNS, True)
+        _store_operand(a7, wsb_or_a, acc_out, *store, 112, D, sub, _C2_6, _C2_7, BAND_COLUMNS, True)

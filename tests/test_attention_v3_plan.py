@@ -165,6 +165,8 @@ def test_v3_falls_back_off_the_gpu():
         dict(kernel="v2", value_subnormals=True),
         dict(kernel="v1", packed_p_scaling=True),
         dict(kernel="v3", convert_p_once=True, value_scales_in_b=False, packed_p_scaling=True),
+        dict(kernel="v1", band_columns=True),
+        dict(kernel="v3", convert_p_once=False, band_columns=True),
     ],
 )
 def test_v3_config_is_validated(bad):
@@ -187,6 +189,19 @@ def test_value_subnormals_hold_to_short_splits():
     assert not K.value_subnormals_apply(off, tokens, K.SplitPlan(49))
     with pytest.raises(ValueError, match="value_subnormals_max_split_tokens"):
         K.LaunchConfig(kernel="v3", value_subnormals=True, value_subnormals_max_split_tokens=32)
+
+
+def test_band_columns_need_a_small_group_and_two_scale_rows():
+    # the MMAs' columns 4-7 repeat GQA blocks of up to 4 rows, and each token's two value scales are
+    # read as one 4-byte word: other launches take the two B operands
+    scales = torch.rand(2, 8, 64, 2).half()
+    assert K._band_columns_fit(scales, scales, 4)
+    assert K._band_columns_fit(scales, scales, 1)
+    assert not K._band_columns_fit(scales, scales, 8)
+    wide = torch.rand(2, 8, 64, 3).half()[..., :2]  # rows of three scales
+    assert not K._band_columns_fit(wide, wide, 4)
+    odd = torch.rand(2 * 8 * 64 * 2 + 1).half()[1:].view(2, 8, 64, 2)  # 2-byte aligned only
+    assert not K._band_columns_fit(scales, odd, 4)
 
 
 def test_key_load_hint_needs_keys_loaded_from_global_memory():
@@ -292,6 +307,7 @@ def test_a_v3_build_failure_falls_back_to_v1_once(monkeypatch, config):
         ["--tuned", "--pdl", "--zero-padding-p"],
         ["--tuned", "--pdl", "--packed-p-scaling"],
         ["--tuned", "--pdl", "--packed-p-scaling", "--value-subnormals"],
+        ["--tuned", "--pdl", "--band-columns"],
     ],
     ids=[
         "plain",
@@ -308,6 +324,7 @@ def test_a_v3_build_failure_falls_back_to_v1_once(monkeypatch, config):
         "tuned_zero_padding_p",
         "tuned_packed_p_scaling",
         "tuned_value_subnormals",
+        "tuned_band_columns",
     ],
 )
 def test_v3_compiles_for_sm90_on_this_triton(tmp_path, options):
@@ -331,10 +348,15 @@ def test_v3_compiles_for_sm90_on_this_triton(tmp_path, options):
     assert hmma >= 64, out  # 32 key + 32 value field MMAs at least
     assert 600 < step < 1100, out
     tuned = K.TUNED_CONFIGS[(128, 4, "affine")]
-    if "--packed-p-scaling" in options or ("--tuned" in options and tuned.packed_p_scaling):
+    hmul2 = int(re.search(r"(\d+)\s+HMUL2", out).group(1))
+    if "--band-columns" in options or ("--tuned" in options and tuned.band_columns):
+        # one B operand for both bands: a PRMT and a mul.f16x2 per register (8 each), one token-sum
+        # MMA of p * scale fewer (4 HMMAs)
+        assert hmul2 == 8 and hmma == 72, out
+    elif "--packed-p-scaling" in options or ("--tuned" in options and tuned.packed_p_scaling):
         # p times the two value scales: one packed multiply per B register and band (8 + 8), where
         # the plain fp16 products took 32 on duplicated halves and 16 PRMTs to pack them again
-        assert int(re.search(r"(\d+)\s+HMUL2", out).group(1)) == 16, out
+        assert hmul2 == 16, out
     if "--value-subnormals" in options or ("--tuned" in options and tuned.value_subnormals):
         # no centring per step: of the 56 FFMAs, the 32 that centred the value accumulators (their
         # rescale stays, as FMULs) and the 8 FADDs of the p * scale sums go

@@ -582,6 +582,10 @@ V3_GPU_CONFIGS = [
     # the value fields as subnormals, centred once at the store (active at the 4096-token
     # capacity's splits: all within the bound), with p scaled by packed multiplies
     dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], packed_p_scaling=True, value_subnormals=True),
+    # the MMAs' padding columns serving the 2-bit band (GQA groups of up to 4 rows; the group of 8
+    # and the 8-row speculative block below run without it), with uncentred and centred value sums
+    dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], band_columns=True, value_subnormals=True),
+    dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], band_columns=True, value_subnormals=False),
     # the sixteenth session's tuned config: key words loaded in their step
     dataclasses.replace(
         K.TUNED_CONFIGS[(128, 4, "affine")],
@@ -706,6 +710,16 @@ def test_gpu_v3_layout_options_leave_the_result_bit_identical():
                 dataclasses.replace(hinted, value_copies_l2_256b=True, plain_loads_l2_256b=True),
             ):
                 assert torch.equal(_run_triton(args, codec, 128**-0.5, config=config, num_splits=7), want)
+        # band_columns computes each band's products in its own columns of one operand: the same
+        # products and sums, uncentred or centred
+        for sub in (False, True):
+            fields = dict(value_scales_in_b=True, packed_p_scaling=True, value_subnormals=sub)
+            two = dataclasses.replace(base, **fields)
+            one = dataclasses.replace(two, band_columns=True)
+            assert torch.equal(
+                _run_triton(args, codec, 128**-0.5, config=one, num_splits=7),
+                _run_triton(args, codec, 128**-0.5, config=two, num_splits=7),
+            ), sub
         # row_copies reads the same code words through shared memory (keys too), two stages ahead
         rows = dataclasses.replace(ROW_COPIES_CONFIG, score_offset_in_mma=offset_in_mma)
         assert torch.equal(_run_triton(args, codec, 128**-0.5, config=rows, num_splits=7), want)
@@ -1014,6 +1028,8 @@ def test_gpu_long_split_precision(spec):
         (K.LaunchConfig(kernel="v3", num_stages=2), (1, 64)),
         # v3's uncentred value sums, at its bound's split length (8,192 tokens) and below
         (SUBNORMAL_V3, (4, 64)),
+        # and with the padding columns serving the 2-bit band (one split: the centred step)
+        (dataclasses.replace(SUBNORMAL_V3, band_columns=True), (1, 4, 64)),
     ]
     for config, split_counts in cases if spec == UNIFORM_REAL else cases[1:2] + cases[4:5]:
         for splits in split_counts:
