@@ -454,6 +454,11 @@ class LaunchConfig:
 # (8, 32768); with the value fields as subnormals centred once at the store (value_subnormals; 738)
 # -4.1% (-7.1 .. -1.0) / -4.2% (-4.9 .. -3.4) / -3.2% (-4.1 .. -2.3), and the op's error 7.5e-4 ->
 # 2.7e-4 (probe_value_precision.py: at most the centred step's error up to 8,192-token splits).
+# 04:35 UTC (3 rounds, probe_band_columns.json): the MMAs' padding columns serving the 2-bit band
+# (band_columns; 711 loop instructions) +0.3% (-6.7 .. +1.6) / +1.0% (+0.0 .. +1.4) / -0.7% (-1.9
+# .. +0.4), and in sustained 2.5 s phases +2.3% / +1.5% at (32, 32768) / (8, 131072), at a lower
+# SM clock under the same power cap (1545-1605 against 1605-1650 MHz): off here, on for small
+# launches (one sequence, not at the cap: -2.7%).
 # Where v3 cannot run (no Gluon, the interpreter) this entry runs v1 with these settings.
 TUNED_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
     (128, 4, "affine"): LaunchConfig(
@@ -528,9 +533,10 @@ SMALL_LAUNCH_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
         reduce_split_chunk=128,
         loads_before_pdl_wait=1,
         key_word_pairs=False,  # +0.4% at one sequence (twenty-second session)
-        # twenty-third session at one sequence: packed_p_scaling -0.5% (-0.8 .. -0.2), with
-        # value_subnormals +0.2% (+0.1 .. +0.4)
-        value_subnormals=False,
+        # twenty-third session at one sequence (2 rounds each): packed_p_scaling -0.5% (-0.8 ..
+        # -0.2), with value_subnormals +0.2% (+0.1 .. +0.4); then band_columns -1.6% (-2.7 ..
+        # -0.5), and with value_subnormals as well -2.7% (-3.8 .. -1.7)
+        band_columns=True,
     ),
 }
 # where v3 cannot run a small launch (other layouts, no Gluon, the interpreter): v1's own best
