@@ -138,24 +138,14 @@ if HAS_GLUON:
         Magic fp16 (1024 + field in place), or with SUBNORMALS fp16 subnormals (field in place
         times 2**-24: no offset). (A shared raw >> 8 for the upper-byte fields compiled to the same
         SASS: ptxas already merges the shifts inside the field asm.)"""
-        if SUBNORMALS:
-            o0 = _field(raw4, _S4_0)
-            o1 = _field(raw4, _S4_1)
-            o2 = _field(raw4, _S4_2)
-            o3 = _field(raw4, _S4_3)
-            o4 = _field_pair(raw2, upper, _S2_0, _S2_1)
-            o5 = _field_pair(raw2, upper, _S2_2, _S2_3)
-            o6 = _field_pair(raw2, upper, _S2_4, _S2_5)
-            o7 = _field_pair(raw2, upper, _S2_6, _S2_7)
-        else:
-            o0 = _field(raw4, _F4_0)
-            o1 = _field(raw4, _F4_1)
-            o2 = _field(raw4, _F4_2)
-            o3 = _field(raw4, _F4_3)
-            o4 = _field_pair(raw2, upper, _F2_0, _F2_1)
-            o5 = _field_pair(raw2, upper, _F2_2, _F2_3)
-            o6 = _field_pair(raw2, upper, _F2_4, _F2_5)
-            o7 = _field_pair(raw2, upper, _F2_6, _F2_7)
+        o0 = _field(raw4, _S4_0 if SUBNORMALS else _F4_0)
+        o1 = _field(raw4, _S4_1 if SUBNORMALS else _F4_1)
+        o2 = _field(raw4, _S4_2 if SUBNORMALS else _F4_2)
+        o3 = _field(raw4, _S4_3 if SUBNORMALS else _F4_3)
+        o4 = _field_pair(raw2, upper, _S2_0 if SUBNORMALS else _F2_0, _S2_1 if SUBNORMALS else _F2_1)
+        o5 = _field_pair(raw2, upper, _S2_2 if SUBNORMALS else _F2_2, _S2_3 if SUBNORMALS else _F2_3)
+        o6 = _field_pair(raw2, upper, _S2_4 if SUBNORMALS else _F2_4, _S2_5 if SUBNORMALS else _F2_5)
+        o7 = _field_pair(raw2, upper, _S2_6 if SUBNORMALS else _F2_6, _S2_7 if SUBNORMALS else _F2_7)
         return o0, o1, o2, o3, o4, o5, o6, o7
 
     @gluon.jit
