@@ -369,10 +369,12 @@ def test_v3_compiles_for_sm90_on_this_triton(tmp_path, options):
         # (median about 345 loop instructions on Triton 3.6, 112 with the keys loaded in-step), and
         # the step's rows are addressed by immediates from one register per lane (787 instructions;
         # 858 with a 64-bit address per row), and the key loads carry the L2::256B hint (778), a
-        # lane's two 4-bit key words in one load (772)
+        # lane's two 4-bit key words in one load (772), p scaled by packed multiplies and the value
+        # sums centred at the store (738; 747 on Triton 3.9), where instructions counted about one
+        # for one in the op's time (twenty-third session): a step that grows past 760 is a regression
         distance = int(re.search(r"load-to-use distance: median (\d+)", out).group(1))
         assert distance >= 200, out
-        assert step < 830, out
+        assert step < 760, out
         hinted = re.search(r"(\d+)\s+LDG\.E\.LTC256B$", out, re.M)
         paired = re.search(r"(\d+)\s+LDG\.E\.LTC256B\.64$", out, re.M)
         pairs = "--key-word-pairs" in options or K.TUNED_CONFIGS[(128, 4, "affine")].key_word_pairs
