@@ -894,16 +894,17 @@ if HAS_GLUON:
         batch = pid // (n_row_blocks * n_kv_heads)
         # query rows on the MMAs' N (8; rows >= BLOCK_M are padding)
         local = gl.arange(0, 8, layout=gl.SliceLayout(0, _MMA))
+        select = None
         if BAND_COLUMNS:  # columns 4-7 repeat rows 0-3 (limits, masks and all)
             gl.static_assert(BLOCK_M <= 4, "BAND_COLUMNS needs BLOCK_M <= 4")
             gl.static_assert(SCALE_ROW == 2, "BAND_COLUMNS reads each token's two scales as a word")
             gl.static_assert(P_ONCE, "BAND_COLUMNS scales p in the B layout (P_ONCE)")
             local = local % 4
+            # the PRMT selector of each column's band in the scale words
+            column = gl.arange(0, 8, layout=gl.SliceLayout(0, _B))
+            select = gl.where(column < 4, 0x5410, 0x7632)
         rows = row_block * BLOCK_M + local
         row_ok = (local < BLOCK_M) & (rows < group * n_new)
-        # the PRMT selector of each column's band in the scale words (BAND_COLUMNS)
-        column = gl.arange(0, 8, layout=gl.SliceLayout(0, _B))
-        select = gl.where(column < 4, 0x5410, 0x7632)
         token = rows % n_new
         seq_len = gl.load(seq_lens_ptr + batch).to(gl.int32)
         # causal: new token t sees positions < seq_len - n_new + t + 1
