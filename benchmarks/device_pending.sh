@@ -57,6 +57,9 @@
 #   bash benchmarks/device_pending.sh band_columns
 #                                                 # LaunchConfig.band_columns: GPU tests, grid and
 #                                                 # sustained A/B, one sequence
+#   bash benchmarks/device_pending.sh value_scales_staged
+#                                                 # LaunchConfig.value_scales_staged: GPU tests,
+#                                                 # grid and sustained A/B
 #   bash benchmarks/device_pending.sh sustained FILE.json [SHAPES]
 #                                                 # sustained A/B: each config in FILE (list A, B,
 #                                                 # A, B) replayed alone for 2.5 s, with the SM
@@ -70,7 +73,7 @@
 #                                                 # breakdown (Nsight Compute)
 set -u
 case "${1:-}" in
-tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce | exact_remainder | key_word_pairs | clocks | zero_padding_p | value_subnormals | value_subnormals_sustained | band_columns) ;;
+tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce | exact_remainder | key_word_pairs | clocks | zero_padding_p | value_subnormals | value_subnormals_sustained | band_columns | value_scales_staged) ;;
 grid | timeline | sustained)
     if [ ! -f "${2:-}" ]; then
         echo "$1 needs a JSON file of LaunchConfig dicts (e.g. benchmarks/probe_one_block_step.json), got '${2:-}'" >&2
@@ -238,6 +241,13 @@ band_columns)
     probe_grid benchmarks/probe_band_columns.json "8,131072;32,32768;8,32768" band_columns 240
     probe_grid benchmarks/probe_band_columns_one_sequence.json "1,32768" band_columns_one_sequence 90
     probe_sustained benchmarks/probe_band_columns_sustained.json "32,32768;8,131072" band_columns
+    ;;
+value_scales_staged)
+    # twenty-fourth session: the value scales staged by lane (value_scales_staged): GPU tests
+    # (bit-identical, and against the reference), then the grid A/B and sustained phases
+    attention_tests "bit_identical or (v3_matches_reference and staged)"
+    probe_grid benchmarks/probe_value_scales_staged.json "8,131072;32,32768" value_scales_staged 300
+    probe_sustained benchmarks/probe_value_scales_staged_sustained.json "32,32768;8,131072" value_scales_staged
     ;;
 sustained)
     # an A/B that alternates every few milliseconds shares one clock between both sides; at the

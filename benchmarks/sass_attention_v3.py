@@ -122,6 +122,7 @@ def compile_v3(args: argparse.Namespace) -> tuple[str, str, int, str]:
         VALUE_SUBNORMALS=args.value_subnormals,
         PACKED_P_SCALING=args.packed_p_scaling,
         BAND_COLUMNS=args.band_columns,
+        VALUE_SCALES_STAGED=args.value_scales_staged,
     )
     pointer_types = dict(qw_ptr="*fp16", kc_ptr="*u8", vc_ptr="*u8", ks_ptr="*fp16", vs_ptr="*fp16")
     pointer_types.update(seq_lens_ptr="*i32", slot_coef_ptr="*i32")
@@ -227,6 +228,11 @@ def main() -> None:
     p.add_argument("--zero-padding-p", action="store_true", help="p = 0 in the MMAs' padding rows")
     p.add_argument(
         "--band-columns", action="store_true", help="the MMAs' columns 4-7 serve the 2-bit band (GQA 4)"
+    )
+    p.add_argument(
+        "--value-scales-staged",
+        action="store_true",
+        help="the value scales staged in shared memory in the B layout's lane order",
     )
     p.add_argument(
         "--packed-p-scaling", action="store_true", help="p times the value scales by packed fp16 multiplies"

@@ -134,6 +134,13 @@ class LaunchConfig:
     # columns of its band (offline: 738 -> 711 loop instructions with value_subnormals). Larger
     # groups, or scale rows other than two fp16 a token, run without it
     band_columns: bool = False
+    # v3: the value scales' layout change through shared memory ordered so that each lane's 16
+    # tokens of a band are 32 contiguous bytes: two 16-byte loads a band give the B layout's packed
+    # token pairs (the compiler's own conversion took 16 PRMTs after its loads), the scale pairs
+    # loaded two adjacent tokens a lane (offline, Triton 3.6: 738 -> 732 loop instructions, 168 ->
+    # 166 registers; the same values). Under band_columns, which reads each token's two scales as
+    # one word, it changes nothing
+    value_scales_staged: bool = False
     # v3: each step prefetches the next step's value rows into L2 (prefetch.global.L2, one 128-byte
     # line a lane), so the next step's copies find them there
     prefetch_value_rows: bool = False
@@ -291,6 +298,14 @@ class LaunchConfig:
             raise ValueError(
                 "LaunchConfig.band_columns scales p in the value MMAs' B layout: it needs kernel='v3' "
                 f"and convert_p_once=True, got kernel={self.kernel!r}, convert_p_once={self.convert_p_once}"
+            )
+        if self.value_scales_staged and not (
+            self.kernel == "v3" and self.value_scales_in_b and self.block_n == 64
+        ):
+            raise ValueError(
+                "LaunchConfig.value_scales_staged stages v3's value scales for the B layout of 64-token "
+                "steps: it needs kernel='v3', value_scales_in_b=True and block_n=64, got "
+                f"kernel={self.kernel!r}, value_scales_in_b={self.value_scales_in_b}, block_n={self.block_n}"
             )
         if self.value_subnormals_max_split_tokens < self.block_n:
             raise ValueError(
@@ -459,6 +474,15 @@ class LaunchConfig:
 # .. +0.4), and in sustained 2.5 s phases +2.3% / +1.5% at (32, 32768) / (8, 131072), at a lower
 # SM clock under the same power cap (1545-1605 against 1605-1650 MHz): off here, on for small
 # launches (one sequence, not at the cap: -2.7%).
+# Twenty-fourth session (2026-12-02 05:51-05:56 UTC, probe_value_scales_staged*.json): the value
+# scales staged by lane (value_scales_staged; 732 loop instructions, 166 registers) in sustained
+# 2.5 s phases (A, B, A, B) 0.2657 / 0.2669 against 0.2684 / 0.2676 ms at (32, 32768) (-0.6%) and
+# 0.2587 / 0.2625 against 0.2650 / 0.2639 at (8, 131072) (-1.4%); in the grid's medians 0.2429
+# against 0.2413 and 0.2379 against 0.2566 (that round's base far above its usual 0.235).
+# The loop turned by half a step, the rescale behind a branch at the iteration's end (725 loop
+# instructions on the path without it; 716 with the staged scales), ran +6.7% / +2.6% / +2.2% at
+# (8, 131072) / (32, 32768) / (8, 32768) in the grid, +13.5% / +6.9% / +6.4% with the staged scales
+# (05:48 UTC, one round): not kept (RESULTS.md, twenty-fourth session).
 # Where v3 cannot run (no Gluon, the interpreter) this entry runs v1 with these settings.
 TUNED_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
     (128, 4, "affine"): LaunchConfig(
@@ -496,6 +520,7 @@ TUNED_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
         packed_p_scaling=True,
         value_subnormals=True,  # where no split is longer than 8,192 tokens
         value_subnormals_max_split_tokens=8192,
+        value_scales_staged=True,
     ),
     (128, 4, "table"): LaunchConfig(
         block_n=32, num_stages=3, ctas_per_sm=32.0, min_split_tokens=512, kernel="v1"
@@ -572,6 +597,7 @@ V3_ONLY_OPTIONS = (
     "packed_p_scaling",
     "value_subnormals",
     "band_columns",
+    "value_scales_staged",
     "prefetch_value_rows",
     "fill_value_rows_l2",
     "value_copies_l2_256b",

@@ -2969,6 +2969,7 @@ def _launch_v3(
         VALUE_SUBNORMALS=config.value_subnormals,
         PACKED_P_SCALING=config.packed_p_scaling,
         BAND_COLUMNS=config.band_columns,
+        VALUE_SCALES_STAGED=config.value_scales_staged,
         PREFETCH_VALUE_ROWS=config.prefetch_value_rows,
         FILL_VALUE_ROWS_L2=config.fill_value_rows_l2,
         VALUE_COPIES_L2_256B=config.value_copies_l2_256b,

@@ -50,6 +50,8 @@ try:  # Gluon ships with Triton >= 3.5; without it v3 is simply unavailable
     # Triton 3.6 names the cp.async copy async_copy_global_to_shared; 3.9 renamed it async_load
     # (the old name raises there)
     _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
+    # the CTA barrier: thread_barrier on Triton 3.6, barrier on 3.9 (both bar.sync)
+    _cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
     HAS_GLUON = True
     GLUON_IMPORT_ERROR = ""
 except Exception as exc:  # noqa: BLE001 - any import failure means "no Gluon here"
@@ -84,6 +86,8 @@ if HAS_GLUON:
         _ROW_TILE = gl.constexpr(gl.SwizzledSharedLayout(vec=8, per_phase=2, max_phase=4, order=[1, 0]))
         # [tokens, 2] fp16 scale pairs: one 4-byte load per token
         _SCALE_PAIRS = gl.constexpr(gl.BlockedLayout([1, 2], [32, 1], [1, 1], [1, 0]))
+        # VALUE_SCALES_STAGED: [tokens, 2] fp16 scale pairs, two adjacent tokens a lane
+        _SCALE_PAIRS_2 = gl.constexpr(gl.BlockedLayout([2, 2], [32, 1], [1, 1], [1, 0]))
         _LANES = gl.constexpr(gl.BlockedLayout([1], [32], [1], [0]))  # one element per lane
         # KEY_WORD_PAIRS: [tokens, 8] int32 words of the 4-bit band, two adjacent words a lane
         # (lane (g, t): words 2t, 2t + 1 of rows g, g + 8, ...), so each pair is one 8-byte load
@@ -371,8 +375,9 @@ if HAS_GLUON:
 
     @gluon.jit
     def _load_scale_pairs(scales, tok, ROW: gl.constexpr):
-        """The two fp16 band scales of BLOCK_N tokens, [tokens, 2] (one 4-byte load per token)."""
-        sb = gl.arange(0, 2, layout=gl.SliceLayout(0, _SCALE_PAIRS))
+        """The two fp16 band scales of BLOCK_N tokens, [tokens, 2] in tok's parent layout (one 4-byte
+        load per token)."""
+        sb = gl.arange(0, 2, layout=gl.SliceLayout(0, tok.type.layout.parent))
         return gl.load(scales + tok[:, None] * ROW + sb[None, :])
 
     @gluon.jit
@@ -387,6 +392,26 @@ if HAS_GLUON:
         one conversion each, where _split_scales then the B layout took two."""
         s0, s1 = gl.split(pair)
         return gl.convert_layout(s0, gl.SliceLayout(1, _B)), gl.convert_layout(s1, gl.SliceLayout(1, _B))
+
+    @gluon.jit
+    def _value_scales_staged(pair, buf0, buf1):
+        """[tokens, 2] fp16 (two adjacent tokens a lane, _SCALE_PAIRS_2) -> two fp16 vectors in
+        SliceLayout(1, _B), as _split_value_scales, through buf0 / buf1 (fp16 shared [4, 4, 2, 2]
+        each, row-major) in the order (t, c, h, e) of token 16c + 8h + 2t + e: the 16 tokens the
+        lanes of one t hold in the B layout are 32 contiguous bytes, so two 16-byte loads a band
+        return the packed token pairs themselves. The compiler's own conversion loaded them in
+        another order and repacked them with 16 PRMTs a step; a lane's two adjacent tokens are
+        stored as one word a band."""
+        BLOCK_N: gl.constexpr = pair.shape[0]
+        gl.static_assert(BLOCK_N == 64, "the staging order is that of 64-token steps")
+        s0, s1 = gl.split(pair)
+        _cta_barrier()  # the previous step's loads of the buffers are done
+        buf0.store(gl.permute(gl.reshape(s0, [4, 2, 4, 2]), [2, 0, 1, 3]))  # (c, h, t, e) -> (t, c, h, e)
+        buf1.store(gl.permute(gl.reshape(s1, [4, 2, 4, 2]), [2, 0, 1, 3]))
+        _cta_barrier()
+        w0 = buf0.permute([1, 2, 0, 3]).reshape([BLOCK_N]).load(gl.SliceLayout(1, _B))
+        w1 = buf1.permute([1, 2, 0, 3]).reshape([BLOCK_N]).load(gl.SliceLayout(1, _B))
+        return w0, w1
 
     @gluon.jit
     def _scores(
@@ -864,6 +889,10 @@ if HAS_GLUON:
         # band's in 4-7: one B operand and one p * scale token sum for both bands (needs P_ONCE,
         # BLOCK_M <= 4 and rows of two scales)
         BAND_COLUMNS: gl.constexpr = False,
+        # the full steps' value scales reach the B layout through shared memory in the order of its
+        # lanes' token pairs (no PRMTs after the loads; needs VALUE_SCALES_IN_B, 64-token steps;
+        # nothing under BAND_COLUMNS)
+        VALUE_SCALES_STAGED: gl.constexpr = False,
     ):
         """One (split, sequence, kv head, row block): online softmax over a range of compressed
         tokens in the coefficient domain; grid (num_splits, programs), or (programs, num_splits)
@@ -934,6 +963,13 @@ if HAS_GLUON:
         vscales = vs_ptr + batch * vs_stride_b + kv_head * vs_stride_h
         kt = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, _A))
         st = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, _SCALE_PAIRS))
+        sv = st  # the value scales' token indices: two adjacent tokens a lane when staged
+        if VALUE_SCALES_STAGED and not BAND_COLUMNS:  # (BAND_COLUMNS reads a token's scales as a word)
+            gl.static_assert(VALUE_SCALES_IN_B, "VALUE_SCALES_STAGED stages B-layout scales")
+            sv = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, _SCALE_PAIRS_2))
+            stage_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[3, 2, 1, 0])
+            vs_buf0 = gl.allocate_shared_memory(gl.float16, [4, 4, 2, 2], stage_layout)
+            vs_buf1 = gl.allocate_shared_memory(gl.float16, [4, 4, 2, 2], stage_layout)
         if ROW_COPIES:
             vt = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, _ROW_COPY))
         elif CACHE_TILES and COPY_LAYOUT_TOKENS:  # already in the 8-byte copies' layout: no shuffles
@@ -986,7 +1022,7 @@ if HAS_GLUON:
             if BAND_COLUMNS:
                 v_pair = _load_scale_words(vscales, lo + st, SCALE_ROW)
             else:
-                v_pair = _load_scale_pairs(vscales, lo + st, SCALE_ROW)
+                v_pair = _load_scale_pairs(vscales, lo + sv, SCALE_ROW)
             if KEYS_AHEAD:
                 next4, next2 = _load_key_words(
                     kcodes, lo + kt, CODE_ROW, E4, E2, False, KEY_LOADS_L2_256B, KEY_WORD_PAIRS
@@ -1032,6 +1068,8 @@ if HAS_GLUON:
                 if BAND_COLUMNS:
                     w0 = gl.convert_layout(v_pair, gl.SliceLayout(1, _B))
                     w1 = select
+                elif VALUE_SCALES_STAGED:
+                    w0, w1 = _value_scales_staged(v_pair, vs_buf0, vs_buf1)
                 elif VALUE_SCALES_IN_B:
                     w0, w1 = _split_value_scales(v_pair)
                 else:
@@ -1046,7 +1084,7 @@ if HAS_GLUON:
                 if BAND_COLUMNS:
                     v_pair = _load_scale_words(vscales, nxt + st, SCALE_ROW)
                 else:
-                    v_pair = _load_scale_pairs(vscales, nxt + st, SCALE_ROW)
+                    v_pair = _load_scale_pairs(vscales, nxt + sv, SCALE_ROW)
                 cur = step % STAGES
                 k4t, k2t, v4t, v2t = _stage_tiles(ring, cur, ROW_COPIES)
                 if KEYS_VIA_SMEM:

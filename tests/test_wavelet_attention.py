@@ -558,6 +558,7 @@ V3_GPU_CONFIGS = [
         copy_layout_tokens=False,
         value_scales_in_b=False,
         packed_p_scaling=False,
+        value_scales_staged=False,
     ),
     # every tuned option but keys_ahead: the key words loaded in their step, as hinted words (a
     # lane's two 4-bit key words by one 8-byte load, key_word_pairs, as tuned)
@@ -588,6 +589,10 @@ V3_GPU_CONFIGS = [
     # and the 8-row speculative block below run without it), with uncentred and centred value sums
     dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], band_columns=True, value_subnormals=True),
     dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], band_columns=True, value_subnormals=False),
+    # the tuned config (its value scales staged by lane in shared memory) with centred value sums,
+    # and with the compiler's own conversion of the value scales
+    dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], value_subnormals=False),
+    dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], value_scales_staged=False),
     # the sixteenth session's tuned config: key words loaded in their step
     dataclasses.replace(
         K.TUNED_CONFIGS[(128, 4, "affine")],
@@ -686,6 +691,7 @@ def test_gpu_v3_layout_options_leave_the_result_bit_identical():
         key_loads_l2_256b=False,
         key_word_pairs=False,
         packed_p_scaling=False,
+        value_scales_staged=False,
         **dict.fromkeys(layout_options, False),
     )
     # packed_p_scaling multiplies p by the value scales two halves at a time (the same products)
@@ -725,6 +731,18 @@ def test_gpu_v3_layout_options_leave_the_result_bit_identical():
         # row_copies reads the same code words through shared memory (keys too), two stages ahead
         rows = dataclasses.replace(ROW_COPIES_CONFIG, score_offset_in_mma=offset_in_mma)
         assert torch.equal(_run_triton(args, codec, 128**-0.5, config=rows, num_splits=7), want)
+    # value_scales_staged changes only how the value scales reach the B layout (two adjacent
+    # tokens' scales a lane, through shared memory in the lanes' order): the same values, uncentred
+    # and centred, with splits of one full step and of many, the masked tail after them
+    tuned = K.TUNED_CONFIGS[(128, 4, "affine")]
+    assert tuned.value_scales_staged
+    for sub in (False, True):
+        staged = dataclasses.replace(tuned, value_subnormals=sub)
+        two = dataclasses.replace(staged, value_scales_staged=False)
+        for splits in (7, 70):
+            want = _run_triton(args, codec, 128**-0.5, config=two, num_splits=splits)
+            got = _run_triton(args, codec, 128**-0.5, config=staged, num_splits=splits)
+            assert torch.equal(got, want), (sub, splits)
     assert not K._V3_FAILURE, K._V3_FAILURE
 
 
