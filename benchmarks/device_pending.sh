@@ -60,9 +60,6 @@
 #   bash benchmarks/device_pending.sh value_scales_staged
 #                                                 # LaunchConfig.value_scales_staged: GPU tests,
 #                                                 # grid and sustained A/B
-#   bash benchmarks/device_pending.sh transform_early
-#                                                 # LaunchConfig.transform_early: PDL tests, grid
-#                                                 # A/B and timeline at (32, 32768)
 #   bash benchmarks/device_pending.sh sustained FILE.json [SHAPES]
 #                                                 # sustained A/B: each config in FILE (list A, B,
 #                                                 # A, B) replayed alone for 2.5 s, with the SM
@@ -76,7 +73,7 @@
 #                                                 # breakdown (Nsight Compute)
 set -u
 case "${1:-}" in
-tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce | exact_remainder | key_word_pairs | clocks | zero_padding_p | value_subnormals | value_subnormals_sustained | band_columns | value_scales_staged | transform_early) ;;
+tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce | exact_remainder | key_word_pairs | clocks | zero_padding_p | value_subnormals | value_subnormals_sustained | band_columns | value_scales_staged) ;;
 grid | timeline | sustained)
     if [ ! -f "${2:-}" ]; then
         echo "$1 needs a JSON file of LaunchConfig dicts (e.g. benchmarks/probe_one_block_step.json), got '${2:-}'" >&2
@@ -251,14 +248,6 @@ value_scales_staged)
     attention_tests "bit_identical or (v3_matches_reference and staged)"
     probe_grid benchmarks/probe_value_scales_staged.json "8,131072;32,32768" value_scales_staged 300
     probe_sustained benchmarks/probe_value_scales_staged_sustained.json "32,32768;8,131072" value_scales_staged
-    ;;
-transform_early)
-    # twenty-fourth session: at (32, 32768) the merge lets the transform kernel launch at its start
-    # and the transform loads its matrix before waiting (transform_early): the PDL tests, then 4
-    # interleaved grid rounds and the timeline
-    attention_tests "programmatic_dependent or reduce_gemm"
-    probe_grid benchmarks/probe_transform_early.json "32,32768" transform_early 240
-    probe_timeline benchmarks/probe_transform_early_timeline.json "32,32768" 120
     ;;
 sustained)
     # an A/B that alternates every few milliseconds shares one clock between both sides; at the

@@ -70,11 +70,6 @@ class LaunchConfig:
     # 0.2536 / 0.2543, 64 channels 0.2519 / 0.2515, both 0.2508 / 0.2513
     transform_channels: int = 32
     transform_warps: int = 4
-    # with reduce_gemm_min_rows and pdl: the merge lets _transform_heads_kernel launch at its start,
-    # and the transform loads its slice of the matrix, the channel scales and the offset before it
-    # waits for the merge (none of them is written by the kernels ahead), so those loads overlap
-    # the merge instead of following it
-    transform_early: bool = False
     # per-row reduce: the transform loaded before the partials are merged (overlapping the loads)
     reduce_transform_first: bool = False
     maxnreg: int | None = None  # split kernel register cap: 168 -> 12 one-warp programs per SM

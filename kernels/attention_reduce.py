@@ -313,9 +313,6 @@ if HAS_TRITON:
         # MERGE_ONLY: each program merges this many of the row's D sums (grid (rows, D / CHANNELS));
         # 0: all of them. The maxima and denominators are merged whole by each of the row's programs.
         CHANNELS: tl.constexpr = 0,
-        # let the next kernel in the stream launch now (PDL: _transform_heads_kernel, which loads its
-        # matrix and then waits for this kernel)
-        TRIGGER_DEPENDENTS: tl.constexpr = False,
     ):
         """_reduce_kernel with one program per query row, for launches with few (sequence, kv head)
         pairs: SPLIT_CHUNK splits merged per step (one wide load, not a serial chain of small
@@ -323,8 +320,6 @@ if HAS_TRITON:
         row's merged coefficient sums, divided by the softmax denominator, replace its split-0
         partial, and its exact part, weighted likewise, replaces the exact partial (only this
         program reads either; with CHANNELS, only its own channels of them)."""
-        if TRIGGER_DEPENDENTS:
-            tl.extra.cuda.gdc_launch_dependents()
         if PDL:  # the previous kernel's writes are visible after this, none before it
             tl.extra.cuda.gdc_wait()
         pid = tl.program_id(0)
@@ -411,9 +406,6 @@ if HAS_TRITON:
         D_CHUNK: tl.constexpr,  # output channels per program
         OFFSET: tl.constexpr,
         PDL: tl.constexpr = False,  # launched with programmatic dependent launch (see _pdl)
-        # load the transform, the channel scales and the offset before the wait (none of them is
-        # written by the kernels ahead), so that with PDL they arrive while the merge still runs
-        LOAD_FIRST: tl.constexpr = False,
     ):
         """The inverse transform after _reduce_rows_kernel(MERGE_ONLY): TILE rows of one kv head,
         from all sequences, times the head's [D, D_CHUNK] slice of W R s in one dot, so a program
@@ -421,7 +413,7 @@ if HAS_TRITON:
         registers, 3 programs per SM and 15 us at (32, 32768) on the H200, latency-bound). Adds
         the weighted exact part and the value offset, writes out. grid: (n_kv_heads * row tiles,
         D // D_CHUNK)."""
-        if PDL and not LOAD_FIRST:  # the merge's writes are visible after this, none before it
+        if PDL:  # the merge's writes are visible after this, none before it
             tl.extra.cuda.gdc_wait()
         pid = tl.program_id(0)
         kv_head = pid % n_kv_heads
@@ -432,22 +424,20 @@ if HAS_TRITON:
         base = (seq * n_kv_heads + kv_head) * n_parts
         d = tl.arange(0, D)
         cols = tl.program_id(1) * D_CHUNK + tl.arange(0, D_CHUNK)
-        w_t = tl.load(
-            transform_ptr + kv_head * transform_stride_h + d[:, None] * D + cols[None, :]
-        )  # [D slots, D_CHUNK channels]
-        channel_scale = tl.load(v_channel_scale_ptr + kv_head * v_scale_stride_h + cols).to(tl.float32)
-        if OFFSET:
-            offset = tl.load(v_offset_ptr + kv_head * v_offset_stride_h + cols).to(tl.float32)
-        if PDL and LOAD_FIRST:
-            tl.extra.cuda.gdc_wait()
         merged = tl.load(
             acc_ptr + (base * BLOCK_M + local)[:, None] * D + d[None, :], mask=row_ok[:, None], other=0.0
         )
-        values = tl.dot(merged, w_t, input_precision="tf32x3") * channel_scale[None, :]
+        w_t = tl.load(
+            transform_ptr + kv_head * transform_stride_h + d[:, None] * D + cols[None, :]
+        )  # [D slots, D_CHUNK channels]
+        values = tl.dot(merged, w_t, input_precision="tf32x3")
+        values = (
+            values * tl.load(v_channel_scale_ptr + kv_head * v_scale_stride_h + cols).to(tl.float32)[None, :]
+        )
         exact = ((base + num_splits) * BLOCK_M + local) * D
         o = values + tl.load(acc_ptr + exact[:, None] + cols[None, :], mask=row_ok[:, None], other=0.0)
         if OFFSET:
-            o = o + offset[None, :]
+            o = o + tl.load(v_offset_ptr + kv_head * v_offset_stride_h + cols).to(tl.float32)[None, :]
         head = kv_head * group + local // n_new
         token = local % n_new
         out_rows = out_ptr + seq * out_stride_b + head * out_stride_h + token * out_stride_t

@@ -3405,7 +3405,6 @@ def wavelet_attention_triton(
             **_dependent(pdl and side is None),
             **({"MERGE_ONLY": True} if gemm else {}),
             **({"CHANNELS": channels} if channels else {}),
-            **({"TRIGGER_DEPENDENTS": True} if gemm and pdl and config.transform_early else {}),
         )
         if gemm:
             tile = REDUCE_GEMM_TILE
@@ -3427,7 +3426,6 @@ def wavelet_attention_triton(
                 num_warps=config.transform_warps,
                 **channel_flags,
                 **_dependent(pdl),
-                **({"LOAD_FIRST": True} if config.transform_early else {}),
             )
     else:
         launch(

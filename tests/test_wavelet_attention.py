@@ -248,11 +248,6 @@ def test_reduce_gemm_equals_the_per_row_reduce(channel, splits):
         args, codec, 0.125, config=dataclasses.replace(gemm, reduce_merge_channels=16), num_splits=splits
     )
     assert torch.equal(sliced, got)
-    # the transform's matrix, scales and offset loaded before its wait for the merge: the same dots
-    early = _run_triton(
-        args, codec, 0.125, config=dataclasses.replace(gemm, transform_early=True), num_splits=splits
-    )
-    assert torch.equal(early, got)
     # the transform kernel's programs taking 64 output channels each instead of 32: the same dots
     wide = _run_triton(
         args, codec, 0.125, config=dataclasses.replace(gemm, transform_channels=64), num_splits=splits
@@ -866,9 +861,6 @@ def test_gpu_v3_exact_tokens_in_the_pdl_chain_equal_the_in_order_launch_also_in_
         # the one-warp merge (the tuned reduce_merge_warps), then the transform, both as dependents
         (5, dataclasses.replace(TUNED_V3, reduce_gemm_min_rows=1, overlap_exact=False)),
         (17, dataclasses.replace(TUNED_V3, reduce_gemm_min_rows=1, reduce_merge_warps=4)),  # 4-warp merge
-        # the transform launched at the merge's start, its matrix loaded before its wait
-        (17, dataclasses.replace(TUNED_V3, reduce_gemm_min_rows=1, transform_early=True)),
-        (5, dataclasses.replace(TUNED_V3, reduce_gemm_min_rows=1, transform_early=True, overlap_exact=False)),
         # one sequence: the same, and each row's merge over 4 programs, then the per-kv-head transform
         (
             1,
