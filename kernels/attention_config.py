@@ -477,8 +477,8 @@ class LaunchConfig:
 # Twenty-fourth session (2026-12-02 05:51-05:56 UTC, probe_value_scales_staged*.json): the value
 # scales staged by lane (value_scales_staged; 732 loop instructions, 166 registers) in sustained
 # 2.5 s phases (A, B, A, B) 0.2657 / 0.2669 against 0.2684 / 0.2676 ms at (32, 32768) (-0.6%) and
-# 0.2587 / 0.2625 against 0.2650 / 0.2639 at (8, 131072) (-1.4%); in the grid's medians 0.2429
-# against 0.2413 and 0.2379 against 0.2566 (that round's base far above its usual 0.235).
+# 0.2587 / 0.2625 against 0.2650 / 0.2639 at (8, 131072) (-1.4%); in 4 interleaved grid rounds
+# (06:22 UTC) -1.2% (-4.7 .. +0.1) at (8, 131072) and -1.1% (-1.6 .. -0.6) at (32, 32768).
 # The loop turned by half a step, the rescale behind a branch at the iteration's end (725 loop
 # instructions on the path without it; 716 with the staged scales), ran +6.7% / +2.6% / +2.2% at
 # (8, 131072) / (32, 32768) / (8, 32768) in the grid, +13.5% / +6.9% / +6.4% with the staged scales
