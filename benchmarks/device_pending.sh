@@ -60,6 +60,9 @@
 #   bash benchmarks/device_pending.sh value_scales_staged
 #                                                 # LaunchConfig.value_scales_staged: GPU tests,
 #                                                 # grid and sustained A/B
+#   bash benchmarks/device_pending.sh counted_steps
+#                                                 # LaunchConfig.counted_steps (prepared, not yet
+#                                                 # timed): GPU tests, grid, sustained, one sequence
 #   bash benchmarks/device_pending.sh sustained FILE.json [SHAPES]
 #                                                 # sustained A/B: each config in FILE (list A, B,
 #                                                 # A, B) replayed alone for 2.5 s, with the SM
@@ -73,7 +76,7 @@
 #                                                 # breakdown (Nsight Compute)
 set -u
 case "${1:-}" in
-tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce | exact_remainder | key_word_pairs | clocks | zero_padding_p | value_subnormals | value_subnormals_sustained | band_columns | value_scales_staged) ;;
+tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce | exact_remainder | key_word_pairs | clocks | zero_padding_p | value_subnormals | value_subnormals_sustained | band_columns | value_scales_staged | counted_steps) ;;
 grid | timeline | sustained)
     if [ ! -f "${2:-}" ]; then
         echo "$1 needs a JSON file of LaunchConfig dicts (e.g. benchmarks/probe_one_block_step.json), got '${2:-}'" >&2
@@ -248,6 +251,16 @@ value_scales_staged)
     attention_tests "bit_identical or (v3_matches_reference and staged)"
     probe_grid benchmarks/probe_value_scales_staged.json "8,131072;32,32768" value_scales_staged 300
     probe_sustained benchmarks/probe_value_scales_staged_sustained.json "32,32768;8,131072" value_scales_staged
+    ;;
+counted_steps)
+    # prepared in the twenty-fourth session after its device budget was spent: the full-step loop
+    # over step numbers (counted_steps; offline 8 fewer loop instructions): the GPU tests
+    # (bit-identical, and against the reference), then 4 interleaved grid rounds, sustained phases
+    # and 3 rounds at one sequence
+    attention_tests "bit_identical or (v3_matches_reference and counted)"
+    probe_grid benchmarks/probe_counted_steps.json "8,131072;32,32768;8,32768" counted_steps 300
+    probe_sustained benchmarks/probe_counted_steps_sustained.json "32,32768;8,131072" counted_steps
+    probe_grid benchmarks/probe_counted_steps_one_sequence.json "1,32768" counted_steps_one_sequence 90
     ;;
 sustained)
     # an A/B that alternates every few milliseconds shares one clock between both sides; at the

@@ -123,6 +123,7 @@ def compile_v3(args: argparse.Namespace) -> tuple[str, str, int, str]:
         PACKED_P_SCALING=args.packed_p_scaling,
         BAND_COLUMNS=args.band_columns,
         VALUE_SCALES_STAGED=args.value_scales_staged,
+        COUNTED_STEPS=args.counted_steps,
     )
     pointer_types = dict(qw_ptr="*fp16", kc_ptr="*u8", vc_ptr="*u8", ks_ptr="*fp16", vs_ptr="*fp16")
     pointer_types.update(seq_lens_ptr="*i32", slot_coef_ptr="*i32")
@@ -228,6 +229,9 @@ def main() -> None:
     p.add_argument("--zero-padding-p", action="store_true", help="p = 0 in the MMAs' padding rows")
     p.add_argument(
         "--band-columns", action="store_true", help="the MMAs' columns 4-7 serve the 2-bit band (GQA 4)"
+    )
+    p.add_argument(
+        "--counted-steps", action="store_true", help="the full-step loop over step numbers, not positions"
     )
     p.add_argument(
         "--value-scales-staged",

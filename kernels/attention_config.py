@@ -141,6 +141,12 @@ class LaunchConfig:
     # 166 registers; the same values). Under band_columns, which reads each token's two scales as
     # one word, it changes nothing
     value_scales_staged: bool = False
+    # v3: the full-step loop over step numbers (start = lo + step * block_n) instead of over token
+    # positions: at the register cap ptxas recomputes fewer loop bounds and addresses every step
+    # (offline, Triton 3.6: 732 -> 724 loop instructions with the tuned options; 739 -> 731 on
+    # 3.9); the same steps, bit for bit. Prepared in the twenty-fourth session after its device
+    # budget was spent: not yet timed
+    counted_steps: bool = False
     # v3: each step prefetches the next step's value rows into L2 (prefetch.global.L2, one 128-byte
     # line a lane), so the next step's copies find them there
     prefetch_value_rows: bool = False
@@ -313,7 +319,7 @@ class LaunchConfig:
                 f"(block_n={self.block_n}), got {self.value_subnormals_max_split_tokens}"
             )
         hints = ("value_copies_l2_256b", "plain_loads_l2_256b")
-        extras = ("zero_padding_p", "value_subnormals")
+        extras = ("zero_padding_p", "value_subnormals", "counted_steps")
         for name in ("prefetch_value_rows", "fill_value_rows_l2", *extras, *hints):
             if getattr(self, name) and self.kernel != "v3":
                 raise ValueError(
@@ -598,6 +604,7 @@ V3_ONLY_OPTIONS = (
     "value_subnormals",
     "band_columns",
     "value_scales_staged",
+    "counted_steps",
     "prefetch_value_rows",
     "fill_value_rows_l2",
     "value_copies_l2_256b",

@@ -2970,6 +2970,7 @@ def _launch_v3(
         PACKED_P_SCALING=config.packed_p_scaling,
         BAND_COLUMNS=config.band_columns,
         VALUE_SCALES_STAGED=config.value_scales_staged,
+        COUNTED_STEPS=config.counted_steps,
         PREFETCH_VALUE_ROWS=config.prefetch_value_rows,
         FILL_VALUE_ROWS_L2=config.fill_value_rows_l2,
         VALUE_COPIES_L2_256B=config.value_copies_l2_256b,

@@ -589,6 +589,8 @@ V3_GPU_CONFIGS = [
     # and the 8-row speculative block below run without it), with uncentred and centred value sums
     dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], band_columns=True, value_subnormals=True),
     dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], band_columns=True, value_subnormals=False),
+    # the full-step loop over step numbers instead of token positions
+    dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], counted_steps=True),
     # the tuned config (its value scales staged by lane in shared memory) with centred value sums,
     # and with the compiler's own conversion of the value scales
     dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], value_subnormals=False),
@@ -682,6 +684,7 @@ def test_gpu_v3_layout_options_leave_the_result_bit_identical():
         "step_row_base",
         "keys_ahead",
         "zero_padding_p",
+        "counted_steps",  # the full-step loop over step numbers: the same steps
     )
     # (key_word_pairs reorders the key MMAs' k slots, which changes the rounding: off here, the
     # reference test covers it)
