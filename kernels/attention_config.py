@@ -142,10 +142,10 @@ class LaunchConfig:
     # one word, it changes nothing
     value_scales_staged: bool = False
     # v3: the full-step loop over step numbers (start = lo + step * block_n) instead of over token
-    # positions: at the register cap ptxas recomputes fewer loop bounds and addresses every step
-    # (offline, Triton 3.6: 732 -> 724 loop instructions with the tuned options; 739 -> 731 on
-    # 3.9); the same steps, bit for bit. Prepared in the twenty-fourth session after its device
-    # budget was spent: not yet timed
+    # positions, and the scale pairs addressed from a scalar pointer per step: at the register cap
+    # ptxas recomputes fewer loop bounds and addresses every step (offline, Triton 3.6: 732 -> 721
+    # loop instructions with the tuned options; 739 -> 728 on 3.9); the same loads, bit for bit.
+    # Prepared in the twenty-fourth session after its device budget was spent: not yet timed
     counted_steps: bool = False
     # v3: each step prefetches the next step's value rows into L2 (prefetch.global.L2, one 128-byte
     # line a lane), so the next step's copies find them there

@@ -894,9 +894,9 @@ if HAS_GLUON:
         # nothing under BAND_COLUMNS)
         VALUE_SCALES_STAGED: gl.constexpr = False,
         # the full-step loop counts steps (start = lo + step * BLOCK_N) instead of stepping over
-        # token positions up to full_hi: ptxas then recomputes fewer loop bounds and addresses per
-        # step at the register cap (offline: 732 -> 724 loop instructions on Triton 3.6; the same
-        # steps, bit for bit)
+        # token positions up to full_hi, and its scale pairs come from a scalar pointer per step:
+        # ptxas then recomputes fewer loop bounds and addresses per step at the register cap
+        # (offline: 732 -> 721 loop instructions on Triton 3.6; the same loads, bit for bit)
         COUNTED_STEPS: gl.constexpr = False,
     ):
         """One (split, sequence, kv head, row block): online softmax over a range of compressed
@@ -1095,9 +1095,14 @@ if HAS_GLUON:
                 if FILL_VALUE_ROWS_L2:  # last step's words are in by now; this step's wait a step
                     sink = sink ^ fill
                     fill = _fill_rows_into_l2(vcodes + nxt * CODE_ROW, CODE_ROW, BLOCK_N)
-                k_pair = _load_scale_pairs(kscales, nxt + st, SCALE_ROW)
+                if COUNTED_STEPS:  # scalar per-step pointers, loop-invariant lane offsets
+                    k_pair = _load_scale_pairs(kscales + nxt * SCALE_ROW, st, SCALE_ROW)
+                else:
+                    k_pair = _load_scale_pairs(kscales, nxt + st, SCALE_ROW)
                 if BAND_COLUMNS:
                     v_pair = _load_scale_words(vscales, nxt + st, SCALE_ROW)
+                elif COUNTED_STEPS:
+                    v_pair = _load_scale_pairs(vscales + nxt * SCALE_ROW, sv, SCALE_ROW)
                 else:
                     v_pair = _load_scale_pairs(vscales, nxt + sv, SCALE_ROW)
                 cur = step % STAGES

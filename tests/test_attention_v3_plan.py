@@ -413,7 +413,7 @@ def test_v3_compiles_for_sm90_on_this_triton(tmp_path, options):
 def test_counted_steps_take_fewer_loop_instructions(tmp_path):
     # LaunchConfig.counted_steps runs the full-step loop over step numbers: the same steps, and at
     # the register cap ptxas recomputes fewer loop bounds and addresses each step (twenty-fourth
-    # session, offline: 732 -> 724 on Triton 3.6, 739 -> 731 on 3.9)
+    # session, offline: 732 -> 721 on Triton 3.6, 739 -> 728 on 3.9)
     import re
 
     def step(*options: str) -> int:
