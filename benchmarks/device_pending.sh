@@ -63,6 +63,9 @@
 #   bash benchmarks/device_pending.sh counted_steps
 #                                                 # LaunchConfig.counted_steps (prepared, not yet
 #                                                 # timed): GPU tests, grid, sustained, one sequence
+#   bash benchmarks/device_pending.sh transform_in_split
+#                                                 # LaunchConfig.transform_in_split (twenty-fifth
+#                                                 # session): GPU tests, grid, one sequence, timeline
 #   bash benchmarks/device_pending.sh sustained FILE.json [SHAPES]
 #                                                 # sustained A/B: each config in FILE (list A, B,
 #                                                 # A, B) replayed alone for 2.5 s, with the SM
@@ -76,7 +79,7 @@
 #                                                 # breakdown (Nsight Compute)
 set -u
 case "${1:-}" in
-tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce | exact_remainder | key_word_pairs | clocks | zero_padding_p | value_subnormals | value_subnormals_sustained | band_columns | value_scales_staged | counted_steps) ;;
+tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce | exact_remainder | key_word_pairs | clocks | zero_padding_p | value_subnormals | value_subnormals_sustained | band_columns | value_scales_staged | counted_steps | transform_in_split) ;;
 grid | timeline | sustained)
     if [ ! -f "${2:-}" ]; then
         echo "$1 needs a JSON file of LaunchConfig dicts (e.g. benchmarks/probe_one_block_step.json), got '${2:-}'" >&2
@@ -84,7 +87,7 @@ grid | timeline | sustained)
     fi
     ;;
 *)
-    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|reduce|remainder|small_reduce|exact_remainder|key_word_pairs|clocks|zero_padding_p|value_subnormals|value_subnormals_sustained|band_columns|grid FILE.json|timeline FILE.json|sustained FILE.json|stalls [tuned|keys_in_step]" >&2
+    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|reduce|remainder|small_reduce|exact_remainder|key_word_pairs|clocks|zero_padding_p|value_subnormals|value_subnormals_sustained|band_columns|value_scales_staged|counted_steps|transform_in_split|grid FILE.json|timeline FILE.json|sustained FILE.json|stalls [tuned|keys_in_step]" >&2
     exit 2
     ;;
 esac
@@ -261,6 +264,16 @@ counted_steps)
     probe_grid benchmarks/probe_counted_steps.json "8,131072;32,32768;8,32768" counted_steps 300
     probe_sustained benchmarks/probe_counted_steps_sustained.json "32,32768;8,131072" counted_steps
     probe_grid benchmarks/probe_counted_steps_one_sequence.json "1,32768" counted_steps_one_sequence 90
+    ;;
+transform_in_split)
+    # twenty-fifth session: the split kernel maps its partial's sums to channels (fp16 MMAs with T
+    # in fragment order) and the reduce is one merge: the GPU tests (against the reduce's own
+    # transform and the reference), 4 interleaved grid rounds, one sequence (32 and 16 channels a
+    # merge program), and the timeline of the call's tail
+    attention_tests "transform_in_split"
+    probe_grid benchmarks/probe_transform_in_split.json "8,131072;32,32768;8,32768" transform_in_split 300
+    probe_grid benchmarks/probe_transform_in_split_one_sequence.json "1,32768" transform_in_split_one_sequence 120
+    probe_timeline benchmarks/probe_transform_in_split_timeline.json "32,32768;8,131072"
     ;;
 sustained)
     # an A/B that alternates every few milliseconds shares one clock between both sides; at the

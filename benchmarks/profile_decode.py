@@ -38,7 +38,7 @@ PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     (
         "attention",
         ("split_kernel", "_exact_kernel", "_prologue_kernel", "_prologue_heads_kernel", "_reduce_kernel")
-        + ("_reduce_rows_kernel", "_transform_heads_kernel"),
+        + ("_reduce_rows_kernel", "_transform_heads_kernel", "_merge_channel_rows_kernel"),
     ),
     (
         "MoE",

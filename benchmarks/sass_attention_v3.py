@@ -51,6 +51,11 @@ def loop_instructions(sass: str) -> list[str]:
     return []
 
 
+def kernel_instructions(sass: str) -> list[str]:
+    """Every instruction of the kernel in nvdisasm output (the loop counted once)."""
+    return re.findall(r"/\*[0-9a-f]{4,}\*/\s+([^;]+);", sass)
+
+
 def load_to_use(loop: list[str]) -> list[int]:
     """For each global load (LDG) of the loop, how many instructions later the first instruction
     that reads its register issues, following the loop around its back edge (keys_ahead's words
@@ -124,9 +129,10 @@ def compile_v3(args: argparse.Namespace) -> tuple[str, str, int, str]:
         BAND_COLUMNS=args.band_columns,
         VALUE_SCALES_STAGED=args.value_scales_staged,
         COUNTED_STEPS=args.counted_steps,
+        TRANSFORM_IN_SPLIT=args.transform_in_split,
     )
     pointer_types = dict(qw_ptr="*fp16", kc_ptr="*u8", vc_ptr="*u8", ks_ptr="*fp16", vs_ptr="*fp16")
-    pointer_types.update(seq_lens_ptr="*i32", slot_coef_ptr="*i32")
+    pointer_types.update(seq_lens_ptr="*i32", slot_coef_ptr="*i32", vt_ptr="*i32")
     signature = {}
     for name in fn.arg_names:
         if name in constexprs:
@@ -189,9 +195,13 @@ def apply_tuned(args: argparse.Namespace) -> None:
     args.no_cache_tiles, args.no_convert_p_once = not config.cache_tiles, not config.convert_p_once
     # every flag named after a LaunchConfig field (PDL stays the --pdl flag's: a launch property)
     fields = {f.name for f in dataclasses.fields(config)} - {"pdl", "maxnreg"}
+    unknown = set(args.without) - fields
+    if unknown:
+        raise SystemExit(f"--without takes LaunchConfig option names, got {sorted(unknown)}")
     for name in vars(args):
         if name in fields:  # an option flag given as well adds that option to the tuned ones
-            setattr(args, name, getattr(config, name) or getattr(args, name))
+            value = getattr(config, name) or getattr(args, name)
+            setattr(args, name, False if name in args.without else value)
 
 
 def main() -> None:
@@ -260,6 +270,18 @@ def main() -> None:
     p.add_argument(
         "--split-major", action="store_true", help="grid (programs, splits): a remainder split plan's launch"
     )
+    p.add_argument(
+        "--transform-in-split",
+        action="store_true",
+        help="the partial's sums mapped to channels in the split kernel (one more epilogue)",
+    )
+    p.add_argument(
+        "--without",
+        action="append",
+        default=[],
+        metavar="OPTION",
+        help="with --tuned: leave this LaunchConfig option of the tuned config off (repeatable)",
+    )
     p.add_argument("--out", default="build/sass_v3")
     p.add_argument(
         "--tuned",
@@ -283,6 +305,7 @@ def main() -> None:
     distances = sorted(load_to_use(loop))
     print(f"triton {triton.__version__}, sm_90: {usage}; shared {shared} B per program")
     print(f"full-step loop: {sum(mix.values())} instructions per {args.block_n}-token step")
+    print(f"kernel: {len(kernel_instructions(sass))} instructions")
     print(f"loop spill instructions: {spills}")
     if args.pdl:
         print(f"global loads before the PDL wait: {loads_before_pdl_wait(ptx)}")

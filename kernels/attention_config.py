@@ -147,6 +147,17 @@ class LaunchConfig:
     # loop instructions with the tuned options; 739 -> 728 on 3.9); the same loads, bit for bit.
     # Prepared in the twenty-fourth session after its device budget was spent: not yet timed
     counted_steps: bool = False
+    # v3: the split kernel maps each partial's coefficient sums to centred channels itself (T x
+    # (sums / l) on the tensor cores in fp16, T = W R_h at the value slots, then times s and l),
+    # so the reduce is one merge of channel-domain partials under one softmax
+    # (_merge_channel_rows_kernel): no transform kernel, no [D, D] product per row. Offline (Triton
+    # 3.6): the loop as before, the epilogue 248 instructions more (64 16-byte loads of T in
+    # fragment order, 64 MMAs, 16 movmatrix)
+    transform_in_split: bool = False
+    # with transform_in_split: a row's channels per merge program (a power of two; grid (rows, D /
+    # this)), and its warps
+    channel_merge_channels: int = 32
+    channel_merge_warps: int = 1
     # v3: each step prefetches the next step's value rows into L2 (prefetch.global.L2, one 128-byte
     # line a lane), so the next step's copies find them there
     prefetch_value_rows: bool = False
@@ -269,6 +280,16 @@ class LaunchConfig:
                 "LaunchConfig.reduce_merge_warps must be 0 (reduce_warps), 1, 2, 4, 8 or 16, got "
                 f"{self.reduce_merge_warps}"
             )
+        merge = self.channel_merge_channels
+        if merge < 1 or merge & (merge - 1):
+            raise ValueError(
+                "LaunchConfig.channel_merge_channels must be a power of two (a row's channels per merge "
+                f"program), got {merge}"
+            )
+        if self.channel_merge_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(
+                f"LaunchConfig.channel_merge_warps must be 1, 2, 4, 8 or 16, got {self.channel_merge_warps}"
+            )
         channels = self.reduce_merge_channels
         if channels < 0 or channels & (channels - 1):
             raise ValueError(
@@ -319,7 +340,7 @@ class LaunchConfig:
                 f"(block_n={self.block_n}), got {self.value_subnormals_max_split_tokens}"
             )
         hints = ("value_copies_l2_256b", "plain_loads_l2_256b")
-        extras = ("zero_padding_p", "value_subnormals", "counted_steps")
+        extras = ("zero_padding_p", "value_subnormals", "counted_steps", "transform_in_split")
         for name in ("prefetch_value_rows", "fill_value_rows_l2", *extras, *hints):
             if getattr(self, name) and self.kernel != "v3":
                 raise ValueError(
@@ -489,6 +510,14 @@ class LaunchConfig:
 # instructions on the path without it; 716 with the staged scales), ran +6.7% / +2.6% / +2.2% at
 # (8, 131072) / (32, 32768) / (8, 32768) in the grid, +13.5% / +6.9% / +6.4% with the staged scales
 # (05:48 UTC, one round): not kept (RESULTS.md, twenty-fourth session).
+# Twenty-fifth session (2026-12-02 07:09-07:25 UTC): the full-step loop over step numbers
+# (counted_steps; 721 loop instructions) +1.5% (-8.1 .. +7.9) / +0.3% / +0.6% in 4 grid rounds,
+# sustained +0.3% / +0.6%, one sequence -0.1%: off. The partial's sums mapped to channels in the
+# split kernel and one merge of channel partials (transform_in_split; 4 interleaved grid rounds,
+# probe_transform_in_split*.json) -0.5% (-0.9 .. +1.2) / -1.4% (-1.5 .. -0.9) / -3.0% (-3.4 ..
+# -0.7) at (8, 131072) / (32, 32768) / (8, 32768), -11.2% (-11.3 .. -10.7, 3 rounds) at one
+# sequence; timeline periods 235.4 -> 232.3 us at (32, 32768) (merge 3.9 + transform 4.1 us ->
+# one merge of 4.5) and 233.2 -> 230.4 at (8, 131072) (the per-row reduce 6.7 -> 3.5 us): on.
 # Where v3 cannot run (no Gluon, the interpreter) this entry runs v1 with these settings.
 TUNED_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
     (128, 4, "affine"): LaunchConfig(
@@ -527,6 +556,7 @@ TUNED_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
         value_subnormals=True,  # where no split is longer than 8,192 tokens
         value_subnormals_max_split_tokens=8192,
         value_scales_staged=True,
+        transform_in_split=True,  # the reduce is one merge of channel-domain partials
     ),
     (128, 4, "table"): LaunchConfig(
         block_n=32, num_stages=3, ctas_per_sm=32.0, min_split_tokens=512, kernel="v1"
@@ -605,6 +635,7 @@ V3_ONLY_OPTIONS = (
     "band_columns",
     "value_scales_staged",
     "counted_steps",
+    "transform_in_split",
     "prefetch_value_rows",
     "fill_value_rows_l2",
     "value_copies_l2_256b",

@@ -11,7 +11,10 @@ kernels/wavelet_attention.py:
 - ``_reduce_kernel``: one program per row block (prefill chunks, many rows a program);
 - ``_reduce_rows_kernel``: one program per query row (decode launches with few pairs);
 - its ``MERGE_ONLY`` mode, then ``_transform_heads_kernel``: the merge per row, then the transform as
-  one dot per kv head over 16 rows (decode launches of at least ``reduce_gemm_min_rows`` rows).
+  one dot per kv head over 16 rows (decode launches of at least ``reduce_gemm_min_rows`` rows);
+- ``_merge_channel_rows_kernel``: where the split kernel already mapped its sums to channels
+  (``LaunchConfig.transform_in_split``), every partial is in the channel domain: one softmax over
+  all of them, a slice of a row's channels per program, and no transform.
 
 The math is ``wavelet_attention_reference``'s (kernels/wavelet_attention.py); the tests compare every
 mode with it and with fp32 SDPA. Measurements that chose between them: benchmarks/RESULTS.md.
@@ -442,3 +445,66 @@ if HAS_TRITON:
         token = local % n_new
         out_rows = out_ptr + seq * out_stride_b + head * out_stride_h + token * out_stride_t
         tl.store(out_rows[:, None] + cols[None, :], o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+
+    @triton.jit
+    def _merge_channel_rows_kernel(
+        m_ptr,
+        l_ptr,
+        acc_ptr,
+        v_offset_ptr,
+        v_offset_stride_h,
+        out_ptr,
+        out_stride_b,
+        out_stride_h,
+        out_stride_t,
+        n_kv_heads,
+        group,
+        n_new,
+        n_row_blocks,
+        n_parts,  # partials per program, all in the channel domain (centred: x - m)
+        D: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        SPLIT_CHUNK: tl.constexpr,  # partials merged per wide load
+        CHANNELS: tl.constexpr,  # a row's channels per program: grid (query rows, D / CHANNELS)
+        OFFSET: tl.constexpr,
+        PDL: tl.constexpr = False,  # launched with programmatic dependent launch (see _pdl)
+    ):
+        """The reduce after a split kernel that wrote channel-domain partials
+        (LaunchConfig.transform_in_split): each program merges CHANNELS of one query row's sums
+        over all n_parts partials (compressed splits and exact chunks alike) under one softmax,
+        SPLIT_CHUNK partials a load, adds the value offset and writes the output."""
+        if PDL:  # the previous kernel's writes are visible after this, none before it
+            tl.extra.cuda.gdc_wait()
+        pid = tl.program_id(0)
+        row_local = pid % BLOCK_M
+        program = pid // BLOCK_M
+        row_block = program % n_row_blocks
+        kv_head = (program // n_row_blocks) % n_kv_heads
+        batch = program // (n_row_blocks * n_kv_heads)
+        row = row_block * BLOCK_M + row_local
+        if row < group * n_new:
+            d = tl.program_id(1) * CHANNELS + tl.arange(0, CHANNELS)
+            base = program * n_parts
+            m_i = tl.max(tl.full([SPLIT_CHUNK], _NEG_BIG, tl.float32), axis=0)
+            l_i = tl.sum(tl.zeros([SPLIT_CHUNK], tl.float32), axis=0)
+            acc = tl.zeros([CHANNELS], tl.float32)
+            for first in range(0, n_parts, SPLIT_CHUNK):
+                split = first + tl.arange(0, SPLIT_CHUNK)
+                ok = split < n_parts
+                part = (base + split) * BLOCK_M + row_local
+                m_s = tl.load(m_ptr + part, mask=ok, other=_NEG_BIG)
+                l_s = tl.load(l_ptr + part, mask=ok, other=0.0)
+                acc_s = tl.load(acc_ptr + part[:, None] * D + d[None, :], mask=ok[:, None], other=0.0)
+                m_new = tl.maximum(m_i, tl.max(m_s, axis=0))
+                w = tl.where(ok, tl.exp2(m_s - m_new), 0.0)
+                alpha = tl.exp2(m_i - m_new)
+                acc = acc * alpha + tl.sum(acc_s * w[:, None], axis=0)
+                l_i = l_i * alpha + tl.sum(l_s * w, axis=0)
+                m_i = m_new
+            o = acc / tl.where(l_i > 0, l_i, 1.0)  # every real row sees >= 1 position: l_i > 0
+            if OFFSET:
+                o = o + tl.load(v_offset_ptr + kv_head * v_offset_stride_h + d).to(tl.float32)
+            head = kv_head * group + row // n_new
+            token = row % n_new
+            out_row = out_ptr + batch * out_stride_b + head * out_stride_h + token * out_stride_t
+            tl.store(out_row + d, o.to(out_ptr.dtype.element_ty))

@@ -1079,6 +1079,7 @@ from .attention_reduce import REDUCE_GEMM_TILE, reduce_split_chunk, uses_reduce_
 
 if HAS_TRITON:
     from .attention_reduce import (  # noqa: E402
+        _merge_channel_rows_kernel,
         _reduce_kernel,
         _reduce_rows_kernel,
         _transform_heads_kernel,
@@ -1179,6 +1180,44 @@ def value_transform(
         return (composite * scale.to(torch.float64)[:, None, :]).float().contiguous()
 
     return _cached_product(_VALUE_COMPOSITES, channel_tensor, inverse, build)
+
+
+_VALUE_SLOT_WORDS: dict[int, tuple] = {}
+
+
+def value_slot_transform_words(
+    inverse: torch.Tensor,
+    rotation: torch.Tensor | None,
+    slot_coef: torch.Tensor,
+    channel_tensor: torch.Tensor,
+) -> tuple[torch.Tensor, int]:
+    """(words, head stride) for LaunchConfig.transform_in_split: per kv head the [D channels, S value
+    slots] matrix T[c, j] = (W R_h)[coefficient of slot j, c] (0 for padding slots) in fp16, which
+    maps a split's value-slot sums to centred channels before s, as int32 words in the order of v3's
+    MMA A fragments: [Hkv, S / 16 operands, D / 16 row tiles, 32 lanes, 4 words], word w of lane 4g
+    + t in tile r holding rows 16r + g + 8 (w % 2) and slots 8 (w // 2) + 2t, + 1 of the operand
+    (so a lane loads its 4 words as 16 contiguous bytes). One matrix, head stride 0, without a
+    rotation. Built in fp64, cached like value_transform (on the value channel tensor)."""
+
+    def build() -> torch.Tensor:
+        composite = inverse.to(torch.float64)  # [D coefficients, D channels]
+        if rotation is not None:
+            composite = torch.matmul(composite, rotation.to(torch.float64))  # [Hkv, D, D]
+        heads = composite.reshape(-1, *composite.shape[-2:])
+        padding = slot_coef < 0
+        rows = heads[:, slot_coef.clamp(min=0).long(), :]  # [H, S, D]
+        rows[:, padding] = 0.0
+        t = rows.transpose(1, 2).to(torch.float16)  # [H, D channels, S slots]
+        h, d, n_slots = t.shape
+        if d % 16 or n_slots % 16:
+            raise ValueError(f"value_slot_transform_words needs D and S multiples of 16, got {d}, {n_slots}")
+        # [H, tile r, row-hi w0, g, operand, slot-hi w1, t, half] -> [H, operand, r, g, t, w1, w0, half]
+        parts = t.reshape(h, d // 16, 2, 8, n_slots // 16, 2, 4, 2).permute(0, 4, 1, 3, 6, 5, 2, 7)
+        words = parts.contiguous().view(torch.int16).view(torch.int32)
+        return words.reshape(h, n_slots // 16, d // 16, 32, 4)
+
+    words = _cached_product(_VALUE_SLOT_WORDS, channel_tensor, slot_coef, build)
+    return words, (words.stride(0) if rotation is not None else 0)
 
 
 def query_transform(
@@ -2886,9 +2925,12 @@ def _launch_v3(
     side: torch.cuda.Stream | None = None,
     carveout: int = -1,
     plan: SplitPlan | None = None,
+    value_channels: tuple | None = None,
 ) -> None:
     """The exact-token kernel and the Gluon split kernel v3 (wavelet_attention_triton's v3 branch;
     parts: its qw, qc and partial buffers; dims: its launch sizes, in the order unpacked below).
+    value_channels: with config.transform_in_split, (T words, head stride, s, head stride) of
+    value_slot_transform_words and the value channel scale.
     side: a stream ordered after the prologue, to run the exact-token kernel on once the split
     kernel is enqueued (the caller joins it back before the reduce), else None. carveout: the
     exact-token kernel's (_launch_exact). plan: how the splits cut each span (equal splits of
@@ -2908,6 +2950,11 @@ def _launch_v3(
         with torch.cuda.stream(side):
             _launch_exact(q, common_exact, parts, dims, layout, config, carveout=carveout)
     plan = plan or SplitPlan(num_splits)
+    if config.transform_in_split:
+        if value_channels is None:
+            raise ValueError("transform_in_split needs the value channels' transform (value_channels)")
+    else:  # unread: any int32 and fp32 tensors
+        value_channels = (plan2.slot_coef, 0, plan2.v_step, 0)
     launch(
         split_kernel_v3,
         (programs, num_splits) if plan.split_major else (num_splits, programs),
@@ -2929,6 +2976,7 @@ def _launch_v3(
         plan2.v_step,
         plan2.v_shift,
         plan2.slot_coef,
+        *value_channels,
         m_part,
         l_part,
         acc_part,
@@ -2971,6 +3019,7 @@ def _launch_v3(
         BAND_COLUMNS=config.band_columns,
         VALUE_SCALES_STAGED=config.value_scales_staged,
         COUNTED_STEPS=config.counted_steps,
+        TRANSFORM_IN_SPLIT=config.transform_in_split,
         PREFETCH_VALUE_ROWS=config.prefetch_value_rows,
         FILL_VALUE_ROWS_L2=config.fill_value_rows_l2,
         VALUE_COPIES_L2_256B=config.value_copies_l2_256b,
@@ -3208,6 +3257,10 @@ def wavelet_attention_triton(
         *v_exact.stride()[:3],
         seq_lens,
     )
+    value_channels = None
+    if use_v3 and config.transform_in_split:
+        words, stride = value_slot_transform_words(inverse, v_rotation, plan2.slot_coef, v_channel_scale)
+        value_channels = (words, stride, v_cs, v_cs.stride(0))
     if use_v3:
         try:
             try:
@@ -3229,6 +3282,7 @@ def wavelet_attention_triton(
                     side,
                     exact_carveout(config, programs * num_splits, programs * exact_programs, device),
                     plan,
+                    value_channels,
                 )
             finally:  # the reduce (or the fallback below) runs after the exact tokens' partial
                 if side is not None:
@@ -3387,7 +3441,30 @@ def wavelet_attention_triton(
     reduce_args = (m_part, l_part, acc_part, *output_args, hkv, group, tq, n_row_blocks, num_splits, n_parts)
     channel_flags = dict(OFFSET=v_offset is not None)
     # the reduce waits in-kernel for the split kernel (PDL) unless a stream join comes between them
-    if programs * block_m <= config.row_reduce_max_programs * _sm_count(device):
+    if value_channels is not None:
+        # every partial in the channel domain: one merge, no transform (LaunchConfig.transform_in_split)
+        channels = min(config.channel_merge_channels, d)
+        launch(
+            _merge_channel_rows_kernel,
+            (programs * block_m, d // channels),
+            m_part,
+            l_part,
+            acc_part,
+            *output_args[4:],
+            hkv,
+            group,
+            tq,
+            n_row_blocks,
+            n_parts,
+            D=d,
+            BLOCK_M=block_m,
+            SPLIT_CHUNK=reduce_split_chunk(config, n_parts),
+            CHANNELS=channels,
+            num_warps=config.channel_merge_warps,
+            **channel_flags,
+            **_dependent(pdl and side is None),
+        )
+    elif programs * block_m <= config.row_reduce_max_programs * _sm_count(device):
         # few (sequence, kv head) pairs and many splits: one program per query row
         gemm = uses_reduce_gemm(config, programs * block_m, n_row_blocks)
         merge_warps = config.reduce_merge_warps if gemm and config.reduce_merge_warps else config.reduce_warps

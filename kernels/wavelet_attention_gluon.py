@@ -92,6 +92,9 @@ if HAS_GLUON:
         # KEY_WORD_PAIRS: [tokens, 8] int32 words of the 4-bit band, two adjacent words a lane
         # (lane (g, t): words 2t, 2t + 1 of rows g, g + 8, ...), so each pair is one 8-byte load
         _KEY_PAIRS = gl.constexpr(gl.BlockedLayout([1, 2], [8, 4], [1, 1], [1, 0]))
+        # TRANSFORM_IN_SPLIT: [8 row tiles, 32 lanes, 4 words] of T in fragment order, a lane's 4
+        # words of a tile contiguous (one 16-byte load)
+        _T_WORDS = gl.constexpr(gl.BlockedLayout([1, 1, 4], [1, 32, 1], [1, 1, 1], [2, 1, 0]))
         # field asm of the int16 code elements (magic: 1024 + field in place)
         _F4_0, _F4_1, _F4_2, _F4_3 = (gl.constexpr(_field_asm(_MODE_MAGIC, 4, f)) for f in range(4))
         _F2_0, _F2_1, _F2_2, _F2_3, _F2_4, _F2_5, _F2_6, _F2_7 = (
@@ -626,6 +629,31 @@ if HAS_GLUON:
         return (m_i, a0, a1, a2, a3, a4, a5, a6, a7, l_acc, wsa, wsb)
 
     @gluon.jit
+    def _operand_values(
+        acc,
+        sums,
+        v_step_ptr,
+        v_shift_ptr,
+        SLOT0: gl.constexpr,
+        SUBNORMALS: gl.constexpr = False,
+        C_LO: gl.constexpr = 0.0,
+        C_HI: gl.constexpr = 0.0,
+    ):
+        """Coefficient sums of one operand's 16 slots, [16 slots, 8 columns] in the accumulator
+        layout: (acc + shift * sum_n p w) * step (see _plan_v3). SUBNORMALS: acc holds the
+        uncentred sums of field * 2**-24; its rows' magic centres (C_LO for rows 0-7, C_HI for
+        8-15) less the magic offset are the field mids to take off: acc * 2**24 - mid * sum_n p w
+        is what the centred accumulator holds."""
+        slots = SLOT0 + gl.arange(0, 16, layout=gl.SliceLayout(1, _MMA))
+        step = gl.load(v_step_ptr + slots)
+        shift = gl.load(v_shift_ptr + slots)
+        if SUBNORMALS:
+            upper_rows = gl.arange(0, 16, layout=gl.SliceLayout(1, _MMA)) >= 8
+            mid = gl.where(upper_rows, C_HI - MAGIC, C_LO - MAGIC)
+            return (acc * _INV_SUBNORMAL_UNIT + (shift - mid)[:, None] * sums) * step[:, None]
+        return (acc + shift[:, None] * sums) * step[:, None]
+
+    @gluon.jit
     def _store_operand(
         acc,
         sums,
@@ -642,27 +670,66 @@ if HAS_GLUON:
         BAND_COLUMNS: gl.constexpr = False,
         UPPER_BAND: gl.constexpr = False,
     ):
-        """Coefficient sums of one operand's 16 slots, scattered to coefficient order:
-        (acc + shift * sum_n p w) * step (see _plan_v3). SUBNORMALS: acc holds the uncentred sums
-        of field * 2**-24; its rows' magic centres (C_LO for rows 0-7, C_HI for 8-15) less the
-        magic offset are the field mids to take off: acc * 2**24 - mid * sum_n p w is what the
-        centred accumulator holds. BAND_COLUMNS: the operand's rows are columns 0-3, or 4-7 for
-        the 2-bit band's operands (UPPER_BAND); row_ok already repeats every 4 columns."""
+        """_operand_values scattered to coefficient order. BAND_COLUMNS: the operand's rows are
+        columns 0-3, or 4-7 for the 2-bit band's operands (UPPER_BAND); row_ok already repeats
+        every 4 columns."""
         slots = SLOT0 + gl.arange(0, 16, layout=gl.SliceLayout(1, _MMA))
         rows = gl.arange(0, 8, layout=gl.SliceLayout(0, _MMA))
         if BAND_COLUMNS:
             row_ok = row_ok & ((rows >= 4) == UPPER_BAND)
             rows = rows % 4
         coef = gl.load(slot_coef_ptr + slots)
-        step = gl.load(v_step_ptr + slots)
-        shift = gl.load(v_shift_ptr + slots)
-        if SUBNORMALS:
-            upper_rows = gl.arange(0, 16, layout=gl.SliceLayout(1, _MMA)) >= 8
-            mid = gl.where(upper_rows, C_HI - MAGIC, C_LO - MAGIC)
-            values = (acc * _INV_SUBNORMAL_UNIT + (shift - mid)[:, None] * sums) * step[:, None]
-        else:
-            values = (acc + shift[:, None] * sums) * step[:, None]
+        values = _operand_values(acc, sums, v_step_ptr, v_shift_ptr, SLOT0, SUBNORMALS, C_LO, C_HI)
         gl.store(acc_out + rows[None, :] * D + coef[:, None], values, mask=row_ok[None, :])
+
+    @gluon.jit
+    def _transform_tile(vt_words):
+        """One operand's [128 channels, 16 slots] fp16 slice of T as the A fragments, from the host's
+        fragment-ordered words (value_slot_transform_words): [8 row tiles, 32 lanes, 4 words] int32,
+        a lane's 4 words of a tile in 16 contiguous bytes (one LDG.128 each, where loading T
+        itself gave 32-bit loads), restated as [128, 16] fp16 without moving data (assert_trivial).
+        Word w of lane (g, t) in tile r: rows 16r + g + 8 (w % 2), slots 8 (w // 2) + 2t, + 1."""
+        tile = gl.arange(0, 8, layout=gl.SliceLayout(1, gl.SliceLayout(2, _T_WORDS)))
+        lane = gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(2, _T_WORDS)))
+        word = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, _T_WORDS)))
+        offsets = (tile[:, None, None] * 32 + lane[None, :, None]) * 4 + word[None, None, :]
+        words = gl.load(vt_words + offsets)
+        halves = gl.join(words.to(gl.int16), (words >> 16).to(gl.int16))  # [8, 32, 4, 2]
+        # lane = 4g + t, word = 2 * (slot >= 8) + (row >= 8): [tile, g, t, hi slot, hi row, half]
+        parts = gl.reshape(halves, [8, 8, 4, 2, 2, 2])
+        rows_cols = gl.reshape(gl.permute(parts, [0, 4, 1, 3, 2, 5]), [128, 16])
+        return gl.convert_layout(rows_cols, _A, assert_trivial=True).to(gl.float16, bitcast=True)
+
+    @gluon.jit
+    def _transform_operand(
+        out,
+        acc,
+        sums,
+        inv_l,
+        keep,
+        v_step_ptr,
+        v_shift_ptr,
+        vt_words,
+        SLOT0: gl.constexpr,
+        SUBNORMALS: gl.constexpr = False,
+        C_LO: gl.constexpr = 0.0,
+        C_HI: gl.constexpr = 0.0,
+    ):
+        """TRANSFORM_IN_SPLIT: out [128 channels, 8 columns] += T[:, slots] x (one operand's
+        coefficient sums / l), on the tensor cores in fp16 with fp32 accumulation. The sums,
+        divided by each column's softmax denominator, are weighted means of coefficients (no fp16
+        overflow whatever the split's length); they leave the accumulator layout for the B operand
+        by movmatrix, as p does. keep: BAND_COLUMNS, the four columns of the operand's band (the
+        others hold the other band's products); None: every column (the MMA keeps columns apart, so
+        a padding row's values reach only its own column, which the store masks). vt_words: the kv
+        head's T in fragment order (L2-resident: every program of the head reads the same 32 KB)."""
+        values = _operand_values(acc, sums, v_step_ptr, v_shift_ptr, SLOT0, SUBNORMALS, C_LO, C_HI)
+        means = values * inv_l[None, :]
+        if keep is not None:
+            means = gl.where(keep[None, :], means, 0.0)
+        b = _p_to_b_by_movmatrix(means.to(gl.float16))
+        a = _transform_tile(vt_words + (SLOT0 // 16) * (8 * 32 * 4))
+        return mma_v2(a, b, out)
 
     @gluon.jit
     def _wait_for_prologue():
@@ -803,9 +870,16 @@ if HAS_GLUON:
         v_step_ptr,  # fp32 [128] per value slot (see _plan_v3)
         v_shift_ptr,  # fp32 [128]
         slot_coef_ptr,  # int32 [128]: coefficient held by each value slot
+        # TRANSFORM_IN_SPLIT: T [128 channels, 128 slots] per kv head, T[c, j] = (W R_h)[coefficient of
+        # value slot j, c] in fp16, as int32 words in fragment order (value_slot_transform_words:
+        # [Hkv, 8 operands, 8 row tiles, 32 lanes, 4 words]); head stride 0: one T for every kv head
+        vt_ptr,
+        vt_stride_h,
+        v_scale_ptr,  # TRANSFORM_IN_SPLIT: fp32 [Hkv, 128] value channel scale s
+        v_scale_stride_h,
         m_ptr,  # fp32 [programs, n_parts, BLOCK_M]: running max (log2 domain)
         l_ptr,  # fp32 [programs, n_parts, BLOCK_M]: softmax denominator
-        acc_ptr,  # fp32 [programs, n_parts, BLOCK_M, D]: coefficient sums
+        acc_ptr,  # fp32 [programs, n_parts, BLOCK_M, D]: coefficient sums (TRANSFORM_IN_SPLIT: channels)
         n_kv_heads,
         group,  # q heads per kv head
         n_new,  # new tokens per sequence (1 for decode)
@@ -898,6 +972,10 @@ if HAS_GLUON:
         # ptxas then recomputes fewer loop bounds and addresses per step at the register cap
         # (offline: 732 -> 721 loop instructions on Triton 3.6; the same loads, bit for bit)
         COUNTED_STEPS: gl.constexpr = False,
+        # the partial's sums leave in the channel domain, centred (x - m: T x (sums / l) on the
+        # tensor cores, times s and l), so the reduce merges every partial under one softmax and
+        # maps nothing back (LaunchConfig.transform_in_split)
+        TRANSFORM_IN_SPLIT: gl.constexpr = False,
     ):
         """One (split, sequence, kv head, row block): online softmax over a range of compressed
         tokens in the coefficient domain; grid (num_splits, programs), or (programs, num_splits)
@@ -1204,12 +1282,48 @@ if HAS_GLUON:
         acc_out = acc_ptr + part * BLOCK_M * D
         sub = VALUE_SUBNORMALS
         wsb_or_a = wsa if BAND_COLUMNS else wsb  # BAND_COLUMNS: wsa's columns are the bands
-        store = (v_step_ptr, v_shift_ptr, slot_coef_ptr, row_ok)
-        _store_operand(a0, wsa, acc_out, *store, 0, D, sub, _C4_0, _C4_0, BAND_COLUMNS, False)
-        _store_operand(a1, wsa, acc_out, *store, 16, D, sub, _C4_1, _C4_1, BAND_COLUMNS, False)
-        _store_operand(a2, wsa, acc_out, *store, 32, D, sub, _C4_2, _C4_2, BAND_COLUMNS, False)
-        _store_operand(a3, wsa, acc_out, *store, 48, D, sub, _C4_3, _C4_3, BAND_COLUMNS, False)
-        _store_operand(a4, wsb_or_a, acc_out, *store, 64, D, sub, _C2_0, _C2_1, BAND_COLUMNS, True)
-        _store_operand(a5, wsb_or_a, acc_out, *store, 80, D, sub, _C2_2, _C2_3, BAND_COLUMNS, True)
-        _store_operand(a6, wsb_or_a, acc_out, *store, 96, D, sub, _C2_4, _C2_5, BAND_COLUMNS, True)
-        _store_operand(a7, wsb_or_a, acc_out, *store, 112, D, sub, _C2_6, _C2_7, BAND_COLUMNS, True)
+        if TRANSFORM_IN_SPLIT:
+            l_cols = gl.max(l_acc, axis=0)
+            inv_l = gl.where(l_cols > 0, 1.0 / l_cols, 0.0)  # an empty split's sums are zeros
+            columns = gl.arange(0, 8, layout=gl.SliceLayout(0, _MMA))
+            keep_a = None
+            keep_b = None
+            if BAND_COLUMNS:  # each band's operands keep their own four columns
+                keep_a = row_ok & (columns < 4)
+                keep_b = row_ok & (columns >= 4)
+            out = gl.zeros([128, 8], gl.float32, layout=_MMA)
+            tr = (v_step_ptr, v_shift_ptr, vt_ptr + kv_head * vt_stride_h)
+            out = _transform_operand(out, a0, wsa, inv_l, keep_a, *tr, 0, sub, _C4_0, _C4_0)
+            out = _transform_operand(out, a1, wsa, inv_l, keep_a, *tr, 16, sub, _C4_1, _C4_1)
+            out = _transform_operand(out, a2, wsa, inv_l, keep_a, *tr, 32, sub, _C4_2, _C4_2)
+            out = _transform_operand(out, a3, wsa, inv_l, keep_a, *tr, 48, sub, _C4_3, _C4_3)
+            out = _transform_operand(out, a4, wsb_or_a, inv_l, keep_b, *tr, 64, sub, _C2_0, _C2_1)
+            out = _transform_operand(out, a5, wsb_or_a, inv_l, keep_b, *tr, 80, sub, _C2_2, _C2_3)
+            out = _transform_operand(out, a6, wsb_or_a, inv_l, keep_b, *tr, 96, sub, _C2_4, _C2_5)
+            out = _transform_operand(out, a7, wsb_or_a, inv_l, keep_b, *tr, 112, sub, _C2_6, _C2_7)
+            if BAND_COLUMNS:  # row c's two band shares sit in columns c and c + 4: lanes t, t + 2
+                bits = out.to(gl.int32, bitcast=True)
+                other = gl.inline_asm_elementwise(
+                    "shfl.sync.bfly.b32 $0, $1, 2, 0x1f, 0xffffffff;",
+                    "=r,r",
+                    [bits],
+                    dtype=gl.int32,
+                    is_pure=True,
+                    pack=1,
+                )
+                out = out + other.to(gl.float32, bitcast=True)
+                columns = columns % 4
+            channel = gl.arange(0, 128, layout=gl.SliceLayout(1, _MMA))
+            scale = gl.load(v_scale_ptr + kv_head * v_scale_stride_h + channel)
+            out = out * scale[:, None] * l_cols[None, :]  # the sums again, not their means
+            gl.store(acc_out + columns[None, :] * D + channel[:, None], out, mask=kept[None, :])
+        else:
+            store = (v_step_ptr, v_shift_ptr, slot_coef_ptr, row_ok)
+            _store_operand(a0, wsa, acc_out, *store, 0, D, sub, _C4_0, _C4_0, BAND_COLUMNS, False)
+            _store_operand(a1, wsa, acc_out, *store, 16, D, sub, _C4_1, _C4_1, BAND_COLUMNS, False)
+            _store_operand(a2, wsa, acc_out, *store, 32, D, sub, _C4_2, _C4_2, BAND_COLUMNS, False)
+            _store_operand(a3, wsa, acc_out, *store, 48, D, sub, _C4_3, _C4_3, BAND_COLUMNS, False)
+            _store_operand(a4, wsb_or_a, acc_out, *store, 64, D, sub, _C2_0, _C2_1, BAND_COLUMNS, True)
+            _store_operand(a5, wsb_or_a, acc_out, *store, 80, D, sub, _C2_2, _C2_3, BAND_COLUMNS, True)
+            _store_operand(a6, wsb_or_a, acc_out, *store, 96, D, sub, _C2_4, _C2_5, BAND_COLUMNS, True)
+            _store_operand(a7, wsb_or_a, acc_out, *store, 112, D, sub, _C2_6, _C2_7, BAND_COLUMNS, True)

@@ -171,11 +171,112 @@ def test_v3_falls_back_off_the_gpu():
         dict(kernel="v3", value_scales_staged=True),  # (value_scales_in_b off)
         dict(kernel="v3", value_scales_in_b=True, block_n=32, value_scales_staged=True),
         dict(kernel="v1", counted_steps=True),
+        dict(kernel="v2", transform_in_split=True),
     ],
 )
 def test_v3_config_is_validated(bad):
     with pytest.raises(ValueError, match="v3"):
         K.LaunchConfig(**bad)
+
+
+@pytest.mark.parametrize("bad", [dict(channel_merge_channels=0), dict(channel_merge_channels=48)])
+def test_channel_merge_channels_must_be_a_power_of_two(bad):
+    with pytest.raises(ValueError, match="channel_merge_channels must be a power of two"):
+        K.LaunchConfig(kernel="v3", transform_in_split=True, **bad)
+
+
+def test_channel_merge_warps_are_validated():
+    with pytest.raises(ValueError, match="channel_merge_warps must be 1, 2, 4, 8 or 16"):
+        K.LaunchConfig(kernel="v3", transform_in_split=True, channel_merge_warps=3)
+
+
+@pytest.mark.parametrize("rotation", [False, True])
+@pytest.mark.parametrize("pairs", [False, True])
+def test_value_slot_transform_words_hold_t_in_fragment_order(rotation, pairs):
+    # transform_in_split: the split kernel reads T from int32 words, a lane's 4 words of a row tile
+    # at once, and restates them as the A fragments (lane 4g + t: rows g, g + 8 and slots 2t, 2t + 1,
+    # 2t + 8, 2t + 9 of the tile). Unpacked that way here, the words must give T = (W R_h) at each
+    # value slot's coefficient, and T x (the sums in slot order) the channels the reduce's
+    # transform gives from the same sums in coefficient order.
+    torch.manual_seed(1)
+    layout = ops.compressed_layout("default", 128)
+    plan = K._plan_v3(layout, torch.device("cpu"), pairs)
+    hkv, d = 3, 128
+    r = torch.linalg.qr(torch.randn(hkv, d, d, dtype=torch.float64))[0].float() if rotation else None
+    channel_tensor = torch.rand(hkv, d) + 0.5
+    words, stride = K.value_slot_transform_words(plan.transform, r, plan.slot_coef, channel_tensor)
+    assert words.dtype == torch.int32 and words.shape == ((hkv if rotation else 1), 8, 8, 32, 4)
+    assert stride == (words.stride(0) if rotation else 0)
+    halves = words.contiguous().view(torch.int16).view(torch.float16).reshape(*words.shape, 2)
+    lane = torch.arange(32)
+    g, t = lane // 4, lane % 4
+    unpacked = torch.zeros(words.shape[0], d, plan.slot_coef.numel())
+    for operand in range(8):
+        for tile in range(8):
+            for w in range(4):
+                for half in range(2):
+                    rows = 16 * tile + g + 8 * (w % 2)
+                    slots = 16 * operand + 8 * (w // 2) + 2 * t + half
+                    unpacked[:, rows, slots] = halves[:, operand, tile, :, w, half].float()
+    composite = plan.transform.double() if r is None else plan.transform.double() @ r.double()
+    composite = composite.reshape(-1, d, d)
+    want = composite[:, plan.slot_coef.long(), :].transpose(1, 2)  # [H, channels, slots]
+    torch.testing.assert_close(unpacked.double(), want, rtol=1e-3, atol=1e-3)  # fp16 rounding
+    sums = torch.randn(words.shape[0], d, dtype=torch.float64)  # coefficient order
+    by_slots = torch.einsum("hcj,hj->hc", unpacked.double(), sums[:, plan.slot_coef.long()])
+    torch.testing.assert_close(by_slots, torch.einsum("hk,hkc->hc", sums, composite), rtol=0, atol=2e-2)
+    # cached on the channel tensor: the same words again, new ones once it changes in place
+    assert K.value_slot_transform_words(plan.transform, r, plan.slot_coef, channel_tensor)[0] is words
+    channel_tensor.add_(1.0)
+    assert K.value_slot_transform_words(plan.transform, r, plan.slot_coef, channel_tensor)[0] is not words
+
+
+@pytest.mark.parametrize("split_chunk,channels", [(4, 16), (16, 64), (128, 32)])
+@pytest.mark.parametrize("offset", [False, True])
+def test_channel_merge_matches_the_two_group_reduce(split_chunk, channels, offset):
+    # transform_in_split: the split kernel maps its sums to channels, so every partial reaches the
+    # reduce in the channel domain and _merge_channel_rows_kernel merges them all under one
+    # softmax. From the same random partials (coefficient sums mapped to channels here in float64)
+    # it must give what the per-row reduce gives with its own transform; an empty split included
+    torch.manual_seed(2)
+    batch, hkv, group, d, num_splits, n_exact = 2, 2, 4, 64, 6, 3
+    block_m, programs = 4, batch * hkv
+    n_parts = num_splits + n_exact
+    m = torch.randn(programs, n_parts, block_m) * 4
+    den = torch.rand(programs, n_parts, block_m) + 0.5
+    acc = torch.randn(programs, n_parts, block_m, d)
+    m[:, 2] = -1.0e30
+    den[:, 2], acc[:, 2] = 0.0, 0.0
+    transform = torch.randn(hkv, d, d) / d**0.5  # [coefficient, channel]
+    scale = torch.rand(hkv, d) + 0.5
+    v_offset = torch.randn(hkv, d)
+    heads = torch.arange(programs) % hkv
+    channels_acc = acc.clone()
+    channels_acc[:, :num_splits] = (
+        torch.einsum("psrc,pcd->psrd", acc[:, :num_splits].double(), transform[heads].double())
+        * scale[heads, None, None].double()
+    ).float()
+    flags = dict(D=d, BLOCK_M=block_m, OFFSET=offset)
+    want = torch.full((batch, hkv * group, 1, d), float("nan"))
+    output_args = (transform, transform.stride(0), scale, scale.stride(0), v_offset, v_offset.stride(0))
+    K._reduce_rows_kernel[(programs * block_m,)](
+        m, den, acc, *output_args, want, *want.stride()[:3], hkv, group, 1, 1, num_splits, n_parts,
+        SPLIT_CHUNK=16, **flags,
+    )  # fmt: skip
+    got = torch.full_like(want, float("nan"))
+    K._merge_channel_rows_kernel[(programs * block_m, d // channels)](
+        m, den, channels_acc, v_offset, v_offset.stride(0), got, *got.stride()[:3], hkv, group, 1, 1, n_parts,
+        SPLIT_CHUNK=split_chunk, CHANNELS=channels, **flags,
+    )  # fmt: skip
+    assert not got.isnan().any() and not want.isnan().any()
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    # the merge sees the partials it is given: drop the exact ones and the result moves
+    fewer = torch.full_like(want, float("nan"))
+    K._merge_channel_rows_kernel[(programs * block_m, d // channels)](
+        m, den, channels_acc, v_offset, v_offset.stride(0), fewer, *fewer.stride()[:3], hkv, group, 1, 1,
+        num_splits, SPLIT_CHUNK=split_chunk, CHANNELS=channels, **flags,
+    )  # fmt: skip
+    assert (fewer - want).abs().max() > 1e-2
 
 
 def test_value_subnormals_hold_to_short_splits():
@@ -422,6 +523,32 @@ def test_counted_steps_take_fewer_loop_instructions(tmp_path):
         return int(re.search(r"full-step loop: (\d+) instructions", out).group(1))
 
     assert step("--counted-steps") <= step() - 4
+
+
+def test_transform_in_split_leaves_the_loop_and_adds_a_short_epilogue(tmp_path):
+    # LaunchConfig.transform_in_split maps the partial's sums to channels after the loop: the loop
+    # must not change beyond scheduling noise, and the epilogue must stay one pass of 16-byte loads
+    # of T in fragment order and 64 MMAs (twenty-fifth session, offline on Triton 3.6: +248
+    # instructions; T loaded as fp16 pairs instead took 256 four-byte loads, +624)
+    import re
+
+    def counts(*options: str) -> tuple[int, int, int, int]:
+        out = _run_sm90_tool("sass_attention_v3.py", tmp_path, "--tuned", "--pdl", *options)
+        assert int(re.search(r"loop spill instructions: (\d+)", out).group(1)) == 0, out
+        stack = int(re.search(r"STACK:(\d+)", out).group(1))  # (Triton 3.9: 16 bytes either way)
+        loop = int(re.search(r"full-step loop: (\d+) instructions", out).group(1))
+        kernel = int(re.search(r"kernel: (\d+) instructions", out).group(1))
+        sass = (tmp_path / "split_kernel_v3.sass").read_text()
+        return stack, loop, kernel, len(re.findall(r"LDG\.E\.128", sass))
+
+    assert K.TUNED_CONFIGS[(128, 4, "affine")].transform_in_split
+    for extra in ((), ("--band-columns",)):
+        stack, loop, kernel, wide = counts("--without", "transform_in_split", *extra)
+        stack_t, loop_t, kernel_t, wide_t = counts(*extra)
+        assert stack_t <= stack, (extra, stack, stack_t)
+        assert abs(loop_t - loop) <= 12, (extra, loop, loop_t)
+        assert wide_t - wide == 64, (extra, wide, wide_t)
+        assert 100 <= kernel_t - kernel <= 450, (extra, kernel, kernel_t)
 
 
 def test_band_warps_spike_compiles_for_sm90(tmp_path):

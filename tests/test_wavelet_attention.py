@@ -506,6 +506,8 @@ def test_unsupported_head_dim_errors_in_kernel_and_falls_back_in_op(triton_backe
 # the codec default's bytes with affine grids (the v2 kernel) and the real window and sinks
 UNIFORM_REAL = "default"  # affine grids (the default preset since 2026-11-30)
 TUNED_V3 = K.TUNED_CONFIGS[(128, 4, "affine")]
+# the tuned config with the coefficient sums mapped to channels by the reduce, not the split kernel
+REDUCE_TRANSFORM = dataclasses.replace(TUNED_V3, transform_in_split=False)
 V2_GPU_CONFIGS = [
     K.LaunchConfig(),
     K.LaunchConfig(use_asm=False),
@@ -591,6 +593,11 @@ V3_GPU_CONFIGS = [
     dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], band_columns=True, value_subnormals=False),
     # the full-step loop over step numbers instead of token positions
     dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], counted_steps=True),
+    # the partials' sums mapped to channels by the reduce (the split kernel's since the twenty-fifth
+    # session): at the large launches' options, and at one sequence's
+    # (the tuned configs map them in the split kernel: here the reduce does, as before)
+    REDUCE_TRANSFORM,
+    dataclasses.replace(K.SMALL_LAUNCH_CONFIGS[(128, 4, "affine")], transform_in_split=False),
     # the tuned config (its value scales staged by lane in shared memory) with centred value sums,
     # and with the compiler's own conversion of the value scales
     dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], value_subnormals=False),
@@ -635,6 +642,33 @@ def test_gpu_v3_matches_reference(spec, group, tq, channel, config):
         assert rel_err(got, want) <= 1e-2, (config, splits)
     # v3 ran: a build or launch failure would have fallen back to v1 (correct, but not this test)
     assert not K._V3_FAILURE, K._V3_FAILURE
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("group,tq", [(4, 1), (8, 1), (1, 3)])
+@pytest.mark.parametrize("channel", ["scale", "full"])
+@pytest.mark.parametrize("small", [False, True])
+def test_gpu_v3_transform_in_split_matches_the_reduces_transform(group, tq, channel, small):
+    # transform_in_split maps each split's sums to channels in fp16 on the tensor cores, where the
+    # reduce's transform runs in tf32x3: the outputs may differ by that rounding only (far inside
+    # the reference test's 1e-2), for every split count (empty splits included), both value-sum
+    # modes and, at one sequence's options, the band-sharing columns; the offset channel too
+    table = K.SMALL_LAUNCH_CONFIGS if small else K.TUNED_CONFIGS
+    codec, args = make_case(
+        UNIFORM_REAL, 5, 2, group, tq, 128, [4096, tq, 1000, 2049, 133], 4096, torch.bfloat16, "cuda", channel
+    )
+    want = dense_reference(codec, args, 128**-0.5)
+    for subnormals in (True, False):
+        base = table[(128, 4, "affine")]
+        base = dataclasses.replace(base, value_subnormals=subnormals, transform_in_split=False)
+        for splits in (None, 1, 7, 70):
+            plain = _run_triton(args, codec, 128**-0.5, config=base, num_splits=splits)
+            config = dataclasses.replace(base, transform_in_split=True)
+            got = _run_triton(args, codec, 128**-0.5, config=config, num_splits=splits)
+            assert not got.isnan().any()
+            assert rel_err(got, plain.double()) <= 2e-3, (subnormals, splits, rel_err(got, plain.double()))
+            assert rel_err(got, want) <= 1e-2
+            assert not K._V3_FAILURE, K._V3_FAILURE
 
 
 @pytest.mark.gpu
@@ -695,8 +729,10 @@ def test_gpu_v3_layout_options_leave_the_result_bit_identical():
         key_word_pairs=False,
         packed_p_scaling=False,
         value_scales_staged=False,
+        transform_in_split=False,
         **dict.fromkeys(layout_options, False),
     )
+    # (transform_in_split off: band_columns sums each band's channels apart, in another order)
     # packed_p_scaling multiplies p by the value scales two halves at a time (the same products)
     packed = {"value_scales_in_b": True, "packed_p_scaling": True}
     for offset_in_mma in (False, True):
@@ -849,8 +885,10 @@ def test_gpu_v3_exact_tokens_in_the_pdl_chain_equal_the_in_order_launch_also_in_
         (5, K.TUNED_CONFIGS[(128, 4, "affine")]),  # v3, exact kernel on the side stream
         (17, K.TUNED_CONFIGS[(128, 4, "affine")]),  # v3 after the per-kv-head prologue
         (5, dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], overlap_exact=False)),  # PDL reduce
-        # the merge, then the per-kv-head transform launched as its dependent
-        (17, dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], reduce_gemm_min_rows=1)),
+        # (the reduce's own transform where the split kernel leaves coefficient sums:) the merge,
+        # then the per-kv-head transform launched as its dependent
+        (17, dataclasses.replace(REDUCE_TRANSFORM, reduce_gemm_min_rows=1)),
+        (5, dataclasses.replace(REDUCE_TRANSFORM, overlap_exact=False)),  # the per-row reduce
         # the split kernel's first cache reads before its wait for the prologue, the query after it
         (5, dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], loads_before_pdl_wait=1)),
         (
@@ -862,8 +900,8 @@ def test_gpu_v3_exact_tokens_in_the_pdl_chain_equal_the_in_order_launch_also_in_
         # one sequence without the exact-token kernel's shared-memory carveout (exact_carveout)
         (1, dataclasses.replace(K.SMALL_LAUNCH_CONFIGS[(128, 4, "affine")], exact_carveout=-1)),
         # the one-warp merge (the tuned reduce_merge_warps), then the transform, both as dependents
-        (5, dataclasses.replace(TUNED_V3, reduce_gemm_min_rows=1, overlap_exact=False)),
-        (17, dataclasses.replace(TUNED_V3, reduce_gemm_min_rows=1, reduce_merge_warps=4)),  # 4-warp merge
+        (5, dataclasses.replace(REDUCE_TRANSFORM, reduce_gemm_min_rows=1, overlap_exact=False)),
+        (17, dataclasses.replace(REDUCE_TRANSFORM, reduce_gemm_min_rows=1, reduce_merge_warps=4)),  # 4-warp
         # one sequence: the same, and each row's merge over 4 programs, then the per-kv-head transform
         (
             1,
@@ -872,6 +910,7 @@ def test_gpu_v3_exact_tokens_in_the_pdl_chain_equal_the_in_order_launch_also_in_
                 loads_before_pdl_wait=2,
                 reduce_gemm_min_rows=1,
                 reduce_merge_channels=32,
+                transform_in_split=False,
             ),
         ),
     ],
@@ -975,8 +1014,8 @@ def test_gpu_repeated_calls_reuse_compiled_kernels_and_stay_correct():
     # 1 sequence x 8 kv heads = 8 programs: the small-launch config (v3, shorter splits), the
     # per-row reduce; 2 sequences: v3 with the exact-token kernel beside it
     for lens, kernels in (
-        ([3000], (K._prologue_kernel, K._exact_kernel, K._reduce_rows_kernel)),
-        ([3000, 1234], (K._prologue_kernel, K._exact_kernel, K._reduce_rows_kernel)),
+        ([3000], (K._prologue_kernel, K._exact_kernel, K._merge_channel_rows_kernel)),
+        ([3000, 1234], (K._prologue_kernel, K._exact_kernel, K._merge_channel_rows_kernel)),
     ):
         fast_launch.clear()
         for round_ in range(3):
