@@ -66,6 +66,10 @@
 #   bash benchmarks/device_pending.sh transform_in_split
 #                                                 # LaunchConfig.transform_in_split (twenty-fifth
 #                                                 # session): GPU tests, grid, one sequence, timeline
+#   bash benchmarks/device_pending.sh one_sequence_merge
+#                                                 # with transform_in_split at one sequence: split
+#                                                 # length and the merge's shape (grid), and the
+#                                                 # package's timelines at (1, 32768), (32, 32768)
 #   bash benchmarks/device_pending.sh sustained FILE.json [SHAPES]
 #                                                 # sustained A/B: each config in FILE (list A, B,
 #                                                 # A, B) replayed alone for 2.5 s, with the SM
@@ -79,7 +83,7 @@
 #                                                 # breakdown (Nsight Compute)
 set -u
 case "${1:-}" in
-tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce | exact_remainder | key_word_pairs | clocks | zero_padding_p | value_subnormals | value_subnormals_sustained | band_columns | value_scales_staged | counted_steps | transform_in_split) ;;
+tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce | exact_remainder | key_word_pairs | clocks | zero_padding_p | value_subnormals | value_subnormals_sustained | band_columns | value_scales_staged | counted_steps | transform_in_split | one_sequence_merge) ;;
 grid | timeline | sustained)
     if [ ! -f "${2:-}" ]; then
         echo "$1 needs a JSON file of LaunchConfig dicts (e.g. benchmarks/probe_one_block_step.json), got '${2:-}'" >&2
@@ -87,7 +91,7 @@ grid | timeline | sustained)
     fi
     ;;
 *)
-    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|reduce|remainder|small_reduce|exact_remainder|key_word_pairs|clocks|zero_padding_p|value_subnormals|value_subnormals_sustained|band_columns|value_scales_staged|counted_steps|transform_in_split|grid FILE.json|timeline FILE.json|sustained FILE.json|stalls [tuned|keys_in_step]" >&2
+    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|reduce|remainder|small_reduce|exact_remainder|key_word_pairs|clocks|zero_padding_p|value_subnormals|value_subnormals_sustained|band_columns|value_scales_staged|counted_steps|transform_in_split|one_sequence_merge|grid FILE.json|timeline FILE.json|sustained FILE.json|stalls [tuned|keys_in_step]" >&2
     exit 2
     ;;
 esac
@@ -274,6 +278,12 @@ transform_in_split)
     probe_grid benchmarks/probe_transform_in_split.json "8,131072;32,32768;8,32768" transform_in_split 300
     probe_grid benchmarks/probe_transform_in_split_one_sequence.json "1,32768" transform_in_split_one_sequence 120
     probe_timeline benchmarks/probe_transform_in_split_timeline.json "32,32768;8,131072"
+    ;;
+one_sequence_merge)
+    # twenty-fifth session, after transform_in_split took the transform out of the reduce: at one
+    # sequence, longer splits (fewer partials and epilogues) and the merge's warps and channels
+    probe_grid benchmarks/probe_channel_merge_one_sequence.json "1,32768" channel_merge_one_sequence 150
+    probe_timeline benchmarks/probe_timeline_auto.json "1,32768;32,32768"
     ;;
 sustained)
     # an A/B that alternates every few milliseconds shares one clock between both sides; at the
