@@ -769,6 +769,7 @@ def test_gpu_v3_layout_options_leave_the_result_bit_identical():
             ), sub
         # row_copies reads the same code words through shared memory (keys too), two stages ahead
         rows = dataclasses.replace(ROW_COPIES_CONFIG, score_offset_in_mma=offset_in_mma)
+        rows = dataclasses.replace(rows, transform_in_split=False)  # (as plain)
         assert torch.equal(_run_triton(args, codec, 128**-0.5, config=rows, num_splits=7), want)
     # value_scales_staged changes only how the value scales reach the B layout (two adjacent
     # tokens' scales a lane, through shared memory in the lanes' order): the same values, uncentred
