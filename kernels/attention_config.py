@@ -518,6 +518,9 @@ class LaunchConfig:
 # -0.7) at (8, 131072) / (32, 32768) / (8, 32768), -11.2% (-11.3 .. -10.7, 3 rounds) at one
 # sequence; timeline periods 235.4 -> 232.3 us at (32, 32768) (merge 3.9 + transform 4.1 us ->
 # one merge of 4.5) and 233.2 -> 230.4 at (8, 131072) (the per-row reduce 6.7 -> 3.5 us): on.
+# 07:50 UTC (3 rounds, probe_channel_merge.json): the merge's channels per program 64 instead of 32
+# -0.7% (-3.1 .. -0.6) / -0.8% (-0.8 .. -0.2) / +0.3% (+0.1 .. +0.6), 16 -1.2% (-5.2 .. +1.9) /
+# +0.9% / +1.5%; the exact tokens in 9 programs of 16 -0.4% / +0.7% / +7.1%: 64 channels.
 # Where v3 cannot run (no Gluon, the interpreter) this entry runs v1 with these settings.
 TUNED_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
     (128, 4, "affine"): LaunchConfig(
@@ -557,6 +560,7 @@ TUNED_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
         value_subnormals_max_split_tokens=8192,
         value_scales_staged=True,
         transform_in_split=True,  # the reduce is one merge of channel-domain partials
+        channel_merge_channels=64,
     ),
     (128, 4, "table"): LaunchConfig(
         block_n=32, num_stages=3, ctas_per_sm=32.0, min_split_tokens=512, kernel="v1"
@@ -590,7 +594,7 @@ SMALL_LAUNCH_PROGRAMS = 8
 SMALL_LAUNCH_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
     (128, 4, "affine"): replace(
         TUNED_CONFIGS[(128, 4, "affine")],
-        min_split_tokens=256,
+        min_split_tokens=384,  # 256 until the twenty-fifth session (see below)
         reduce_split_chunk=128,
         loads_before_pdl_wait=1,
         key_word_pairs=False,  # +0.4% at one sequence (twenty-second session)
@@ -598,6 +602,10 @@ SMALL_LAUNCH_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
         # -0.2), with value_subnormals +0.2% (+0.1 .. +0.4); then band_columns -1.6% (-2.7 ..
         # -0.5), and with value_subnormals as well -2.7% (-3.8 .. -1.7)
         band_columns=True,
+        # twenty-fifth session, with transform_in_split (3 rounds each, probe_channel_merge_one_
+        # sequence*.json): 384-token splits -1.1% / -1.4%, 512 +7.6%; 16 channels a merge program
+        # -1.2% / -1.6%, both -2.0% (-2.1 .. -1.6); two-warp merge programs +1.9%
+        channel_merge_channels=16,
     ),
 }
 # where v3 cannot run a small launch (other layouts, no Gluon, the interpreter): v1's own best

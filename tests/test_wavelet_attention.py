@@ -322,19 +322,22 @@ def test_tuned_config_by_launch_size():
     affine = ops.compressed_layout("default", 128)
     small = K.tuned_config(affine, 128, 4, programs=8)
     large = K.tuned_config(affine, 128, 4, programs=K.SMALL_LAUNCH_PROGRAMS + 1)
-    assert (small.kernel, small.min_split_tokens, small.reduce_split_chunk) == ("v3", 256, 128)
+    assert (small.kernel, small.min_split_tokens, small.reduce_split_chunk) == ("v3", 384, 128)
     # and the first step's cache reads before the wait for the prologue (nineteenth session), the
     # key words loaded one by one (key_word_pairs was +0.4% there, twenty-second session), the
     # MMAs' padding columns serving the 2-bit band (-2.7% there, +1.5-2.3% sustained at the large
-    # shapes, twenty-third session)
+    # shapes, twenty-third session), 16 channels a merge program (twenty-fifth session; 64 at the
+    # large shapes)
     assert small == dataclasses.replace(
         large,
-        min_split_tokens=256,
+        min_split_tokens=384,
         reduce_split_chunk=128,
         loads_before_pdl_wait=1,
         key_word_pairs=False,
         band_columns=True,
+        channel_merge_channels=16,
     )
+    assert large.transform_in_split and large.channel_merge_channels == 64
     assert not large.band_columns
     assert large.key_word_pairs and large.value_subnormals and large.packed_p_scaling
     small_v1 = K.v1_fallback(small)
@@ -882,7 +885,7 @@ def test_gpu_v3_exact_tokens_in_the_pdl_chain_equal_the_in_order_launch_also_in_
     "batch, config",
     [
         (2, attention_config.SMALL_LAUNCH_V1_CONFIGS[(128, 4, "affine")]),  # v1 split, per-row reduce
-        (1, K.SMALL_LAUNCH_CONFIGS[(128, 4, "affine")]),  # v3, 256-token splits, exact chunks
+        (1, K.SMALL_LAUNCH_CONFIGS[(128, 4, "affine")]),  # v3, 384-token splits, exact chunks
         (5, K.TUNED_CONFIGS[(128, 4, "affine")]),  # v3, exact kernel on the side stream
         (17, K.TUNED_CONFIGS[(128, 4, "affine")]),  # v3 after the per-kv-head prologue
         (5, dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], overlap_exact=False)),  # PDL reduce
