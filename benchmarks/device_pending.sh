@@ -70,6 +70,10 @@
 #                                                 # with transform_in_split at one sequence: split
 #                                                 # length and the merge's shape (grid), and the
 #                                                 # package's timelines at (1, 32768), (32, 32768)
+#   bash benchmarks/device_pending.sh query_in_split
+#                                                 # LaunchConfig.query_in_split (prepared in the
+#                                                 # twenty-fifth session, not yet timed): GPU tests,
+#                                                 # grid, one sequence, timelines
 #   bash benchmarks/device_pending.sh sustained FILE.json [SHAPES]
 #                                                 # sustained A/B: each config in FILE (list A, B,
 #                                                 # A, B) replayed alone for 2.5 s, with the SM
@@ -83,7 +87,7 @@
 #                                                 # breakdown (Nsight Compute)
 set -u
 case "${1:-}" in
-tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce | exact_remainder | key_word_pairs | clocks | zero_padding_p | value_subnormals | value_subnormals_sustained | band_columns | value_scales_staged | counted_steps | transform_in_split | one_sequence_merge) ;;
+tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce | exact_remainder | key_word_pairs | clocks | zero_padding_p | value_subnormals | value_subnormals_sustained | band_columns | value_scales_staged | counted_steps | transform_in_split | one_sequence_merge | query_in_split) ;;
 grid | timeline | sustained)
     if [ ! -f "${2:-}" ]; then
         echo "$1 needs a JSON file of LaunchConfig dicts (e.g. benchmarks/probe_one_block_step.json), got '${2:-}'" >&2
@@ -91,7 +95,7 @@ grid | timeline | sustained)
     fi
     ;;
 *)
-    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|reduce|remainder|small_reduce|exact_remainder|key_word_pairs|clocks|zero_padding_p|value_subnormals|value_subnormals_sustained|band_columns|value_scales_staged|counted_steps|transform_in_split|one_sequence_merge|grid FILE.json|timeline FILE.json|sustained FILE.json|stalls [tuned|keys_in_step]" >&2
+    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|reduce|remainder|small_reduce|exact_remainder|key_word_pairs|clocks|zero_padding_p|value_subnormals|value_subnormals_sustained|band_columns|value_scales_staged|counted_steps|transform_in_split|one_sequence_merge|query_in_split|grid FILE.json|timeline FILE.json|sustained FILE.json|stalls [tuned|keys_in_step]" >&2
     exit 2
     ;;
 esac
@@ -284,6 +288,18 @@ one_sequence_merge)
     # sequence, longer splits (fewer partials and epilogues) and the merge's warps and channels
     probe_grid benchmarks/probe_channel_merge_one_sequence.json "1,32768" channel_merge_one_sequence 150
     probe_timeline benchmarks/probe_timeline_auto.json "1,32768;32,32768"
+    ;;
+query_in_split)
+    # prepared in the twenty-fifth session after its device budget was spent: no prologue, the
+    # split kernel transforms the query (offline +416 instructions a program, the loop unchanged).
+    # The GPU tests (against the prologue's path and the reference, no prologue launched, a CUDA
+    # graph), 4 grid rounds at the large shapes, one sequence (the tuned small config, the same
+    # without its early loads, and with query_in_split), then both timelines
+    attention_tests "query_in_split"
+    probe_grid benchmarks/probe_query_in_split.json "8,131072;32,32768;8,32768" query_in_split 300
+    probe_grid benchmarks/probe_query_in_split_one_sequence.json "1,32768" query_in_split_one_sequence 120
+    probe_timeline benchmarks/probe_query_in_split_timeline.json "32,32768"
+    probe_timeline benchmarks/probe_query_in_split_one_sequence_timeline.json "1,32768"
     ;;
 sustained)
     # an A/B that alternates every few milliseconds shares one clock between both sides; at the

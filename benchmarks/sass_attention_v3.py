@@ -130,15 +130,19 @@ def compile_v3(args: argparse.Namespace) -> tuple[str, str, int, str]:
         VALUE_SCALES_STAGED=args.value_scales_staged,
         COUNTED_STEPS=args.counted_steps,
         TRANSFORM_IN_SPLIT=args.transform_in_split,
+        QUERY_IN_SPLIT=args.query_in_split,
     )
     pointer_types = dict(qw_ptr="*fp16", kc_ptr="*u8", vc_ptr="*u8", ks_ptr="*fp16", vs_ptr="*fp16")
-    pointer_types.update(seq_lens_ptr="*i32", slot_coef_ptr="*i32", vt_ptr="*i32")
+    pointer_types.update(seq_lens_ptr="*i32", slot_coef_ptr="*i32", vt_ptr="*i32", qt_ptr="*i32")
+    pointer_types.update(q_ptr="*bf16")
     signature = {}
     for name in fn.arg_names:
         if name in constexprs:
             signature[name] = "constexpr"
         elif name.endswith("_ptr"):
             signature[name] = pointer_types.get(name, "*fp32")
+        elif name == "qk_scale":
+            signature[name] = "fp32"
         else:
             signature[name] = "i32"
     # what the JIT specialises for 16-byte aligned tensors and strides
@@ -274,6 +278,11 @@ def main() -> None:
         "--transform-in-split",
         action="store_true",
         help="the partial's sums mapped to channels in the split kernel (one more epilogue)",
+    )
+    p.add_argument(
+        "--query-in-split",
+        action="store_true",
+        help="the query's transform in the split kernel (no prologue); needs --loads-before-pdl-wait 0",
     )
     p.add_argument(
         "--without",

@@ -154,6 +154,13 @@ class LaunchConfig:
     # 3.6): the loop as before, the epilogue 248 instructions more (64 16-byte loads of T in
     # fragment order, 64 MMAs, 16 movmatrix)
     transform_in_split: bool = False
+    # v3: no prologue kernel; each split program transforms the query itself (M_h s_k in fp16 as
+    # fragment-ordered words, 64 MMAs; the slot factors and qk_scale in fp32), so it starts on
+    # the cache at once instead of waiting for the prologue (4.6 us at every shape; a quarter of
+    # one sequence's call). Offline (Triton 3.6): the loop unchanged, 416 more instructions per
+    # program. Prepared in the twenty-fifth session after its device budget was spent: not yet
+    # timed. Needs loads_before_pdl_wait=0 (the query is read after the wait)
+    query_in_split: bool = False
     # with transform_in_split: a row's channels per merge program (a power of two; grid (rows, D /
     # this)), and its warps
     channel_merge_channels: int = 32
@@ -340,7 +347,13 @@ class LaunchConfig:
                 f"(block_n={self.block_n}), got {self.value_subnormals_max_split_tokens}"
             )
         hints = ("value_copies_l2_256b", "plain_loads_l2_256b")
-        extras = ("zero_padding_p", "value_subnormals", "counted_steps", "transform_in_split")
+        if self.query_in_split and self.loads_before_pdl_wait:
+            raise ValueError(
+                "LaunchConfig.query_in_split reads the query after the PDL wait: it needs "
+                f"loads_before_pdl_wait=0, got {self.loads_before_pdl_wait}"
+            )
+        extras = ("zero_padding_p", "value_subnormals", "counted_steps")
+        extras += ("transform_in_split", "query_in_split")
         for name in ("prefetch_value_rows", "fill_value_rows_l2", *extras, *hints):
             if getattr(self, name) and self.kernel != "v3":
                 raise ValueError(
@@ -644,6 +657,7 @@ V3_ONLY_OPTIONS = (
     "value_scales_staged",
     "counted_steps",
     "transform_in_split",
+    "query_in_split",
     "prefetch_value_rows",
     "fill_value_rows_l2",
     "value_copies_l2_256b",

@@ -1182,6 +1182,21 @@ def value_transform(
     return _cached_product(_VALUE_COMPOSITES, channel_tensor, inverse, build)
 
 
+def fragment_words(matrix: torch.Tensor) -> torch.Tensor:
+    """[H, M, K] (M and K multiples of 16) in fp16 as int32 words in the order of the Gluon v3
+    kernel's m16n8k16 A fragments: [H, K / 16 column blocks, M / 16 row tiles, 32 lanes, 4 words],
+    word w of lane 4g + t in a tile holding rows g + 8 (w % 2) and columns 8 (w // 2) + 2t, + 1 of
+    it, so a lane loads a tile's 4 words as 16 contiguous bytes (_fragment_tiles)."""
+    h, m, k = matrix.shape
+    if m % 16 or k % 16:
+        raise ValueError(f"fragment_words needs rows and columns in multiples of 16, got {m} x {k}")
+    t = matrix.to(torch.float16)
+    # [H, tile, row-hi w0, g, block, column-hi w1, t, half] -> [H, block, tile, g, t, w1, w0, half]
+    parts = t.reshape(h, m // 16, 2, 8, k // 16, 2, 4, 2).permute(0, 4, 1, 3, 6, 5, 2, 7)
+    words = parts.contiguous().view(torch.int16).view(torch.int32)
+    return words.reshape(h, k // 16, m // 16, 32, 4)
+
+
 _VALUE_SLOT_WORDS: dict[int, tuple] = {}
 
 
@@ -1193,11 +1208,9 @@ def value_slot_transform_words(
 ) -> tuple[torch.Tensor, int]:
     """(words, head stride) for LaunchConfig.transform_in_split: per kv head the [D channels, S value
     slots] matrix T[c, j] = (W R_h)[coefficient of slot j, c] (0 for padding slots) in fp16, which
-    maps a split's value-slot sums to centred channels before s, as int32 words in the order of v3's
-    MMA A fragments: [Hkv, S / 16 operands, D / 16 row tiles, 32 lanes, 4 words], word w of lane 4g
-    + t in tile r holding rows 16r + g + 8 (w % 2) and slots 8 (w // 2) + 2t, + 1 of the operand
-    (so a lane loads its 4 words as 16 contiguous bytes). One matrix, head stride 0, without a
-    rotation. Built in fp64, cached like value_transform (on the value channel tensor)."""
+    maps a split's value-slot sums to centred channels before s, as fragment_words: [Hkv, S / 16
+    operands, D / 16 row tiles, 32 lanes, 4 words]. One matrix, head stride 0, without a rotation.
+    Built in fp64, cached like value_transform (on the value channel tensor)."""
 
     def build() -> torch.Tensor:
         composite = inverse.to(torch.float64)  # [D coefficients, D channels]
@@ -1207,17 +1220,36 @@ def value_slot_transform_words(
         padding = slot_coef < 0
         rows = heads[:, slot_coef.clamp(min=0).long(), :]  # [H, S, D]
         rows[:, padding] = 0.0
-        t = rows.transpose(1, 2).to(torch.float16)  # [H, D channels, S slots]
-        h, d, n_slots = t.shape
-        if d % 16 or n_slots % 16:
-            raise ValueError(f"value_slot_transform_words needs D and S multiples of 16, got {d}, {n_slots}")
-        # [H, tile r, row-hi w0, g, operand, slot-hi w1, t, half] -> [H, operand, r, g, t, w1, w0, half]
-        parts = t.reshape(h, d // 16, 2, 8, n_slots // 16, 2, 4, 2).permute(0, 4, 1, 3, 6, 5, 2, 7)
-        words = parts.contiguous().view(torch.int16).view(torch.int32)
-        return words.reshape(h, n_slots // 16, d // 16, 32, 4)
+        return fragment_words(rows.transpose(1, 2))  # T: [H, D channels, S slots]
 
     words = _cached_product(_VALUE_SLOT_WORDS, channel_tensor, slot_coef, build)
     return words, (words.stride(0) if rotation is not None else 0)
+
+
+_QUERY_SLOT_WORDS: dict[int, tuple] = {}
+
+
+def query_slot_transform_words(
+    slot_rows: torch.Tensor,
+    rotation: torch.Tensor | None,
+    k_scale: torch.Tensor,
+    channel_tensor: torch.Tensor,
+) -> tuple[torch.Tensor, int]:
+    """(words, head stride) for LaunchConfig.query_in_split: per kv head the prologue's [S slots, D
+    channels] matrix M_h = W_slots R_h with the key channel scale folded in (M_h diag(s_k,h)), in
+    fp16, as fragment_words ([Hkv, D / 16 channel blocks, S / 16 slot tiles, 32 lanes, 4 words]).
+    The slots' factors and qk_scale stay out (in fp32 in the kernel): a 2-bit field's factor is
+    2**-14 of its step, where fp16 would go subnormal. Built in fp64, cached on the key channel
+    tensor."""
+
+    def build() -> torch.Tensor:
+        m = slot_rows.to(torch.float64)  # [S, D]
+        if rotation is not None:
+            m = torch.matmul(m, rotation.to(torch.float64))  # [Hkv, S, D]
+        return fragment_words(m * k_scale.to(torch.float64)[:, None, :])
+
+    words = _cached_product(_QUERY_SLOT_WORDS, channel_tensor, slot_rows, build)
+    return words, words.stride(0)
 
 
 def query_transform(
@@ -2926,11 +2958,14 @@ def _launch_v3(
     carveout: int = -1,
     plan: SplitPlan | None = None,
     value_channels: tuple | None = None,
+    query_args: tuple | None = None,
 ) -> None:
     """The exact-token kernel and the Gluon split kernel v3 (wavelet_attention_triton's v3 branch;
     parts: its qw, qc and partial buffers; dims: its launch sizes, in the order unpacked below).
     value_channels: with config.transform_in_split, (T words, head stride, s, head stride) of
-    value_slot_transform_words and the value channel scale.
+    value_slot_transform_words and the value channel scale. query_args: with config.query_in_split
+    (no prologue ran), (q, its 3 strides, M s_k words, head stride, slot factors, slot shifts,
+    qk_scale).
     side: a stream ordered after the prologue, to run the exact-token kernel on once the split
     kernel is enqueued (the caller joins it back before the reduce), else None. carveout: the
     exact-token kernel's (_launch_exact). plan: how the splits cut each span (equal splits of
@@ -2955,6 +2990,11 @@ def _launch_v3(
             raise ValueError("transform_in_split needs the value channels' transform (value_channels)")
     else:  # unread: any int32 and fp32 tensors
         value_channels = (plan2.slot_coef, 0, plan2.v_step, 0)
+    if config.query_in_split:
+        if query_args is None:
+            raise ValueError("query_in_split needs the query and its slot transform (query_args)")
+    else:  # unread
+        query_args = (qw, 0, 0, 0, plan2.slot_coef, 0, plan2.v_step, plan2.v_step, 1.0)
     launch(
         split_kernel_v3,
         (programs, num_splits) if plan.split_major else (num_splits, programs),
@@ -2977,6 +3017,7 @@ def _launch_v3(
         plan2.v_shift,
         plan2.slot_coef,
         *value_channels,
+        *query_args,
         m_part,
         l_part,
         acc_part,
@@ -3020,6 +3061,7 @@ def _launch_v3(
         VALUE_SCALES_STAGED=config.value_scales_staged,
         COUNTED_STEPS=config.counted_steps,
         TRANSFORM_IN_SPLIT=config.transform_in_split,
+        QUERY_IN_SPLIT=config.query_in_split,
         PREFETCH_VALUE_ROWS=config.prefetch_value_rows,
         FILL_VALUE_ROWS_L2=config.fill_value_rows_l2,
         VALUE_COPIES_L2_256B=config.value_copies_l2_256b,
@@ -3182,7 +3224,12 @@ def wavelet_attention_triton(
     caches = (k_codes, k_scales, v_codes, v_scales, k_exact, v_exact)
     if q.is_cuda and side is None and any(_side.pending(c) for c in caches):
         _side.join(device, caches)
-    if n_row_blocks == 1 and batch * block_m >= PROLOGUE_HEADS_MIN_ROWS and d <= 128:
+    query_in_split = use_v3 and config.query_in_split
+    if query_in_split:
+        # no prologue: the split kernel transforms the query itself (LaunchConfig.query_in_split)
+        words, stride = query_slot_transform_words(slot_rows, k_rotation, k_cs, k_channel_scale)
+        query_args = (q, *q.stride()[:3], words, stride, slot_factor, slot_shift, qk_scale)
+    elif n_row_blocks == 1 and batch * block_m >= PROLOGUE_HEADS_MIN_ROWS and d <= 128:
         # decode with many sequences: the rows that share a kv head's transform in one dot (head_dim
         # 256 would hold a [64, 256] fp32 query tile per program: not measured, so not taken)
         launch(
@@ -3283,6 +3330,7 @@ def wavelet_attention_triton(
                     exact_carveout(config, programs * num_splits, programs * exact_programs, device),
                     plan,
                     value_channels,
+                    query_args if query_in_split else None,
                 )
             finally:  # the reduce (or the fallback below) runs after the exact tokens' partial
                 if side is not None:

@@ -683,22 +683,107 @@ if HAS_GLUON:
         gl.store(acc_out + rows[None, :] * D + coef[:, None], values, mask=row_ok[None, :])
 
     @gluon.jit
-    def _transform_tile(vt_words):
-        """One operand's [128 channels, 16 slots] fp16 slice of T as the A fragments, from the host's
-        fragment-ordered words (value_slot_transform_words): [8 row tiles, 32 lanes, 4 words] int32,
-        a lane's 4 words of a tile in 16 contiguous bytes (one LDG.128 each, where loading T
-        itself gave 32-bit loads), restated as [128, 16] fp16 without moving data (assert_trivial).
-        Word w of lane (g, t) in tile r: rows 16r + g + 8 (w % 2), slots 8 (w // 2) + 2t, + 1."""
-        tile = gl.arange(0, 8, layout=gl.SliceLayout(1, gl.SliceLayout(2, _T_WORDS)))
+    def _fragment_tiles(words_ptr, TILES: gl.constexpr):
+        """TILES stacked [16, 16] fp16 A fragments from the host's fragment-ordered words
+        (fragment_words): [TILES, 32 lanes, 4 words] int32, a lane's 4 words of a tile in 16
+        contiguous bytes (one LDG.128 each, where loading the fp16 matrix itself gave 32-bit
+        loads), restated as [16 TILES, 16] fp16 without moving data (assert_trivial). Word w of lane
+        (g, t) in tile r: rows 16r + g + 8 (w % 2), columns 8 (w // 2) + 2t, + 1."""
+        tile = gl.arange(0, TILES, layout=gl.SliceLayout(1, gl.SliceLayout(2, _T_WORDS)))
         lane = gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(2, _T_WORDS)))
         word = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, _T_WORDS)))
         offsets = (tile[:, None, None] * 32 + lane[None, :, None]) * 4 + word[None, None, :]
-        words = gl.load(vt_words + offsets)
-        halves = gl.join(words.to(gl.int16), (words >> 16).to(gl.int16))  # [8, 32, 4, 2]
-        # lane = 4g + t, word = 2 * (slot >= 8) + (row >= 8): [tile, g, t, hi slot, hi row, half]
-        parts = gl.reshape(halves, [8, 8, 4, 2, 2, 2])
-        rows_cols = gl.reshape(gl.permute(parts, [0, 4, 1, 3, 2, 5]), [128, 16])
+        words = gl.load(words_ptr + offsets)
+        halves = gl.join(words.to(gl.int16), (words >> 16).to(gl.int16))  # [TILES, 32, 4, 2]
+        # lane = 4g + t, word = 2 * (column >= 8) + (row >= 8): [tile, g, t, hi column, hi row, half]
+        parts = gl.reshape(halves, [TILES, 8, 4, 2, 2, 2])
+        rows_cols = gl.reshape(gl.permute(parts, [0, 4, 1, 3, 2, 5]), [16 * TILES, 16])
         return gl.convert_layout(rows_cols, _A, assert_trivial=True).to(gl.float16, bitcast=True)
+
+    @gluon.jit
+    def _transform_tile(vt_words):
+        """One operand's [128 channels, 16 slots] fp16 slice of T as the A fragments (the words of
+        value_slot_transform_words: 8 row tiles of that operand's 16 slots)."""
+        return _fragment_tiles(vt_words, 8)
+
+    @gluon.jit
+    def _query_in_split(
+        q_ptr,
+        q_stride_b,
+        q_stride_h,
+        q_stride_t,
+        qt_words,
+        k_factor_ptr,
+        k_shift_ptr,
+        qk_scale,
+        batch,
+        kv_head,
+        row_block,
+        group,
+        n_new,
+        BLOCK_M: gl.constexpr,
+        BAND_COLUMNS: gl.constexpr = False,
+    ):
+        """QUERY_IN_SPLIT: what _load_query reads from the prologue, computed here: q_slots = (M_h
+        (q * s_k)) * k_factor * qk_scale in fp16 as the key MMAs' 8 B operands, and each band's score
+        offset sum_s q_slot * k_shift over that fp16 query. M_h s_k [128 slots, 128 channels] comes in
+        fp16 as fragment-ordered words (query_slot_transform_words: the tile of slots 16j.. and
+        channels 16c.. at (8c + j) x 128 words); the query rows load straight into B fragments
+        (channels on K, rows on N; fp16). 64 MMAs, one movmatrix pair per operand (accumulator ->
+        B layout, as p). Returns (q0, ..., q7, qc0, qc1)."""
+        channel = gl.arange(0, 16, layout=gl.SliceLayout(1, _B))
+        column = gl.arange(0, 8, layout=gl.SliceLayout(0, _B))
+        local = column
+        if BAND_COLUMNS:  # columns 4-7 repeat rows 0-3
+            local = column % 4
+        rows = row_block * BLOCK_M + local
+        ok = (local < BLOCK_M) & (rows < group * n_new)
+        head = kv_head * group + rows // n_new
+        q_rows = q_ptr + batch * q_stride_b + head * q_stride_h + (rows % n_new) * q_stride_t
+        # [16 channels, 8 rows] fp16 B operands, one per channel block
+        blocks = (
+            _query_block(q_rows, ok, channel, 0),
+            _query_block(q_rows, ok, channel, 1),
+            _query_block(q_rows, ok, channel, 2),
+            _query_block(q_rows, ok, channel, 3),
+            _query_block(q_rows, ok, channel, 4),
+            _query_block(q_rows, ok, channel, 5),
+            _query_block(q_rows, ok, channel, 6),
+            _query_block(q_rows, ok, channel, 7),
+        )
+        tables = (qt_words, k_factor_ptr, k_shift_ptr, qk_scale)
+        q0, s0 = _query_operand(blocks, *tables, 0)
+        q1, s1 = _query_operand(blocks, *tables, 1)
+        q2, s2 = _query_operand(blocks, *tables, 2)
+        q3, s3 = _query_operand(blocks, *tables, 3)
+        q4, s4 = _query_operand(blocks, *tables, 4)
+        q5, s5 = _query_operand(blocks, *tables, 5)
+        q6, s6 = _query_operand(blocks, *tables, 6)
+        q7, s7 = _query_operand(blocks, *tables, 7)
+        # v3's key slots: operands 0-3 hold the 4-bit band, 4-7 the 2-bit band (_plan_v3); each
+        # band's offset summed over its slots in registers first, then across lanes once
+        qc0 = gl.sum((s0 + s1) + (s2 + s3), axis=0)
+        qc1 = gl.sum((s4 + s5) + (s6 + s7), axis=0)
+        return q0, q1, q2, q3, q4, q5, q6, q7, qc0, qc1
+
+    @gluon.jit
+    def _query_block(q_rows, ok, channel, C: gl.constexpr):
+        """Channels 16C .. 16C + 15 of the query rows as a [16, 8] fp16 B operand."""
+        x = gl.load(q_rows[None, :] + (16 * C + channel)[:, None], mask=ok[None, :], other=0.0)
+        return x.to(gl.float32).to(gl.float16)
+
+    @gluon.jit
+    def _query_operand(blocks, qt_words, k_factor_ptr, k_shift_ptr, qk_scale, J: gl.constexpr):
+        """Key operand J's query slots (16J ..) as the B operand, and their score-offset terms q_slot
+        * k_shift ([16 slots, 8 rows], fp32, over the fp16-rounded query the MMA multiplies, as the
+        prologue)."""
+        acc = gl.zeros([16, 8], gl.float32, layout=_MMA)
+        for c in gl.static_range(8):
+            acc = mma_v2(_fragment_tiles(qt_words + (8 * c + J) * 128, 1), blocks[c], acc)
+        slots = 16 * J + gl.arange(0, 16, layout=gl.SliceLayout(1, _MMA))
+        qw16 = (acc * (gl.load(k_factor_ptr + slots) * qk_scale)[:, None]).to(gl.float16)
+        shifted = qw16.to(gl.float32) * gl.load(k_shift_ptr + slots)[:, None]
+        return _p_to_b_by_movmatrix(qw16), shifted
 
     @gluon.jit
     def _transform_operand(
@@ -877,6 +962,18 @@ if HAS_GLUON:
         vt_stride_h,
         v_scale_ptr,  # TRANSFORM_IN_SPLIT: fp32 [Hkv, 128] value channel scale s
         v_scale_stride_h,
+        # QUERY_IN_SPLIT (no prologue): the query [B, Hq, n_new, 128], M_h s_k [128 slots, 128
+        # channels] per kv head as fragment-ordered words (query_slot_transform_words), the key
+        # slots' factors and shifts (the prologue's tables), and sm_scale * log2(e)
+        q_ptr,
+        q_stride_b,
+        q_stride_h,
+        q_stride_t,
+        qt_ptr,
+        qt_stride_h,
+        k_factor_ptr,
+        k_shift_ptr,
+        qk_scale,
         m_ptr,  # fp32 [programs, n_parts, BLOCK_M]: running max (log2 domain)
         l_ptr,  # fp32 [programs, n_parts, BLOCK_M]: softmax denominator
         acc_ptr,  # fp32 [programs, n_parts, BLOCK_M, D]: coefficient sums (TRANSFORM_IN_SPLIT: channels)
@@ -976,6 +1073,9 @@ if HAS_GLUON:
         # tensor cores, times s and l), so the reduce merges every partial under one softmax and
         # maps nothing back (LaunchConfig.transform_in_split)
         TRANSFORM_IN_SPLIT: gl.constexpr = False,
+        # the query's transform to slots computed here from the query (_query_in_split), so no
+        # prologue runs before this kernel (LaunchConfig.query_in_split; needs LOADS_BEFORE_WAIT 0)
+        QUERY_IN_SPLIT: gl.constexpr = False,
     ):
         """One (split, sequence, kv head, row block): online softmax over a range of compressed
         tokens in the coefficient domain; grid (num_splits, programs), or (programs, num_splits)
@@ -1031,7 +1131,26 @@ if HAS_GLUON:
         all_hi = gl.min(gl.where(row_ok, row_hi, hi), axis=0)
         full_hi = lo + gl.maximum(all_hi - lo, 0) // BLOCK_N * BLOCK_N
         # ---- loop invariants
-        if LOADS_BEFORE_WAIT == 0:
+        if QUERY_IN_SPLIT:
+            gl.static_assert(LOADS_BEFORE_WAIT == 0, "QUERY_IN_SPLIT reads the query after the wait")
+            q0, q1, q2, q3, q4, q5, q6, q7, qc0, qc1 = _query_in_split(
+                q_ptr,
+                q_stride_b,
+                q_stride_h,
+                q_stride_t,
+                qt_ptr + kv_head * qt_stride_h,
+                k_factor_ptr,
+                k_shift_ptr,
+                qk_scale,
+                batch,
+                kv_head,
+                row_block,
+                group,
+                n_new,
+                BLOCK_M,
+                BAND_COLUMNS,
+            )
+        elif LOADS_BEFORE_WAIT == 0:
             q0, q1, q2, q3, q4, q5, q6, q7, qc0, qc1 = _load_query(
                 qw_ptr, qc_ptr, pid, BLOCK_M, N_QC, BAND_COLUMNS
             )

@@ -172,6 +172,7 @@ def test_v3_falls_back_off_the_gpu():
         dict(kernel="v3", value_scales_in_b=True, block_n=32, value_scales_staged=True),
         dict(kernel="v1", counted_steps=True),
         dict(kernel="v2", transform_in_split=True),
+        dict(kernel="v1", query_in_split=True),
     ],
 )
 def test_v3_config_is_validated(bad):
@@ -183,6 +184,61 @@ def test_v3_config_is_validated(bad):
 def test_channel_merge_channels_must_be_a_power_of_two(bad):
     with pytest.raises(ValueError, match="channel_merge_channels must be a power of two"):
         K.LaunchConfig(kernel="v3", transform_in_split=True, **bad)
+
+
+def test_query_in_split_needs_the_query_read_after_the_wait():
+    with pytest.raises(ValueError, match="query_in_split reads the query after the PDL wait"):
+        K.LaunchConfig(kernel="v3", query_in_split=True, loads_before_pdl_wait=1)
+
+
+@pytest.mark.parametrize("rotation", [False, True])
+@pytest.mark.parametrize("pairs", [False, True])
+def test_query_slot_words_reproduce_the_prologue(rotation, pairs):
+    # query_in_split: the split kernel computes the prologue's output itself, from M_h s_k in fp16
+    # (fragment-ordered words) and the query in fp16, accumulating in fp32, then the slot factors
+    # and qk_scale in fp32 and a round to fp16. Emulated here from the words as the kernel reads
+    # them, it must give the interpreted prologue's q_w and band offsets to fp16 rounding.
+    torch.manual_seed(3)
+    layout = ops.compressed_layout("default", 128)
+    plan = K._plan_v3(layout, torch.device("cpu"), pairs)
+    batch, hkv, group, d = 2, 2, 4, 128
+    q = torch.randn(batch, hkv * group, 1, d).to(torch.bfloat16)
+    k_scale = torch.rand(hkv, d) + 0.5
+    r = torch.linalg.qr(torch.randn(hkv, d, d, dtype=torch.float64))[0].float() if rotation else None
+    qk_scale = 128**-0.5 * K.LOG2E
+    m, stride = K.query_transform(plan.transform_slots, r, k_scale)
+    programs, n_qc = batch * hkv, d // 32
+    qw = torch.zeros(programs, 4, d, dtype=torch.float16)
+    qc = torch.zeros(programs, n_qc, 4, 4)
+    K._prologue_kernel[(programs, n_qc)](
+        q, *q.stride()[:3], k_scale, k_scale.stride(0), m, stride, plan.k_factor, plan.k_shift,
+        plan.slot_chunk, qw, qc, hkv, group, 1, 1, qk_scale, D=d, S=d, BLOCK_M=4, D_CHUNK=32,
+    )  # fmt: skip
+    words, head_stride = K.query_slot_transform_words(plan.transform_slots, r, k_scale, k_scale)
+    assert words.shape == (hkv, 8, 8, 32, 4) and head_stride == words.stride(0)
+    halves = words.contiguous().view(torch.int16).view(torch.float16).reshape(*words.shape, 2)
+    lane = torch.arange(32)
+    g, t = lane // 4, lane % 4
+    mq = torch.zeros(hkv, d, d)  # [head, slot, channel] as the A fragments hold it
+    for block in range(8):
+        for tile in range(8):
+            for w in range(4):
+                for half in range(2):
+                    slots = 16 * tile + g + 8 * (w % 2)
+                    channels = 16 * block + 8 * (w // 2) + 2 * t + half
+                    mq[:, slots, channels] = halves[:, block, tile, :, w, half].float()
+    rows = q.reshape(batch, hkv, group, d).float().to(torch.float16).float()  # fp16 B operands
+    acc = torch.einsum("hsc,bhrc->bhrs", mq, rows)  # fp32 accumulation of fp16 products
+    emulated = (acc * (plan.k_factor * qk_scale)).to(torch.float16).reshape(programs, group, d)
+    torch.testing.assert_close(
+        emulated.float(), qw.float(), rtol=4e-3, atol=4e-3 * qw.float().abs().max().item()
+    )
+    shifted = emulated.float() * plan.k_shift
+    for band in (0, 1):
+        want = qc[:, :, :, band].sum(1)  # the prologue's chunk shares, summed as _load_query sums them
+        got = shifted[:, :, plan.slot_chunk == band].sum(-1)
+        assert (plan.slot_chunk[64 * band : 64 * (band + 1)] == band).all()  # operands 0-3 / 4-7
+        torch.testing.assert_close(got, want, rtol=5e-3, atol=5e-3 * want.abs().max().item())
 
 
 def test_channel_merge_warps_are_validated():
@@ -549,6 +605,29 @@ def test_transform_in_split_leaves_the_loop_and_adds_a_short_epilogue(tmp_path):
         assert abs(loop_t - loop) <= 12, (extra, loop, loop_t)
         assert wide_t - wide == 64, (extra, wide, wide_t)
         assert 100 <= kernel_t - kernel <= 450, (extra, kernel, kernel_t)
+
+
+def test_query_in_split_leaves_the_loop_and_adds_one_transform(tmp_path):
+    # LaunchConfig.query_in_split computes the query's slots in the split kernel before the loop:
+    # the loop as before, 64 more 16-byte loads (M_h s_k in fragment order) and MMAs, and no stack
+    # (twenty-fifth session, offline on Triton 3.6: +416 instructions)
+    import re
+
+    def counts(*options: str) -> tuple[int, int, int, int]:
+        out = _run_sm90_tool("sass_attention_v3.py", tmp_path, "--tuned", "--pdl", *options)
+        assert int(re.search(r"loop spill instructions: (\d+)", out).group(1)) == 0, out
+        assert "global loads before the PDL wait: 0" in out, out
+        stack = int(re.search(r"STACK:(\d+)", out).group(1))
+        loop = int(re.search(r"full-step loop: (\d+) instructions", out).group(1))
+        kernel = int(re.search(r"kernel: (\d+) instructions", out).group(1))
+        sass = (tmp_path / "split_kernel_v3.sass").read_text()
+        return stack, loop, kernel, len(re.findall(r"HMMA", sass))
+
+    stack, loop, kernel, mmas = counts()
+    stack_q, loop_q, kernel_q, mmas_q = counts("--query-in-split")
+    assert stack_q <= stack and abs(loop_q - loop) <= 12, (stack, stack_q, loop, loop_q)
+    assert mmas_q - mmas == 64, (mmas, mmas_q)
+    assert 200 <= kernel_q - kernel <= 600, (kernel, kernel_q)
 
 
 def test_band_warps_spike_compiles_for_sm90(tmp_path):

@@ -601,6 +601,12 @@ V3_GPU_CONFIGS = [
     # (the tuned configs map them in the split kernel: here the reduce does, as before)
     REDUCE_TRANSFORM,
     dataclasses.replace(K.SMALL_LAUNCH_CONFIGS[(128, 4, "affine")], transform_in_split=False),
+    # no prologue: the split kernel transforms the query itself, at the large launches' options and
+    # at one sequence's (the padding columns repeating the query rows)
+    dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], query_in_split=True),
+    dataclasses.replace(
+        K.SMALL_LAUNCH_CONFIGS[(128, 4, "affine")], query_in_split=True, loads_before_pdl_wait=0
+    ),
     # the tuned config (its value scales staged by lane in shared memory) with centred value sums,
     # and with the compiler's own conversion of the value scales
     dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], value_subnormals=False),
@@ -672,6 +678,41 @@ def test_gpu_v3_transform_in_split_matches_the_reduces_transform(group, tq, chan
             assert rel_err(got, plain.double()) <= 2e-3, (subnormals, splits, rel_err(got, plain.double()))
             assert rel_err(got, want) <= 1e-2
             assert not K._V3_FAILURE, K._V3_FAILURE
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("group,tq", [(4, 1), (8, 1), (1, 3)])
+@pytest.mark.parametrize("channel", ["scale", "full"])
+@pytest.mark.parametrize("small", [False, True])
+def test_gpu_v3_query_in_split_matches_the_prologue(group, tq, channel, small):
+    # query_in_split computes the prologue's query slots in the split kernel from M_h s_k in fp16
+    # (the prologue: fp32 and tf32x3): the outputs may differ by that rounding only, for every split
+    # count, and no prologue kernel may run; from a CUDA graph too, with a fresh query
+    table = K.SMALL_LAUNCH_CONFIGS if small else K.TUNED_CONFIGS
+    base = dataclasses.replace(table[(128, 4, "affine")], loads_before_pdl_wait=0)
+    config = dataclasses.replace(base, query_in_split=True)
+    codec, args = make_case(
+        UNIFORM_REAL, 5, 2, group, tq, 128, [4096, tq, 1000, 2049, 133], 4096, torch.bfloat16, "cuda", channel
+    )
+    want = dense_reference(codec, args, 128**-0.5)
+    for splits in (None, 1, 7, 70):
+        plain = _run_triton(args, codec, 128**-0.5, config=base, num_splits=splits)
+        got = _run_triton(args, codec, 128**-0.5, config=config, num_splits=splits)
+        assert rel_err(got, plain.double()) <= 3e-3, (splits, rel_err(got, plain.double()))
+        assert rel_err(got, want) <= 1e-2
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        _run_triton(args, codec, 128**-0.5, config=config)
+        torch.cuda.synchronize()
+    names = {e.name for e in prof.events()}
+    assert not any("prologue" in n for n in names) and any("split_kernel_v3" in n for n in names), names
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = _run_triton(args, codec, 128**-0.5, config=config)
+    args[0].copy_(torch.randn_like(args[0]))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, _run_triton(args, codec, 128**-0.5, config=config))
+    assert not K._V3_FAILURE, K._V3_FAILURE
 
 
 @pytest.mark.gpu
