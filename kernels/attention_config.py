@@ -531,7 +531,7 @@ class LaunchConfig:
 # -0.7) at (8, 131072) / (32, 32768) / (8, 32768), -11.2% (-11.3 .. -10.7, 3 rounds) at one
 # sequence; timeline periods 235.4 -> 232.3 us at (32, 32768) (merge 3.9 + transform 4.1 us ->
 # one merge of 4.5) and 233.2 -> 230.4 at (8, 131072) (the per-row reduce 6.7 -> 3.5 us): on.
-# 07:50 UTC (3 rounds, probe_channel_merge.json): the merge's channels per program 64 instead of 32
+# About 07:40 UTC (3 rounds, probe_channel_merge.json): the merge's channels per program 64 instead of 32
 # -0.7% (-3.1 .. -0.6) / -0.8% (-0.8 .. -0.2) / +0.3% (+0.1 .. +0.6), 16 -1.2% (-5.2 .. +1.9) /
 # +0.9% / +1.5%; the exact tokens in 9 programs of 16 -0.4% / +0.7% / +7.1%: 64 channels.
 # Where v3 cannot run (no Gluon, the interpreter) this entry runs v1 with these settings.

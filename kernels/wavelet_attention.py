@@ -3225,6 +3225,7 @@ def wavelet_attention_triton(
     if q.is_cuda and side is None and any(_side.pending(c) for c in caches):
         _side.join(device, caches)
     query_in_split = use_v3 and config.query_in_split
+    query_args = None
     if query_in_split:
         # no prologue: the split kernel transforms the query itself (LaunchConfig.query_in_split)
         words, stride = query_slot_transform_words(slot_rows, k_rotation, k_cs, k_channel_scale)
@@ -3330,7 +3331,7 @@ def wavelet_attention_triton(
                     exact_carveout(config, programs * num_splits, programs * exact_programs, device),
                     plan,
                     value_channels,
-                    query_args if query_in_split else None,
+                    query_args,
                 )
             finally:  # the reduce (or the fallback below) runs after the exact tokens' partial
                 if side is not None:

@@ -92,8 +92,8 @@ if HAS_GLUON:
         # KEY_WORD_PAIRS: [tokens, 8] int32 words of the 4-bit band, two adjacent words a lane
         # (lane (g, t): words 2t, 2t + 1 of rows g, g + 8, ...), so each pair is one 8-byte load
         _KEY_PAIRS = gl.constexpr(gl.BlockedLayout([1, 2], [8, 4], [1, 1], [1, 0]))
-        # TRANSFORM_IN_SPLIT: [8 row tiles, 32 lanes, 4 words] of T in fragment order, a lane's 4
-        # words of a tile contiguous (one 16-byte load)
+        # TRANSFORM_IN_SPLIT, QUERY_IN_SPLIT: [row tiles, 32 lanes, 4 words] of a matrix in MMA
+        # fragment order, a lane's 4 words of a tile contiguous (one 16-byte load)
         _T_WORDS = gl.constexpr(gl.BlockedLayout([1, 1, 4], [1, 32, 1], [1, 1, 1], [2, 1, 0]))
         # field asm of the int16 code elements (magic: 1024 + field in place)
         _F4_0, _F4_1, _F4_2, _F4_3 = (gl.constexpr(_field_asm(_MODE_MAGIC, 4, f)) for f in range(4))
@@ -818,7 +818,8 @@ if HAS_GLUON:
 
     @gluon.jit
     def _wait_for_prologue():
-        """griddepcontrol.wait (PDL): the prologue's writes (qw, qc) are visible after this."""
+        """griddepcontrol.wait (PDL): the prologue's writes (qw, qc) are visible after this (with
+        QUERY_IN_SPLIT, no prologue: the previous kernel's, e.g. the query's or the caches')."""
         gl.inline_asm_elementwise(
             "griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1
         )
