@@ -73,7 +73,8 @@
 #   bash benchmarks/device_pending.sh query_in_split
 #                                                 # LaunchConfig.query_in_split (prepared in the
 #                                                 # twenty-fifth session, not yet timed): GPU tests,
-#                                                 # grid, one sequence, timelines
+#                                                 # grid, one sequence, timelines; then the split
+#                                                 # plan counting the exact programs (32, 32768)
 #   bash benchmarks/device_pending.sh sustained FILE.json [SHAPES]
 #                                                 # sustained A/B: each config in FILE (list A, B,
 #                                                 # A, B) replayed alone for 2.5 s, with the SM
@@ -300,6 +301,9 @@ query_in_split)
     probe_grid benchmarks/probe_query_in_split_one_sequence.json "1,32768" query_in_split_one_sequence 120
     probe_timeline benchmarks/probe_query_in_split_timeline.json "32,32768"
     probe_timeline benchmarks/probe_query_in_split_one_sequence_timeline.json "1,32768"
+    # and (LaunchConfig.remainder_exact_steps, also prepared then) the plan at (32, 32768) with the
+    # exact programs' work counted in the free slots: 6 splits of 84 steps and a short 7th of 6
+    probe_grid benchmarks/probe_remainder_exact.json "32,32768" remainder_exact 120
     ;;
 sustained)
     # an A/B that alternates every few milliseconds shares one clock between both sides; at the

@@ -252,6 +252,12 @@ class LaunchConfig:
     # programs, takes it by this rule unmeasured: benchmarks/probe_remainder_sixteen.json)
     remainder_split: bool = False
     remainder_split_min_programs: int = 0
+    # with remainder_split: the exact-token kernel's work per (sequence, kv head), in split steps,
+    # counted in the wave's free slots beside the short splits (its programs run there). 0: not
+    # counted. Twenty-fifth session: at (32, 32768) the exact programs end 3.2 us (about 1.2 steps)
+    # after the long splits, so the free slots are overloaded; counting them gives shorter short
+    # splits and longer long ones (prepared, not yet timed: probe_remainder_exact.json)
+    remainder_exact_steps: float = 0.0
     # programmatic dependent launch (sm_90+): the split kernel and the reduce are launched while the
     # kernel before them finishes and wait for it in-kernel (griddepcontrol.wait), hiding the launch
     # gap; the prologue lets the split kernel launch as soon as it starts
@@ -286,6 +292,11 @@ class LaunchConfig:
             raise ValueError(
                 "LaunchConfig.reduce_merge_warps must be 0 (reduce_warps), 1, 2, 4, 8 or 16, got "
                 f"{self.reduce_merge_warps}"
+            )
+        if not self.remainder_exact_steps >= 0:
+            raise ValueError(
+                "LaunchConfig.remainder_exact_steps is the exact tokens' work per (sequence, kv head) "
+                f"in split steps, >= 0, got {self.remainder_exact_steps}"
             )
         merge = self.channel_merge_channels
         if merge < 1 or merge & (merge - 1):
@@ -843,8 +854,10 @@ def split_plan(
     steps and a last one of R = steps - n * L, launched split-major: the n x programs long splits
     fill the wave but for ``free`` slots, where the programs' short splits run one after another,
     ceil(programs / free) each. The cost per slot, with c = config.wave_program_steps per program:
-    max(L + c, ceil(programs / free) x (R + c)) against equal splits' waves x (steps + c); the
-    lower wins (a tie keeps equal splits). Pure arithmetic, like split_count."""
+    max(L + c, ceil(programs / free) x (R + c) + X / free) against equal splits' waves x (steps +
+    c) (at least X over their free slots), X = programs x ``config.remainder_exact_steps`` the
+    exact-token programs' work; the lower wins (a tie keeps equal splits). Pure arithmetic, like
+    split_count."""
     splits = split_count(programs, tokens, config, sms, resident_per_sm)
     equal = SplitPlan(splits)
     wanted = config.remainder_split and config.whole_waves and config.wave_program_steps > 0
@@ -858,17 +871,20 @@ def split_plan(
     c = config.wave_program_steps
     split_tokens = -(-tokens // splits)
     split_steps = -(-split_tokens // config.block_n)
-    best_cost, best = -(-programs * splits // wave) * (split_steps + c), equal
+    exact = programs * config.remainder_exact_steps  # the exact programs' work, in slot-steps
+    equal_free = wave - programs * splits
+    equal_exact = exact / equal_free if equal_free > 0 else 0.0
+    best_cost, best = max(-(-programs * splits // wave) * (split_steps + c), equal_exact), equal
     for n_long in range(max((wave - 1) // programs - 1, 1), (wave - 1) // programs + 1):
         free = wave - programs * n_long  # > 0
         rounds = -(-programs // free)
-        # max(L + c, rounds x (steps - n_long L + c)) is lowest where the two meet
-        meet = (rounds * (steps + c) - c) / (1 + rounds * n_long)
+        # max(L + c, rounds x (steps - n_long L + c) + exact / free) is lowest where the two meet
+        meet = (rounds * (steps + c) + exact / free - c) / (1 + rounds * n_long)
         for long_steps in {int(meet), int(meet) + 1}:
             rest = steps - n_long * long_steps
             if long_steps < 1 or not 0 < rest <= long_steps:
                 continue
-            cost = max(long_steps + c, rounds * (rest + c))
+            cost = max(long_steps + c, rounds * (rest + c) + exact / free)
             if cost < best_cost:
                 best_cost = cost
                 best = SplitPlan(n_long + 1, long_steps, steps, split_major=True)

@@ -197,6 +197,31 @@ def test_remainder_split_plans_on_the_h200(programs, context, plan):
 
 
 @pytest.mark.parametrize(
+    ("exact_steps", "plan"),
+    [
+        (0.0, C.SplitPlan(7, 83, 510, split_major=True)),  # not counted: the tuned plan
+        # the exact programs' work counted in the 48 free slots: shorter short splits (6 steps)
+        (6.0, C.SplitPlan(7, 84, 510, split_major=True)),
+        # so much of it that the free slots cost more than equal splits' 86 steps a slot
+        (12.0, C.SplitPlan(6)),
+    ],
+)
+def test_remainder_plan_counts_the_exact_programs_in_the_free_slots(exact_steps, plan):
+    # LaunchConfig.remainder_exact_steps: the exact-token kernel's programs run in the wave's free
+    # slots beside the short splits; with their work counted, the plan at (32, 32768) moves work
+    # from the short splits to the long ones, and past a point back to equal splits
+    config = dataclasses.replace(TUNED, remainder_exact_steps=exact_steps)
+    assert C.split_plan(256, 32768 - 132, config, H200_SMS, 12) == plan
+    # (where equal splits are two waves the rule is unchanged)
+    assert C.split_plan(64, 131072 - 132, config, H200_SMS, 12) == C.SplitPlan(49)
+
+
+def test_remainder_exact_steps_are_validated():
+    with pytest.raises(ValueError, match="remainder_exact_steps"):
+        K.LaunchConfig(remainder_exact_steps=-1.0)
+
+
+@pytest.mark.parametrize(
     ("programs", "context", "remainder_plan"),
     [
         # measured slower (twenty-first session): 64 programs, where the exact kernel's programs
