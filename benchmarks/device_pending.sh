@@ -295,7 +295,8 @@ query_in_split)
     # split kernel transforms the query (offline +416 instructions a program, the loop unchanged).
     # The GPU tests (against the prologue's path and the reference, no prologue launched, a CUDA
     # graph), 4 grid rounds at the large shapes, one sequence (the tuned small config, the same
-    # without its early loads, and with query_in_split), then both timelines
+    # without its early loads, and with query_in_split at 384-, 256- and 512-token splits), then
+    # both timelines
     attention_tests "query_in_split"
     probe_grid benchmarks/probe_query_in_split.json "8,131072;32,32768;8,32768" query_in_split 300
     probe_grid benchmarks/probe_query_in_split_one_sequence.json "1,32768" query_in_split_one_sequence 120
