@@ -3471,7 +3471,8 @@ def wavelet_attention_triton(
             **plan.constexprs,
             **_dependent(pdl),
         )
-    if v_rotation is not None:  # W, R and s as one matrix per kv head: the reduces apply no R
+    # W, R and s as one matrix per kv head: the reduces apply no R (channel partials need none)
+    if v_rotation is not None and value_channels is None:
         inverse = value_transform(inverse, v_rotation, v_cs, v_channel_scale)
         v_cs = _ones(hkv, d, device)
     # the way back to channels and out: what the reduces and _transform_heads_kernel all take

@@ -191,6 +191,25 @@ def test_query_in_split_needs_the_query_read_after_the_wait():
         K.LaunchConfig(kernel="v3", query_in_split=True, loads_before_pdl_wait=1)
 
 
+def _unpack_fragment_words(words: torch.Tensor) -> torch.Tensor:
+    """The [H, M, K] fp32 matrix that fragment_words' [H, K / 16, M / 16, 32, 4] words hold, read the
+    way the kernel's A fragments read them (lane 4g + t, word w of a tile: rows g + 8 (w % 2),
+    columns 8 (w // 2) + 2t, + 1), written here independently of fragment_words' permute."""
+    h, blocks, tiles = words.shape[:3]
+    halves = words.contiguous().view(torch.int16).view(torch.float16).reshape(*words.shape, 2)
+    lane = torch.arange(32)
+    g, t = lane // 4, lane % 4
+    matrix = torch.zeros(h, 16 * tiles, 16 * blocks)
+    for block in range(blocks):
+        for tile in range(tiles):
+            for w in range(4):
+                for half in range(2):
+                    rows = 16 * tile + g + 8 * (w % 2)
+                    columns = 16 * block + 8 * (w // 2) + 2 * t + half
+                    matrix[:, rows, columns] = halves[:, block, tile, :, w, half].float()
+    return matrix
+
+
 @pytest.mark.parametrize("rotation", [False, True])
 @pytest.mark.parametrize("pairs", [False, True])
 def test_query_slot_words_reproduce_the_prologue(rotation, pairs):
@@ -216,17 +235,7 @@ def test_query_slot_words_reproduce_the_prologue(rotation, pairs):
     )  # fmt: skip
     words, head_stride = K.query_slot_transform_words(plan.transform_slots, r, k_scale, k_scale)
     assert words.shape == (hkv, 8, 8, 32, 4) and head_stride == words.stride(0)
-    halves = words.contiguous().view(torch.int16).view(torch.float16).reshape(*words.shape, 2)
-    lane = torch.arange(32)
-    g, t = lane // 4, lane % 4
-    mq = torch.zeros(hkv, d, d)  # [head, slot, channel] as the A fragments hold it
-    for block in range(8):
-        for tile in range(8):
-            for w in range(4):
-                for half in range(2):
-                    slots = 16 * tile + g + 8 * (w % 2)
-                    channels = 16 * block + 8 * (w // 2) + 2 * t + half
-                    mq[:, slots, channels] = halves[:, block, tile, :, w, half].float()
+    mq = _unpack_fragment_words(words)  # [head, slot, channel] as the A fragments hold it
     rows = q.reshape(batch, hkv, group, d).float().to(torch.float16).float()  # fp16 B operands
     acc = torch.einsum("hsc,bhrc->bhrs", mq, rows)  # fp32 accumulation of fp16 products
     emulated = (acc * (plan.k_factor * qk_scale)).to(torch.float16).reshape(programs, group, d)
@@ -289,17 +298,7 @@ def test_value_slot_transform_words_hold_t_in_fragment_order(rotation, pairs):
     words, stride = K.value_slot_transform_words(plan.transform, r, plan.slot_coef, channel_tensor)
     assert words.dtype == torch.int32 and words.shape == ((hkv if rotation else 1), 8, 8, 32, 4)
     assert stride == (words.stride(0) if rotation else 0)
-    halves = words.contiguous().view(torch.int16).view(torch.float16).reshape(*words.shape, 2)
-    lane = torch.arange(32)
-    g, t = lane // 4, lane % 4
-    unpacked = torch.zeros(words.shape[0], d, plan.slot_coef.numel())
-    for operand in range(8):
-        for tile in range(8):
-            for w in range(4):
-                for half in range(2):
-                    rows = 16 * tile + g + 8 * (w % 2)
-                    slots = 16 * operand + 8 * (w // 2) + 2 * t + half
-                    unpacked[:, rows, slots] = halves[:, operand, tile, :, w, half].float()
+    unpacked = _unpack_fragment_words(words)  # [head, channel, slot]
     composite = plan.transform.double() if r is None else plan.transform.double() @ r.double()
     composite = composite.reshape(-1, d, d)
     want = composite[:, plan.slot_coef.long(), :].transpose(1, 2)  # [H, channels, slots]
