@@ -88,7 +88,7 @@
 #                                                 # breakdown (Nsight Compute)
 set -u
 case "${1:-}" in
-tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce | exact_remainder | key_word_pairs | clocks | zero_padding_p | value_subnormals | value_subnormals_sustained | band_columns | value_scales_staged | counted_steps | transform_in_split | one_sequence_merge | query_in_split) ;;
+tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce | exact_remainder | key_word_pairs | clocks | zero_padding_p | value_subnormals | value_subnormals_sustained | band_columns | value_scales_staged | counted_steps | transform_in_split | one_sequence_merge | query_in_split | one_wave) ;;
 grid | timeline | sustained)
     if [ ! -f "${2:-}" ]; then
         echo "$1 needs a JSON file of LaunchConfig dicts (e.g. benchmarks/probe_one_block_step.json), got '${2:-}'" >&2
@@ -96,7 +96,7 @@ grid | timeline | sustained)
     fi
     ;;
 *)
-    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|reduce|remainder|small_reduce|exact_remainder|key_word_pairs|clocks|zero_padding_p|value_subnormals|value_subnormals_sustained|band_columns|value_scales_staged|counted_steps|transform_in_split|one_sequence_merge|query_in_split|grid FILE.json|timeline FILE.json|sustained FILE.json|stalls [tuned|keys_in_step]" >&2
+    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|reduce|remainder|small_reduce|exact_remainder|key_word_pairs|clocks|zero_padding_p|value_subnormals|value_subnormals_sustained|band_columns|value_scales_staged|counted_steps|transform_in_split|one_sequence_merge|query_in_split|one_wave|grid FILE.json|timeline FILE.json|sustained FILE.json|stalls [tuned|keys_in_step]" >&2
     exit 2
     ;;
 esac
@@ -305,6 +305,17 @@ query_in_split)
     # and (LaunchConfig.remainder_exact_steps, also prepared then) the plan at (32, 32768) with the
     # exact programs' work counted in the free slots: 6 splits of 84 steps and a short 7th of 6
     probe_grid benchmarks/probe_remainder_exact.json "32,32768" remainder_exact 120
+    ;;
+one_wave)
+    # twenty-sixth session, with query_in_split on in one wave (query_in_split_waves=1) and at one
+    # sequence with 256-token splits: the GPU tests that name the prologue or the tuned configs,
+    # one sequence's neighbours (split length, merge channels, exact chunks, carveout, key word
+    # pairs; 3 rounds), (8, 131072) in one wave (equal or remainder splits, so no prologue) and
+    # query_in_split in both waves, then the package's choice on the timeline at three shapes
+    attention_tests "query_in_split or tuned or programmatic or repeated_calls or prologue"
+    probe_grid benchmarks/probe_one_sequence_26.json "1,32768" one_sequence_26 120
+    probe_grid benchmarks/probe_one_wave_26.json "8,131072;8,32768" one_wave_26 300
+    probe_timeline benchmarks/probe_timeline_auto.json "1,32768;8,32768;32,32768"
     ;;
 sustained)
     # an A/B that alternates every few milliseconds shares one clock between both sides; at the

@@ -12,9 +12,10 @@ change against the first one measured in the same round (the i-th time a config 
 i): list the configs A, B, A, B, ... so that drift between rounds cancels.
 
 timeline: a CUDA graph of back-to-back calls (the bench's method) replayed under torch.profiler;
-per kernel of a call, the median start and end in us after the call's prologue starts, and the
-call's period (prologue to next prologue). It shows what lies on the critical path besides the
-split kernel: the launch gaps, the exact-token kernel on its side stream, the reduce.
+per kernel of a call, the median start and end in us after the call's prologue starts (its split
+kernel where no prologue runs), and the call's period (to the next call's start). It shows what
+lies on the critical path besides the split kernel: the launch gaps, the exact-token kernel on its
+side stream, the reduce.
 """
 
 from __future__ import annotations
@@ -86,8 +87,8 @@ def set_carveouts(spec: str) -> None:
 
 
 def timeline(setup: ba.Setup, config: wa.LaunchConfig | None, calls: int = 12, carveouts: str = "") -> str:
-    """Median start / end (us after the call's prologue starts) of each kernel of a call, from a
-    CUDA graph of `calls` back-to-back calls replayed under torch.profiler."""
+    """Median start / end (us after the call's prologue, or split kernel, starts) of each kernel of
+    a call, from a CUDA graph of `calls` back-to-back calls replayed under torch.profiler."""
     import statistics
     import tempfile
 
@@ -108,9 +109,11 @@ def timeline(setup: ba.Setup, config: wa.LaunchConfig | None, calls: int = 12, c
         (e for e in trace["traceEvents"] if e.get("cat") == "kernel" and e.get("ph") == "X"),
         key=lambda e: e["ts"],
     )
-    starts = [e["ts"] for e in kernels if "prologue" in e["name"]]
+    # a call starts at its prologue, or where none runs (query_in_split) at its split kernel
+    anchor = "prologue" if any("prologue" in e["name"] for e in kernels) else "split_kernel"
+    starts = [e["ts"] for e in kernels if anchor in e["name"]]
     if len(starts) < 3:
-        return f"  {len(kernels)} kernels, {len(starts)} prologues: no timeline"
+        return f"  {len(kernels)} kernels, {len(starts)} calls ({anchor} kernels): no timeline"
     spans: dict[str, list[tuple[float, float]]] = {}
     streams: dict[str, int] = {}
     for i, t0 in enumerate(starts[1:-1], start=1):  # the first and last calls see the graph's edges
@@ -119,7 +122,7 @@ def timeline(setup: ba.Setup, config: wa.LaunchConfig | None, calls: int = 12, c
                 spans.setdefault(e["name"], []).append((e["ts"] - t0, e["ts"] + e["dur"] - t0))
                 streams[e["name"]] = e.get("args", {}).get("stream", -1)
     period = statistics.median(b - a for a, b in zip(starts[1:-1], starts[2:], strict=False))
-    lines = [f"  period {period:.1f} us (prologue to next prologue)"]
+    lines = [f"  period {period:.1f} us ({anchor} to next {anchor})"]
     for name, s in sorted(spans.items(), key=lambda kv: statistics.median(x for x, _ in kv[1])):
         start = statistics.median(x for x, _ in s)
         end = statistics.median(y for _, y in s)

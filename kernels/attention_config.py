@@ -158,9 +158,14 @@ class LaunchConfig:
     # fragment-ordered words, 64 MMAs; the slot factors and qk_scale in fp32), so it starts on
     # the cache at once instead of waiting for the prologue (4.6 us at every shape; a quarter of
     # one sequence's call). Offline (Triton 3.6): the loop unchanged, 416 more instructions per
-    # program. Prepared in the twenty-fifth session after its device budget was spent: not yet
-    # timed. Needs loads_before_pdl_wait=0 (the query is read after the wait)
+    # program. Needs loads_before_pdl_wait=0 (the query is read after the wait). Twenty-sixth
+    # session (H200, 4 interleaved grid rounds): -0.1% at (32, 32768), -2.6% at (8, 32768), +2.0%
+    # (+0.9 .. +8.7) at (8, 131072) (two waves: each slot pays the 416 instructions twice and
+    # saves the wait once); at one sequence -5.6%, with 256-token splits -8.5%
     query_in_split: bool = False
+    # with query_in_split: take it only where the split launch is at most this many waves of
+    # resident programs (0: always); elsewhere the prologue transforms the query
+    query_in_split_waves: int = 0
     # with transform_in_split: a row's channels per merge program (a power of two; grid (rows, D /
     # this)), and its warps
     channel_merge_channels: int = 32
@@ -416,6 +421,11 @@ class LaunchConfig:
                 "LaunchConfig.remainder_split_min_programs must be >= 0 (0: any launch), got "
                 f"{self.remainder_split_min_programs}"
             )
+        if self.query_in_split_waves < 0:
+            raise ValueError(
+                "LaunchConfig.query_in_split_waves must be >= 0 (0: any launch), got "
+                f"{self.query_in_split_waves}"
+            )
         if self.whole_waves and self.maxnreg is None:
             raise ValueError(
                 "LaunchConfig.whole_waves needs maxnreg: the register cap fixes how many programs an "
@@ -545,6 +555,11 @@ class LaunchConfig:
 # About 07:40 UTC (3 rounds, probe_channel_merge.json): the merge's channels per program 64 instead of 32
 # -0.7% (-3.1 .. -0.6) / -0.8% (-0.8 .. -0.2) / +0.3% (+0.1 .. +0.6), 16 -1.2% (-5.2 .. +1.9) /
 # +0.9% / +1.5%; the exact tokens in 9 programs of 16 -0.4% / +0.7% / +7.1%: 64 channels.
+# Twenty-sixth session (09:29 UTC, 4 rounds, probe_query_in_split.json): the query transformed in
+# the split kernel, no prologue (query_in_split) -0.1% (-0.6 .. +0.5) at (32, 32768), -2.6% (-4.2
+# .. +0.5) at (8, 32768), both one wave, +2.0% (+0.9 .. +8.7) at (8, 131072), two: on in one wave.
+# The remainder plan with the exact programs' work in the free slots (remainder_exact_steps=6)
+# +0.5% (+0.3 .. +0.6) at (32, 32768): off.
 # Where v3 cannot run (no Gluon, the interpreter) this entry runs v1 with these settings.
 TUNED_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
     (128, 4, "affine"): LaunchConfig(
@@ -585,6 +600,8 @@ TUNED_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
         value_scales_staged=True,
         transform_in_split=True,  # the reduce is one merge of channel-domain partials
         channel_merge_channels=64,
+        query_in_split=True,  # no prologue where the split launch is one wave
+        query_in_split_waves=1,
     ),
     (128, 4, "table"): LaunchConfig(
         block_n=32, num_stages=3, ctas_per_sm=32.0, min_split_tokens=512, kernel="v1"
@@ -618,9 +635,9 @@ SMALL_LAUNCH_PROGRAMS = 8
 SMALL_LAUNCH_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
     (128, 4, "affine"): replace(
         TUNED_CONFIGS[(128, 4, "affine")],
-        min_split_tokens=384,  # 256 until the twenty-fifth session (see below)
+        min_split_tokens=256,  # 384 in the twenty-fifth session, 256 before (see below)
         reduce_split_chunk=128,
-        loads_before_pdl_wait=1,
+        loads_before_pdl_wait=0,  # 1 until query_in_split (see below)
         key_word_pairs=False,  # +0.4% at one sequence (twenty-second session)
         # twenty-third session at one sequence (2 rounds each): packed_p_scaling -0.5% (-0.8 ..
         # -0.2), with value_subnormals +0.2% (+0.1 .. +0.4); then band_columns -1.6% (-2.7 ..
@@ -630,6 +647,10 @@ SMALL_LAUNCH_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
         # sequence*.json): 384-token splits -1.1% / -1.4%, 512 +7.6%; 16 channels a merge program
         # -1.2% / -1.6%, both -2.0% (-2.1 .. -1.6); two-warp merge programs +1.9%
         channel_merge_channels=16,
+        # twenty-sixth session (3 rounds, probe_query_in_split_one_sequence.json): no early loads
+        # +3.9%; with query_in_split (no prologue; it needs no early loads) -5.6% at 384-token
+        # splits, -8.5% (-10.2 .. -8.0) at 256, -7.3% at 512: query_in_split (from the tuned
+        # entry) and 256
     ),
 }
 # where v3 cannot run a small launch (other layouts, no Gluon, the interpreter): v1's own best
@@ -908,6 +929,20 @@ def choose_num_splits(
     min_split_tokens (and one block) per split, in whole waves if the config asks (choose_split_plan's
     count)."""
     return choose_split_plan(programs, capacity, layout, config, device).num_splits
+
+
+def query_in_split_apply(config: LaunchConfig, split_programs: int, device: torch.device) -> bool:
+    """Whether a v3 launch of ``split_programs`` split programs under ``config`` transforms the
+    query in the split kernel: asked for, and the launch at most config.query_in_split_waves waves
+    of resident programs (0: any; unknown residency, no maxnreg: only with 0)."""
+    if not config.query_in_split:
+        return False
+    if not config.query_in_split_waves:
+        return True
+    resident = _device_resident_per_sm(config, device)
+    if resident is None:
+        return False
+    return split_programs <= config.query_in_split_waves * resident * _sm_count(device)
 
 
 def exact_carveout(

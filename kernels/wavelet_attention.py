@@ -1097,6 +1097,7 @@ from .attention_config import (  # noqa: E402
     choose_split_plan,
     default_config,
     exact_carveout,
+    query_in_split_apply,
     resident_programs_per_sm,
     split_count,
     v1_fallback,
@@ -3164,6 +3165,9 @@ def wavelet_attention_triton(
     else:  # equal splits, as given
         plan = SplitPlan(num_splits)
     num_splits, split_num, split_den = plan.num_splits, plan.split_num, plan.split_den
+    if use_v3 and config.query_in_split and not query_in_split_apply(config, programs * num_splits, q.device):
+        # a launch of more waves than config.query_in_split_waves: the prologue transforms the query
+        config = replace(config, query_in_split=False)
     if config.value_subnormals and not value_subnormals_apply(config, capacity - layout.n_exact, plan):
         # uncentred value sums lose precision with the split's length: past the bound (from the
         # capacity, so no host sync), the centred step

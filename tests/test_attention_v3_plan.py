@@ -486,7 +486,8 @@ def test_a_v3_build_failure_falls_back_to_v1_once(monkeypatch, config):
         ["--row-copies", "--keys-via-smem", "--no-cache-tiles", "--stages", "2"]
         + ["--value-scales-in-b", "--p-movmatrix"],
         ["--tuned", "--pdl", "--value-copies-l2-256b", "--plain-loads-l2-256b"],
-        ["--tuned", "--pdl", "--loads-before-pdl-wait", "2"],
+        # (the early loads need the prologue: the tuned query_in_split reads the query after the wait)
+        ["--tuned", "--pdl", "--loads-before-pdl-wait", "2", "--without", "query_in_split"],
         ["--tuned", "--pdl", "--split-major"],
         ["--tuned", "--pdl", "--key-word-pairs"],
         ["--keys-ahead", "--key-word-pairs", "--step-row-base"],
@@ -599,7 +600,10 @@ def test_counted_steps_take_fewer_loop_instructions(tmp_path):
     import re
 
     def step(*options: str) -> int:
-        out = _run_sm90_tool("sass_attention_v3.py", tmp_path, "--tuned", "--pdl", *options)
+        # (the twenty-fourth session's tuned kernel, with the prologue: with query_in_split, on since
+        # the twenty-sixth, Triton 3.9 counts 748 -> 747)
+        tuned = ("--tuned", "--pdl", "--without", "query_in_split")
+        out = _run_sm90_tool("sass_attention_v3.py", tmp_path, *tuned, *options)
         assert int(re.search(r"loop spill instructions: (\d+)", out).group(1)) == 0, out
         return int(re.search(r"full-step loop: (\d+) instructions", out).group(1))
 
@@ -614,7 +618,9 @@ def test_transform_in_split_leaves_the_loop_and_adds_a_short_epilogue(tmp_path):
     import re
 
     def counts(*options: str) -> tuple[int, int, int, int]:
-        out = _run_sm90_tool("sass_attention_v3.py", tmp_path, "--tuned", "--pdl", *options)
+        # (with the prologue, as measured: with query_in_split as well Triton 3.9 stacks 16 bytes)
+        tuned = ("--tuned", "--pdl", "--without", "query_in_split")
+        out = _run_sm90_tool("sass_attention_v3.py", tmp_path, *tuned, *options)
         assert int(re.search(r"loop spill instructions: (\d+)", out).group(1)) == 0, out
         stack = int(re.search(r"STACK:(\d+)", out).group(1))  # (Triton 3.9: 16 bytes either way)
         loop = int(re.search(r"full-step loop: (\d+) instructions", out).group(1))
@@ -648,8 +654,9 @@ def test_query_in_split_leaves_the_loop_and_adds_one_transform(tmp_path):
         sass = (tmp_path / "split_kernel_v3.sass").read_text()
         return stack, loop, kernel, len(re.findall(r"HMMA", sass))
 
-    stack, loop, kernel, mmas = counts()
-    stack_q, loop_q, kernel_q, mmas_q = counts("--query-in-split")
+    assert K.TUNED_CONFIGS[(128, 4, "affine")].query_in_split  # on in the tuned config since session 26
+    stack, loop, kernel, mmas = counts("--without", "query_in_split")
+    stack_q, loop_q, kernel_q, mmas_q = counts()
     assert stack_q <= stack and abs(loop_q - loop) <= 12, (stack, stack_q, loop, loop_q)
     assert mmas_q - mmas == 64, (mmas, mmas_q)
     assert 200 <= kernel_q - kernel <= 600, (kernel, kernel_q)

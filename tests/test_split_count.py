@@ -141,6 +141,27 @@ def test_exact_carveout_only_in_one_wave_with_few_exact_programs():
     assert C.exact_carveout(uncapped, 1, 1, cpu) == -1
 
 
+def test_query_in_split_only_in_as_many_waves_as_asked():
+    # LaunchConfig.query_in_split_waves (tuned 1): measured faster in one wave (-2.6% at (8, 32768)),
+    # slower in two ((8, 131072): each slot pays the query's transform twice). Off CUDA a wave is
+    # 48 programs (12 per SM at 168 registers, 4 SMs)
+    import torch
+
+    cpu = torch.device("cpu")
+    assert TUNED.query_in_split and TUNED.query_in_split_waves == 1
+    assert C.query_in_split_apply(TUNED, 48, cpu)
+    assert not C.query_in_split_apply(TUNED, 49, cpu)
+    assert C.query_in_split_apply(dataclasses.replace(TUNED, query_in_split_waves=2), 96, cpu)
+    assert not C.query_in_split_apply(dataclasses.replace(TUNED, query_in_split_waves=2), 97, cpu)
+    assert C.query_in_split_apply(dataclasses.replace(TUNED, query_in_split_waves=0), 10**6, cpu)
+    assert not C.query_in_split_apply(dataclasses.replace(TUNED, query_in_split=False), 1, cpu)
+    # no register cap: the residency is unknown, so no wave count to hold it to
+    uncapped = dataclasses.replace(TUNED, maxnreg=None, whole_waves=False)
+    assert not C.query_in_split_apply(uncapped, 1, cpu)
+    with pytest.raises(ValueError, match="query_in_split_waves must be >= 0"):
+        dataclasses.replace(TUNED, query_in_split_waves=-1)
+
+
 @pytest.mark.parametrize(
     ("chunk", "splits", "merged"),
     [

@@ -322,22 +322,22 @@ def test_tuned_config_by_launch_size():
     affine = ops.compressed_layout("default", 128)
     small = K.tuned_config(affine, 128, 4, programs=8)
     large = K.tuned_config(affine, 128, 4, programs=K.SMALL_LAUNCH_PROGRAMS + 1)
-    assert (small.kernel, small.min_split_tokens, small.reduce_split_chunk) == ("v3", 384, 128)
-    # and the first step's cache reads before the wait for the prologue (nineteenth session), the
-    # key words loaded one by one (key_word_pairs was +0.4% there, twenty-second session), the
-    # MMAs' padding columns serving the 2-bit band (-2.7% there, +1.5-2.3% sustained at the large
-    # shapes, twenty-third session), 16 channels a merge program (twenty-fifth session; 64 at the
-    # large shapes)
+    assert (small.kernel, small.min_split_tokens, small.reduce_split_chunk) == ("v3", 256, 128)
+    # and the key words loaded one by one (key_word_pairs was +0.4% there, twenty-second session),
+    # the MMAs' padding columns serving the 2-bit band (-2.7% there, +1.5-2.3% sustained at the
+    # large shapes, twenty-third session), 16 channels a merge program (twenty-fifth session; 64 at
+    # the large shapes); both transform the query in the split kernel where the launch is one wave
+    # (twenty-sixth session), so no cache read goes before the PDL wait
     assert small == dataclasses.replace(
         large,
-        min_split_tokens=384,
+        min_split_tokens=256,
         reduce_split_chunk=128,
-        loads_before_pdl_wait=1,
         key_word_pairs=False,
         band_columns=True,
         channel_merge_channels=16,
     )
     assert large.transform_in_split and large.channel_merge_channels == 64
+    assert large.query_in_split and large.query_in_split_waves == 1 and not large.loads_before_pdl_wait
     assert not large.band_columns
     assert large.key_word_pairs and large.value_subnormals and large.packed_p_scaling
     small_v1 = K.v1_fallback(small)
@@ -511,6 +511,9 @@ UNIFORM_REAL = "default"  # affine grids (the default preset since 2026-11-30)
 TUNED_V3 = K.TUNED_CONFIGS[(128, 4, "affine")]
 # the tuned config with the coefficient sums mapped to channels by the reduce, not the split kernel
 REDUCE_TRANSFORM = dataclasses.replace(TUNED_V3, transform_in_split=False)
+# the split kernel's first cache reads before its PDL wait: that needs the prologue to transform
+# the query (the tuned configs do it in the split kernel, query_in_split, reading it after the wait)
+EARLY_LOADS = dict(loads_before_pdl_wait=1, query_in_split=False)
 V2_GPU_CONFIGS = [
     K.LaunchConfig(),
     K.LaunchConfig(use_asm=False),
@@ -689,8 +692,8 @@ def test_gpu_v3_query_in_split_matches_the_prologue(group, tq, channel, small):
     # (the prologue: fp32 and tf32x3): the outputs may differ by that rounding only, for every split
     # count, and no prologue kernel may run; from a CUDA graph too, with a fresh query
     table = K.SMALL_LAUNCH_CONFIGS if small else K.TUNED_CONFIGS
-    base = dataclasses.replace(table[(128, 4, "affine")], loads_before_pdl_wait=0)
-    config = dataclasses.replace(base, query_in_split=True)
+    base = dataclasses.replace(table[(128, 4, "affine")], loads_before_pdl_wait=0, query_in_split=False)
+    config = dataclasses.replace(base, query_in_split=True, query_in_split_waves=0)
     codec, args = make_case(
         UNIFORM_REAL, 5, 2, group, tq, 128, [4096, tq, 1000, 2049, 133], 4096, torch.bfloat16, "cuda", channel
     )
@@ -712,6 +715,28 @@ def test_gpu_v3_query_in_split_matches_the_prologue(group, tq, channel, small):
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(captured, _run_triton(args, codec, 128**-0.5, config=config))
+    assert not K._V3_FAILURE, K._V3_FAILURE
+
+
+@pytest.mark.gpu
+def test_gpu_tuned_query_in_split_only_in_one_wave():
+    # query_in_split_waves=1: a split launch of one wave of resident programs (12 a SM at 168
+    # registers) transforms the query in its split kernel, a longer one runs the prologue; both right
+    tuned = K.TUNED_CONFIGS[(128, 4, "affine")]
+    assert tuned.query_in_split and tuned.query_in_split_waves == 1 and tuned.maxnreg == 168
+    wave = 12 * torch.cuda.get_device_properties(0).multi_processor_count
+    seq_lens = [4096, 1, 1000, 2049, 133, 4000, 64, 65, 3000, 2, 4095, 512, 511, 800, 131, 132, 4096]
+    codec, args = make_case(UNIFORM_REAL, 17, 8, 4, 1, 128, seq_lens, 4096, torch.bfloat16, "cuda", "full")
+    want = dense_reference(codec, args, 128**-0.5)
+    programs = 17 * 8
+    one_wave, two_waves = wave // programs, wave // programs + 1
+    for splits, prologue in ((one_wave, False), (two_waves, True)):
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            got = _run_triton(args, codec, 128**-0.5, config=tuned, num_splits=splits)
+            torch.cuda.synchronize()
+        names = {e.name for e in prof.events()}
+        assert any("prologue" in n for n in names) == prologue, (splits, names)
+        assert not got.isnan().any() and rel_err(got, want) <= 1e-2, (splits, rel_err(got, want))
     assert not K._V3_FAILURE, K._V3_FAILURE
 
 
@@ -926,21 +951,20 @@ def test_gpu_v3_exact_tokens_in_the_pdl_chain_equal_the_in_order_launch_also_in_
     "batch, config",
     [
         (2, attention_config.SMALL_LAUNCH_V1_CONFIGS[(128, 4, "affine")]),  # v1 split, per-row reduce
-        (1, K.SMALL_LAUNCH_CONFIGS[(128, 4, "affine")]),  # v3, 384-token splits, exact chunks
-        (5, K.TUNED_CONFIGS[(128, 4, "affine")]),  # v3, exact kernel on the side stream
-        (17, K.TUNED_CONFIGS[(128, 4, "affine")]),  # v3 after the per-kv-head prologue
+        (1, K.SMALL_LAUNCH_CONFIGS[(128, 4, "affine")]),  # v3, 256-token splits, exact chunks
+        (5, K.TUNED_CONFIGS[(128, 4, "affine")]),  # v3 (no prologue), exact kernel on the side stream
+        (5, dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], query_in_split=False)),  # prologue
+        (17, dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], query_in_split=False)),  # per kv head
         (5, dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], overlap_exact=False)),  # PDL reduce
         # (the reduce's own transform where the split kernel leaves coefficient sums:) the merge,
         # then the per-kv-head transform launched as its dependent
         (17, dataclasses.replace(REDUCE_TRANSFORM, reduce_gemm_min_rows=1)),
         (5, dataclasses.replace(REDUCE_TRANSFORM, overlap_exact=False)),  # the per-row reduce
         # the split kernel's first cache reads before its wait for the prologue, the query after it
-        (5, dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], loads_before_pdl_wait=1)),
+        (5, dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], **EARLY_LOADS)),
         (
             5,
-            dataclasses.replace(
-                K.TUNED_CONFIGS[(128, 4, "affine")], loads_before_pdl_wait=2, overlap_exact=False
-            ),
+            dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], **EARLY_LOADS, overlap_exact=False),
         ),
         # one sequence without the exact-token kernel's shared-memory carveout (exact_carveout)
         (1, dataclasses.replace(K.SMALL_LAUNCH_CONFIGS[(128, 4, "affine")], exact_carveout=-1)),
@@ -952,7 +976,7 @@ def test_gpu_v3_exact_tokens_in_the_pdl_chain_equal_the_in_order_launch_also_in_
             1,
             dataclasses.replace(
                 K.SMALL_LAUNCH_CONFIGS[(128, 4, "affine")],
-                loads_before_pdl_wait=2,
+                **dict(EARLY_LOADS, loads_before_pdl_wait=2),
                 reduce_gemm_min_rows=1,
                 reduce_merge_channels=32,
                 transform_in_split=False,
@@ -1059,8 +1083,8 @@ def test_gpu_repeated_calls_reuse_compiled_kernels_and_stay_correct():
     # 1 sequence x 8 kv heads = 8 programs: the small-launch config (v3, shorter splits), the
     # per-row reduce; 2 sequences: v3 with the exact-token kernel beside it
     for lens, kernels in (
-        ([3000], (K._prologue_kernel, K._exact_kernel, K._merge_channel_rows_kernel)),
-        ([3000, 1234], (K._prologue_kernel, K._exact_kernel, K._merge_channel_rows_kernel)),
+        ([3000], (K._exact_kernel, K._merge_channel_rows_kernel)),  # no prologue: query_in_split
+        ([3000, 1234], (K._exact_kernel, K._merge_channel_rows_kernel)),
     ):
         fast_launch.clear()
         for round_ in range(3):
@@ -1203,6 +1227,9 @@ def test_gpu_kv_head_prologue_equals_the_per_sequence_prologue(monkeypatch, spec
     codec, args = make_case(spec, 17, 8, 4, 1, 128, seq_lens, capacity, torch.bfloat16, device="cuda")
     sm_scale = 128**-0.5
     assert K.PROLOGUE_HEADS_MIN_ROWS <= 17 * 4
+    # the tuned v3 launch transforms the query in its split kernel (one wave): here the prologue does
+    key = (128, 4, "affine")
+    monkeypatch.setitem(K.TUNED_CONFIGS, key, dataclasses.replace(K.TUNED_CONFIGS[key], query_in_split=False))
     by_head = _run_triton(args, codec, sm_scale)
     monkeypatch.setattr(K, "PROLOGUE_HEADS_MIN_ROWS", 10**9)
     per_sequence = _run_triton(args, codec, sm_scale)
