@@ -88,7 +88,7 @@
 #                                                 # breakdown (Nsight Compute)
 set -u
 case "${1:-}" in
-tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce | exact_remainder | key_word_pairs | clocks | zero_padding_p | value_subnormals | value_subnormals_sustained | band_columns | value_scales_staged | counted_steps | transform_in_split | one_sequence_merge | query_in_split | one_wave) ;;
+tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce | exact_remainder | key_word_pairs | clocks | zero_padding_p | value_subnormals | value_subnormals_sustained | band_columns | value_scales_staged | counted_steps | transform_in_split | one_sequence_merge | query_in_split | one_wave | merge_pass) ;;
 grid | timeline | sustained)
     if [ ! -f "${2:-}" ]; then
         echo "$1 needs a JSON file of LaunchConfig dicts (e.g. benchmarks/probe_one_block_step.json), got '${2:-}'" >&2
@@ -96,7 +96,7 @@ grid | timeline | sustained)
     fi
     ;;
 *)
-    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|reduce|remainder|small_reduce|exact_remainder|key_word_pairs|clocks|zero_padding_p|value_subnormals|value_subnormals_sustained|band_columns|value_scales_staged|counted_steps|transform_in_split|one_sequence_merge|query_in_split|one_wave|grid FILE.json|timeline FILE.json|sustained FILE.json|stalls [tuned|keys_in_step]" >&2
+    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|reduce|remainder|small_reduce|exact_remainder|key_word_pairs|clocks|zero_padding_p|value_subnormals|value_subnormals_sustained|band_columns|value_scales_staged|counted_steps|transform_in_split|one_sequence_merge|query_in_split|one_wave|merge_pass|grid FILE.json|timeline FILE.json|sustained FILE.json|stalls [tuned|keys_in_step]" >&2
     exit 2
     ;;
 esac
@@ -316,6 +316,16 @@ one_wave)
     probe_grid benchmarks/probe_one_sequence_26.json "1,32768" one_sequence_26 120
     probe_grid benchmarks/probe_one_wave_26.json "8,131072;8,32768" one_wave_26 300
     probe_timeline benchmarks/probe_timeline_auto.json "1,32768;8,32768;32,32768"
+    ;;
+merge_pass)
+    # twenty-sixth session: at one sequence the merge took 2.7 us of 18.6 (133 partials: two
+    # passes of 128) and 192-token splits cost +4.8%; merges in one pass (256 partials a load,
+    # 320-token splits: 108 partials), 3 rounds; at the large shapes the exact-token kernel
+    # enqueued before the split kernel (at (32, 32768) it ended 3.9 us after it) and
+    # query_in_split in every launch (the remainder plan at (32, 32768) is 1,792 programs, over
+    # one wave), 4 rounds
+    probe_grid benchmarks/probe_merge_pass_one_sequence.json "1,32768" merge_pass_one_sequence 120
+    probe_grid benchmarks/probe_exact_first.json "8,131072;32,32768;8,32768" exact_first 300
     ;;
 sustained)
     # an A/B that alternates every few milliseconds shares one clock between both sides; at the
