@@ -650,7 +650,12 @@ SMALL_LAUNCH_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
         # twenty-sixth session (3 rounds, probe_query_in_split_one_sequence.json): no early loads
         # +3.9%; with query_in_split (no prologue; it needs no early loads) -5.6% at 384-token
         # splits, -8.5% (-10.2 .. -8.0) at 256, -7.3% at 512: query_in_split (from the tuned
-        # entry) and 256
+        # entry) and 256. Then (probe_one_sequence_26.json, probe_merge_pass_one_sequence.json,
+        # probe_one_sequence_merge_26.json): 192-token splits +4.8%, 320 +0.4% / -1.1%, 8 or 32
+        # channels a merge program +1.9% / +1.4%, the carveout off +16.2%; the exact tokens in 3
+        # programs instead of 5 -1.0% (3 rounds) and -1.2% (-1.6 .. -0.2, 4 rounds); the merge in
+        # one pass of 256 partials -0.5% / -0.7%, with 3 exact programs -1.0%: 3 exact programs
+        exact_chunks=3,
     ),
 }
 # where v3 cannot run a small launch (other layouts, no Gluon, the interpreter): v1's own best

@@ -335,6 +335,7 @@ def test_tuned_config_by_launch_size():
         key_word_pairs=False,
         band_columns=True,
         channel_merge_channels=16,
+        exact_chunks=3,  # (5 at the large shapes)
     )
     assert large.transform_in_split and large.channel_merge_channels == 64
     assert large.query_in_split and large.query_in_split_waves == 1 and not large.loads_before_pdl_wait
