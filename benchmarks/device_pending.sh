@@ -337,7 +337,7 @@ final26)
 small_bench)
     # after final26: the small-launch config with 3 exact programs; the GPU tests that run it, then
     # the bench
-    attention_tests "small or repeated or programmatic or exact"
+    attention_tests "repeated or programmatic or matches_the_prologue or real_shapes"
     run 180 python3 -P benchmarks/bench_attention.py --out "$OUT" --codec default --sustained 3
     ;;
 sustained)
