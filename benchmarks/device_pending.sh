@@ -88,7 +88,7 @@
 #                                                 # breakdown (Nsight Compute)
 set -u
 case "${1:-}" in
-tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce | exact_remainder | key_word_pairs | clocks | zero_padding_p | value_subnormals | value_subnormals_sustained | band_columns | value_scales_staged | counted_steps | transform_in_split | one_sequence_merge | query_in_split | one_wave | merge_pass | final26 | small_bench) ;;
+tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce | exact_remainder | key_word_pairs | clocks | zero_padding_p | value_subnormals | value_subnormals_sustained | band_columns | value_scales_staged | counted_steps | transform_in_split | one_sequence_merge | query_in_split | one_wave | merge_pass | final26 | small_bench | exact_tail_prologue) ;;
 grid | timeline | sustained)
     if [ ! -f "${2:-}" ]; then
         echo "$1 needs a JSON file of LaunchConfig dicts (e.g. benchmarks/probe_one_block_step.json), got '${2:-}'" >&2
@@ -96,7 +96,7 @@ grid | timeline | sustained)
     fi
     ;;
 *)
-    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|reduce|remainder|small_reduce|exact_remainder|key_word_pairs|clocks|zero_padding_p|value_subnormals|value_subnormals_sustained|band_columns|value_scales_staged|counted_steps|transform_in_split|one_sequence_merge|query_in_split|one_wave|merge_pass|final26|small_bench|grid FILE.json|timeline FILE.json|sustained FILE.json|stalls [tuned|keys_in_step]" >&2
+    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|reduce|remainder|small_reduce|exact_remainder|key_word_pairs|clocks|zero_padding_p|value_subnormals|value_subnormals_sustained|band_columns|value_scales_staged|counted_steps|transform_in_split|one_sequence_merge|query_in_split|one_wave|merge_pass|final26|small_bench|exact_tail_prologue|grid FILE.json|timeline FILE.json|sustained FILE.json|stalls [tuned|keys_in_step]" >&2
     exit 2
     ;;
 esac
@@ -339,6 +339,16 @@ small_bench)
     # the bench
     attention_tests "repeated or programmatic or matches_the_prologue or real_shapes"
     run 180 python3 -P benchmarks/bench_attention.py --out "$OUT" --codec default --sustained 3
+    ;;
+exact_tail_prologue)
+    # prepared in the twenty-sixth session for the next: at (32, 32768) the exact-token programs
+    # (1,280, 5 a pair) end 3.9 us after the split kernel, and where the prologue runs the split
+    # programs wait for it from 1.0 to 4.4-4.6 us. Fewer exact programs (3, 2), the exact kernel's
+    # carveout at any program count, and the prologue on 1, 2 or 8 warps (LaunchConfig.
+    # prologue_warps); its GPU tests first, 4 grid rounds, then timelines at (32, 32768)
+    attention_tests "prologue_warps"
+    probe_grid benchmarks/probe_exact_tail_prologue.json "8,131072;32,32768;8,32768" exact_tail_prologue 300
+    probe_timeline benchmarks/probe_exact_tail_prologue_timeline.json "32,32768"
     ;;
 sustained)
     # an A/B that alternates every few milliseconds shares one clock between both sides; at the

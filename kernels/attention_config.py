@@ -166,6 +166,10 @@ class LaunchConfig:
     # with query_in_split: take it only where the split launch is at most this many waves of
     # resident programs (0: always); elsewhere the prologue transforms the query
     query_in_split_waves: int = 0
+    # the prologue kernel's warps (either prologue; 4 in every measurement so far). Twenty-sixth
+    # session: where it runs ((8, 131072), (32, 32768)) the split programs wait for it from 1.0 to
+    # 4.4-4.6 us for what is one round of loads and a small dot: prepared for an A/B, not timed
+    prologue_warps: int = 4
     # with transform_in_split: a row's channels per merge program (a power of two; grid (rows, D /
     # this)), and its warps
     channel_merge_channels: int = 32
@@ -421,6 +425,8 @@ class LaunchConfig:
                 "LaunchConfig.remainder_split_min_programs must be >= 0 (0: any launch), got "
                 f"{self.remainder_split_min_programs}"
             )
+        if self.prologue_warps not in (1, 2, 4, 8):
+            raise ValueError(f"LaunchConfig.prologue_warps must be 1, 2, 4 or 8, got {self.prologue_warps}")
         if self.query_in_split_waves < 0:
             raise ValueError(
                 "LaunchConfig.query_in_split_waves must be >= 0 (0: any launch), got "

@@ -3263,7 +3263,7 @@ def wavelet_attention_triton(
             BLOCK_M=block_m,
             D_CHUNK=d_chunk,
             ROWS=PROLOGUE_TILE_ROWS,
-            num_warps=4,
+            num_warps=config.prologue_warps,
             **({"PDL": True} if pdl else {}),
         )
     else:
@@ -3292,7 +3292,7 @@ def wavelet_attention_triton(
             S=n_slots,
             BLOCK_M=block_m,
             D_CHUNK=d_chunk,
-            num_warps=4,
+            num_warps=config.prologue_warps,
             **({"PDL": True} if pdl else {}),
         )
     # overlap_exact: the exact-token kernel's stream forks after the prologue and joins back

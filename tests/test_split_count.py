@@ -162,6 +162,12 @@ def test_query_in_split_only_in_as_many_waves_as_asked():
         dataclasses.replace(TUNED, query_in_split_waves=-1)
 
 
+@pytest.mark.parametrize("warps", [0, 3, 16])
+def test_prologue_warps_must_be_a_power_of_two_up_to_8(warps):
+    with pytest.raises(ValueError, match="prologue_warps must be 1, 2, 4 or 8"):
+        dataclasses.replace(TUNED, prologue_warps=warps)
+
+
 @pytest.mark.parametrize(
     ("chunk", "splits", "merged"),
     [

@@ -745,6 +745,26 @@ def test_gpu_v3_tuned_query_in_split_only_in_one_wave():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("warps", [1, 2, 8])
+@pytest.mark.parametrize("batch", [5, 17])  # the per-sequence prologue, the per-kv-head one
+def test_gpu_v3_prologue_warps_change_no_result(warps, batch):
+    # LaunchConfig.prologue_warps launches either prologue with other warps: the same query
+    # transform (its tf32x3 dot may sum in another order), so the output within rounding of the
+    # 4-warp launch's, and against the reference
+    tuned = dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], query_in_split=False)
+    lens = [4096, 1, 1000, 2049, 133] * 4
+    codec, args = make_case(
+        UNIFORM_REAL, batch, 2, 4, 1, 128, lens[:batch], 4096, torch.bfloat16, "cuda", "full"
+    )
+    want = _run_triton(args, codec, 128**-0.5, config=tuned)
+    got = _run_triton(args, codec, 128**-0.5, config=dataclasses.replace(tuned, prologue_warps=warps))
+    assert not got.isnan().any()
+    assert rel_err(got, want.double()) <= 1e-3, rel_err(got, want.double())
+    assert rel_err(got, dense_reference(codec, args, 128**-0.5)) <= 1e-2
+    assert not K._V3_FAILURE, K._V3_FAILURE
+
+
+@pytest.mark.gpu
 def test_gpu_v3_key_word_pairs_on_a_cache_not_8_byte_aligned():
     # key_word_pairs loads 8 bytes at once; a key cache 4 bytes off 8-byte alignment (still int16-
     # aligned, so v3 runs) takes 4-byte loads instead: the same result as the unpaired launch, no
@@ -1192,6 +1212,25 @@ def test_gpu_v3_value_subnormals_run_the_centred_step_past_their_bound():
         assert rel_err(got, want) <= 1e-2, splits
         assert torch.equal(got, same) is not active, splits
     assert not K._V3_FAILURE, K._V3_FAILURE
+
+
+def test_prologue_warps_reach_the_prologue_launch(monkeypatch):
+    # LaunchConfig.prologue_warps is the prologue's num_warps (the interpreter runs any count the
+    # same way: the GPU test compares the results)
+    codec, args = make_case("default;window=8;sinks=2", 3, 2, 4, 1, 64, [1, 41, 70], 70, torch.float16)
+    launched = []
+    real_launch = K.launch
+
+    def recording_launch(kernel, *a, **kw):
+        launched.append((kernel, kw.get("num_warps")))
+        real_launch(kernel, *a, **kw)
+
+    monkeypatch.setattr(K, "launch", recording_launch)
+    got = _run_triton(
+        args, codec, 64**-0.5, config=K.LaunchConfig(block_n=16, prologue_warps=2), num_splits=3
+    )
+    assert (K._prologue_kernel, 2) in launched, launched
+    assert rel_err(got, dense_reference(codec, args, 64**-0.5)) <= 1e-2
 
 
 @pytest.mark.parametrize("group,tq", [(4, 1), (2, 1), (2, 2)])
