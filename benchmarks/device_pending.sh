@@ -344,8 +344,9 @@ exact_tail_prologue)
     # prepared in the twenty-sixth session for the next: at (32, 32768) the exact-token programs
     # (1,280, 5 a pair) end 3.9 us after the split kernel, and where the prologue runs the split
     # programs wait for it from 1.0 to 4.4-4.6 us. Fewer exact programs (3, 2), the exact kernel's
-    # carveout at any program count in up to two waves, and the prologue on 1, 2 or 8 warps (LaunchConfig.
-    # prologue_warps); its GPU tests first, 4 grid rounds, then timelines at (32, 32768)
+    # carveout at any program count in up to two waves, the prologue on 1, 2 or 8 warps
+    # (LaunchConfig.prologue_warps), and the merge (3.4-4.4 us) at 128 channels a program, on one
+    # warp or two; its GPU tests first, 4 grid rounds, then timelines at (32, 32768)
     attention_tests "prologue_warps"
     probe_grid benchmarks/probe_exact_tail_prologue.json "8,131072;32,32768;8,32768" exact_tail_prologue 300
     probe_timeline benchmarks/probe_exact_tail_prologue_timeline.json "32,32768"
