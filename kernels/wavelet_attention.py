@@ -3219,7 +3219,6 @@ def wavelet_attention_triton(
     k_rotation = None if k_params.rotation is None else _on(k_params.rotation, device)
     v_rotation = None if v_params.rotation is None else _on(v_params.rotation, device)
     v_offset = None if v_params.offset is None else _on(v_params.offset, device)
-    q_transform, q_transform_stride_h = query_transform(slot_rows, k_rotation, k_channel_scale)
     pdl = _pdl(config, device)  # the prologue lets the split kernel launch early; see LaunchConfig.pdl
     # overlap_exact: the exact-token kernel runs on the side stream (forked after the prologue);
     # deferred cache writes of this step's tokens (kernels/side_stream.py) are queued there ahead of
@@ -3230,6 +3229,9 @@ def wavelet_attention_triton(
         _side.join(device, caches)
     query_in_split = use_v3 and config.query_in_split
     query_args = None
+    # the prologue's fp32 transform: not needed (nor built) where the split kernel transforms the query
+    if not query_in_split:
+        q_transform, q_transform_stride_h = query_transform(slot_rows, k_rotation, k_channel_scale)
     if query_in_split:
         # no prologue: the split kernel transforms the query itself (LaunchConfig.query_in_split)
         words, stride = query_slot_transform_words(slot_rows, k_rotation, k_cs, k_channel_scale)
