@@ -88,7 +88,7 @@
 #                                                 # breakdown (Nsight Compute)
 set -u
 case "${1:-}" in
-tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce | exact_remainder | key_word_pairs | clocks | zero_padding_p | value_subnormals | value_subnormals_sustained | band_columns | value_scales_staged | counted_steps | transform_in_split | one_sequence_merge | query_in_split | one_wave | merge_pass | final26 | small_bench | exact_tail_prologue) ;;
+tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce | exact_remainder | key_word_pairs | clocks | zero_padding_p | value_subnormals | value_subnormals_sustained | band_columns | value_scales_staged | counted_steps | transform_in_split | one_sequence_merge | query_in_split | one_wave | merge_pass | final26 | small_bench | exact_tail_prologue | prologue_tiles) ;;
 grid | timeline | sustained)
     if [ ! -f "${2:-}" ]; then
         echo "$1 needs a JSON file of LaunchConfig dicts (e.g. benchmarks/probe_one_block_step.json), got '${2:-}'" >&2
@@ -96,7 +96,7 @@ grid | timeline | sustained)
     fi
     ;;
 *)
-    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|reduce|remainder|small_reduce|exact_remainder|key_word_pairs|clocks|zero_padding_p|value_subnormals|value_subnormals_sustained|band_columns|value_scales_staged|counted_steps|transform_in_split|one_sequence_merge|query_in_split|one_wave|merge_pass|final26|small_bench|exact_tail_prologue|grid FILE.json|timeline FILE.json|sustained FILE.json|stalls [tuned|keys_in_step]" >&2
+    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|reduce|remainder|small_reduce|exact_remainder|key_word_pairs|clocks|zero_padding_p|value_subnormals|value_subnormals_sustained|band_columns|value_scales_staged|counted_steps|transform_in_split|one_sequence_merge|query_in_split|one_wave|merge_pass|final26|small_bench|exact_tail_prologue|prologue_tiles|grid FILE.json|timeline FILE.json|sustained FILE.json|stalls [tuned|keys_in_step]" >&2
     exit 2
     ;;
 esac
@@ -350,6 +350,16 @@ exact_tail_prologue)
     attention_tests "prologue_warps"
     probe_grid benchmarks/probe_exact_tail_prologue.json "8,131072;32,32768;8,32768" exact_tail_prologue 300
     probe_timeline benchmarks/probe_exact_tail_prologue_timeline.json "32,32768"
+    ;;
+prologue_tiles)
+    # twenty-seventh session: after exact_tail_prologue (the exact kernel's carveout at any program
+    # count -0.9% at (32, 32768), +4.0% at (8, 131072) in two waves): the carveout up to 2,048 exact
+    # programs in one wave (so at (32, 32768), not in two waves), with 3 exact programs a pair; the
+    # per-kv-head prologue in 16- or 32-row tiles (4 or 2x its 64 programs), its dot in one tf32
+    # MMA; the GPU tests of those options, 4 rounds (each round's order rotated), timelines
+    attention_tests "prologue_options"
+    probe_grid benchmarks/probe_prologue_tiles.json "32,32768;8,131072;8,32768" prologue_tiles 300
+    probe_timeline benchmarks/probe_prologue_tiles_timeline.json "32,32768"
     ;;
 sustained)
     # an A/B that alternates every few milliseconds shares one clock between both sides; at the

@@ -170,6 +170,15 @@ class LaunchConfig:
     # session: where it runs ((8, 131072), (32, 32768)) the split programs wait for it from 1.0 to
     # 4.4-4.6 us for what is one round of loads and a small dot: prepared for an A/B, not timed
     prologue_warps: int = 4
+    # _prologue_heads_kernel's query rows a program (the dot's M: 16 sequences' 4-row blocks at
+    # 64). Measured 2026-12-01 (H200, torch.profiler): one program per sequence took 12.8 us at
+    # (32, 32768), 64-row tiles 4.8 us (the op 0.3150 -> 0.3064 ms). Twenty-seventh session:
+    # smaller tiles spread its 64 programs over more SMs, each with a quarter or half the dot
+    prologue_tile_rows: int = 64
+    # the prologue's fp32 dot: "tf32x3" (three tf32 MMAs, about fp32's accuracy), "tf32" (one:
+    # the query keeps 10 mantissa bits before its fp16 rounding; query_in_split's fp16 transform
+    # keeps as many) or "ieee" (FMAs)
+    prologue_precision: str = "tf32x3"
     # with transform_in_split: a row's channels per merge program (a power of two; grid (rows, D /
     # this)), and its warps
     channel_merge_channels: int = 32
@@ -427,6 +436,16 @@ class LaunchConfig:
             )
         if self.prologue_warps not in (1, 2, 4, 8):
             raise ValueError(f"LaunchConfig.prologue_warps must be 1, 2, 4 or 8, got {self.prologue_warps}")
+        if self.prologue_tile_rows not in (16, 32, 64):
+            raise ValueError(
+                "LaunchConfig.prologue_tile_rows must be 16, 32 or 64 (a dot's M on the tensor "
+                f"cores), got {self.prologue_tile_rows}"
+            )
+        if self.prologue_precision not in ("tf32x3", "tf32", "ieee"):
+            raise ValueError(
+                "LaunchConfig.prologue_precision must be 'tf32x3', 'tf32' or 'ieee', got "
+                f"{self.prologue_precision!r}"
+            )
         if self.query_in_split_waves < 0:
             raise ValueError(
                 "LaunchConfig.query_in_split_waves must be >= 0 (0: any launch), got "
@@ -566,6 +585,19 @@ class LaunchConfig:
 # .. +0.5) at (8, 32768), both one wave, +2.0% (+0.9 .. +8.7) at (8, 131072), two: on in one wave.
 # The remainder plan with the exact programs' work in the free slots (remainder_exact_steps=6)
 # +0.5% (+0.3 .. +0.6) at (32, 32768): off.
+# Twenty-seventh session (20:00 UTC, 4 rounds, probe_exact_tail_prologue.json): the exact kernel's
+# carveout at any program count in up to two waves -0.9% (-1.8 .. -0.6) at (32, 32768), +4.0% (+0.1
+# .. +7.2) at (8, 131072); 3 or 2 exact programs a pair -0.6% / -0.1% at (32, 32768) and +7.4% /
+# +3.1% at (8, 131072); the prologue on 1 / 2 / 8 warps +14.4% / +2.5% / +0.3% at (32, 32768); the
+# merge at 128 channels +0.0%. 20:11 UTC (another machine, 4 rounds in rotated order,
+# probe_prologue_tiles.json), with a remainder plan's wave counted by its long splits
+# (carveout_split_programs): the carveout up to 2,048 exact programs (so at (32, 32768), not in
+# (8, 131072)'s two waves) -0.5% (-8.6 .. -0.3) / -0.1% / +0.3% at (32, 32768) / (8, 131072) / (8,
+# 32768), the exact kernel ending 5.5 us before the split kernel instead of 3.0 after (timeline,
+# period 226.7 -> 224.8 us); the prologue's dot in one tf32 MMA (prologue_precision) -1.4% (-9.1 ..
+# -0.4) / -1.2% (-2.1 .. -0.3) / +0.7% (no prologue there), its kernel 4.6 -> 3.9 us, error against
+# fp32 decompress + SDPA 4.1e-4 -> 5.0e-4; 16- or 32-row prologue tiles -0.1% / +0.9%; all three
+# -1.4% / -0.4% / +0.3%: the carveout to 2,048 and tf32.
 # Where v3 cannot run (no Gluon, the interpreter) this entry runs v1 with these settings.
 TUNED_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
     (128, 4, "affine"): LaunchConfig(
@@ -595,9 +627,10 @@ TUNED_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
         key_loads_l2_256b=True,
         key_word_pairs=True,
         exact_chunks=5,
-        exact_carveout=44,  # the split kernel's carveout, in one wave with few exact programs
+        exact_carveout=44,  # the split kernel's carveout, in one wave (a remainder plan's long splits)
         exact_carveout_waves=1,
-        exact_carveout_programs=512,
+        exact_carveout_programs=2048,
+        prologue_precision="tf32",  # where the prologue runs: one tf32 MMA per product
         remainder_split=True,  # long splits and a short last one, in one wave of 128+ programs
         remainder_split_min_programs=128,
         packed_p_scaling=True,
@@ -954,6 +987,13 @@ def query_in_split_apply(config: LaunchConfig, split_programs: int, device: torc
     if resident is None:
         return False
     return split_programs <= config.query_in_split_waves * resident * _sm_count(device)
+
+
+def carveout_split_programs(programs: int, plan: SplitPlan) -> int:
+    """The split programs whose waves exact_carveout counts: every split's, but for a remainder
+    plan (split_major) only the long splits', since its short splits run in their wave's free slots
+    (beside the exact programs, which the carveout lets in too)."""
+    return programs * (plan.num_splits - 1 if plan.split_major else plan.num_splits)
 
 
 def exact_carveout(

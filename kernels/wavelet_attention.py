@@ -1093,6 +1093,7 @@ from .attention_config import (  # noqa: E402
     LaunchConfig,
     SplitPlan,
     _sm_count,
+    carveout_split_programs,
     choose_num_splits,
     choose_split_plan,
     default_config,
@@ -1312,6 +1313,7 @@ if HAS_TRITON:
         cols,  # [D_CHUNK] kernel slots of this chunk
         qk_scale,
         D: tl.constexpr,
+        PRECISION: tl.constexpr,  # the dot's input_precision (LaunchConfig.prologue_precision)
     ):
         """q_w = M (q * s_k) * qk_scale * step in fp16 for the slots `cols` of every row, and each
         band's share of the score offset sum_s q_w[s] * shift[s] in this chunk (4 [rows] sums)."""
@@ -1319,7 +1321,7 @@ if HAS_TRITON:
         q = tl.load(q_rows[:, None] + d[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
         q = q * tl.load(k_channel_scale + d).to(tl.float32)[None, :]
         m = tl.load(transform + cols[:, None] * D + d[None, :])
-        qw = tl.dot(q, tl.trans(m), input_precision="tf32x3")  # [rows, D_CHUNK]
+        qw = tl.dot(q, tl.trans(m), input_precision=PRECISION)  # [rows, D_CHUNK]
         qw16 = (qw * (tl.load(col_step_ptr + cols) * qk_scale)[None, :]).to(tl.float16)
         band = tl.load(col_band_ptr + cols)[None, :]
         # the offset uses the fp16-rounded query, exactly what the MMA multiplies
@@ -1356,6 +1358,7 @@ if HAS_TRITON:
         S: tl.constexpr,
         BLOCK_M: tl.constexpr,
         D_CHUNK: tl.constexpr,
+        PRECISION: tl.constexpr = "tf32x3",  # LaunchConfig.prologue_precision
         PDL: tl.constexpr = False,  # launched with programmatic dependent launch (see _pdl)
     ):
         """q_w = M_h (q * s_k) * qk_scale * step in fp16 for D_CHUNK of the S kernel slots (D for
@@ -1387,6 +1390,7 @@ if HAS_TRITON:
             cols,
             qk_scale,
             D,
+            PRECISION,
         )
         tl.store(qw_ptr + pid * BLOCK_M * S + local[:, None] * S + cols[None, :], qw16)
         qc = qc_ptr + (pid * (S // D_CHUNK) + chunk) * BLOCK_M * 4 + local * 4
@@ -1420,6 +1424,7 @@ if HAS_TRITON:
         BLOCK_M: tl.constexpr,
         D_CHUNK: tl.constexpr,
         ROWS: tl.constexpr,
+        PRECISION: tl.constexpr = "tf32x3",  # LaunchConfig.prologue_precision
         PDL: tl.constexpr = False,  # launched with programmatic dependent launch (see _pdl)
     ):
         """_prologue_kernel for one row block per (sequence, kv head) (decode): the query rows of
@@ -1451,6 +1456,7 @@ if HAS_TRITON:
             cols,
             qk_scale,
             D,
+            PRECISION,
         )
         # program (seq, kv head, row block 0) of the split kernels owns these rows
         program = seq * n_kv_heads + kv_head
@@ -2854,11 +2860,10 @@ if HAS_TRITON:
             tl.extra.cuda.gdc_wait()
 
 
-# query rows per program of _prologue_heads_kernel (the dot's M): 16 sequences' 4-row blocks. It runs
-# for decode launches with at least PROLOGUE_HEADS_MIN_ROWS query rows in all. Measured 2026-12-01
-# (H200, torch.profiler): (32, 32768) 12.8 -> 4.8 us, the op 0.3150 -> 0.3064 ms; at B = 8 (32 rows)
-# 4.6 -> 4.7 us and the op no faster, so smaller launches keep one program per sequence.
-PROLOGUE_TILE_ROWS = 64
+# _prologue_heads_kernel (LaunchConfig.prologue_tile_rows query rows a program) runs for decode
+# launches with at least PROLOGUE_HEADS_MIN_ROWS query rows in all. Measured 2026-12-01 (H200,
+# torch.profiler): at B = 8 (32 rows) 4.6 -> 4.7 us and the op no faster, so smaller launches keep
+# one program per sequence.
 PROLOGUE_HEADS_MIN_ROWS = 64
 
 
@@ -3241,7 +3246,7 @@ def wavelet_attention_triton(
         # 256 would hold a [64, 256] fp32 query tile per program: not measured, so not taken)
         launch(
             _prologue_heads_kernel,
-            (hkv, -(-batch * block_m // PROLOGUE_TILE_ROWS), n_qc),
+            (hkv, -(-batch * block_m // config.prologue_tile_rows), n_qc),
             q,
             q.stride(0),
             q.stride(1),
@@ -3264,7 +3269,8 @@ def wavelet_attention_triton(
             S=n_slots,
             BLOCK_M=block_m,
             D_CHUNK=d_chunk,
-            ROWS=PROLOGUE_TILE_ROWS,
+            ROWS=config.prologue_tile_rows,
+            PRECISION=config.prologue_precision,
             num_warps=config.prologue_warps,
             **({"PDL": True} if pdl else {}),
         )
@@ -3294,6 +3300,7 @@ def wavelet_attention_triton(
             S=n_slots,
             BLOCK_M=block_m,
             D_CHUNK=d_chunk,
+            PRECISION=config.prologue_precision,
             num_warps=config.prologue_warps,
             **({"PDL": True} if pdl else {}),
         )
@@ -3334,7 +3341,9 @@ def wavelet_attention_triton(
                     config,
                     split_options,
                     side,
-                    exact_carveout(config, programs * num_splits, programs * exact_programs, device),
+                    exact_carveout(
+                        config, carveout_split_programs(programs, plan), programs * exact_programs, device
+                    ),
                     plan,
                     value_channels,
                     query_args,

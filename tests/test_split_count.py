@@ -117,21 +117,21 @@ def test_programmatic_dependent_launch_only_where_it_can_run():
 
 
 def test_exact_carveout_only_in_one_wave_with_few_exact_programs():
-    # LaunchConfig.exact_carveout_waves (tuned 1) and exact_carveout_programs (tuned 512): measured
-    # faster in one wave with 40 or 320 exact programs, slower with 1,280 or in two waves. Off CUDA
-    # the sm_90 residency (12 programs per SM at 168 registers) and 4 SMs stand in: a wave is 48
-    # programs
+    # LaunchConfig.exact_carveout_waves (tuned 1) and exact_carveout_programs (tuned 2,048): measured
+    # faster in one wave with 40, 320 or (twenty-seventh session, the remainder plan's long splits
+    # counted as its wave) 1,280 exact programs, slower in two waves. Off CUDA the sm_90 residency
+    # (12 programs per SM at 168 registers) and 4 SMs stand in: a wave is 48 programs
     import torch
 
     cpu = torch.device("cpu")
-    assert (TUNED.exact_carveout, TUNED.exact_carveout_waves, TUNED.exact_carveout_programs) == (44, 1, 512)
-    assert C.exact_carveout(TUNED, 48, 512, cpu) == 44
+    assert (TUNED.exact_carveout, TUNED.exact_carveout_waves, TUNED.exact_carveout_programs) == (44, 1, 2048)
+    assert C.exact_carveout(TUNED, 48, 2048, cpu) == 44
     assert C.exact_carveout(TUNED, 49, 5, cpu) == -1  # two waves
     # a wave of another residency (128 registers: 16 programs per SM) is its own, not the cached one
     wider = dataclasses.replace(TUNED, maxnreg=128)
     assert C.exact_carveout(wider, 64, 5, cpu) == 44
     assert C.exact_carveout(wider, 65, 5, cpu) == -1
-    assert C.exact_carveout(TUNED, 48, 513, cpu) == -1  # too many exact programs
+    assert C.exact_carveout(TUNED, 48, 2049, cpu) == -1  # too many exact programs
     assert C.exact_carveout(dataclasses.replace(TUNED, exact_carveout_waves=2), 96, 5, cpu) == 44
     unlimited = dataclasses.replace(TUNED, exact_carveout_waves=0, exact_carveout_programs=0)
     assert C.exact_carveout(unlimited, 10**6, 10**6, cpu) == 44
@@ -139,6 +139,18 @@ def test_exact_carveout_only_in_one_wave_with_few_exact_programs():
     # no register cap: the residency is unknown, so no wave count to hold it to
     uncapped = dataclasses.replace(TUNED, maxnreg=None, whole_waves=False)
     assert C.exact_carveout(uncapped, 1, 1, cpu) == -1
+
+
+def test_carveout_counts_a_remainder_plans_long_splits_only():
+    # a remainder plan's short splits run in the free slots of its long splits' wave: (32, 32768)'s
+    # 256 programs in 6 long splits and a short one are one wave of 1,536 for the carveout (1,792
+    # split programs in all); equal splits count every split
+    assert C.carveout_split_programs(256, C.SplitPlan(7, 83, 512, split_major=True)) == 6 * 256
+    assert C.carveout_split_programs(64, C.SplitPlan(49)) == 49 * 64
+    cpu = __import__("torch").device("cpu")
+    remainder = C.SplitPlan(4, 10, 32, split_major=True)  # 12 programs: 36 long, 12 short splits
+    assert C.exact_carveout(TUNED, C.carveout_split_programs(12, remainder), 60, cpu) == 44  # a wave: 48
+    assert C.exact_carveout(TUNED, C.carveout_split_programs(12, C.SplitPlan(5)), 60, cpu) == -1
 
 
 def test_query_in_split_only_in_as_many_waves_as_asked():
@@ -166,6 +178,18 @@ def test_query_in_split_only_in_as_many_waves_as_asked():
 def test_prologue_warps_must_be_a_power_of_two_up_to_8(warps):
     with pytest.raises(ValueError, match="prologue_warps must be 1, 2, 4 or 8"):
         dataclasses.replace(TUNED, prologue_warps=warps)
+
+
+@pytest.mark.parametrize("rows", [0, 8, 48, 128])
+def test_prologue_tile_rows_must_be_a_dot_size(rows):
+    with pytest.raises(ValueError, match="prologue_tile_rows must be 16, 32 or 64"):
+        dataclasses.replace(TUNED, prologue_tile_rows=rows)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "TF32", "bf16x3", ""])
+def test_prologue_precision_must_be_a_dot_precision(precision):
+    with pytest.raises(ValueError, match="prologue_precision must be 'tf32x3', 'tf32' or 'ieee'"):
+        dataclasses.replace(TUNED, prologue_precision=precision)
 
 
 @pytest.mark.parametrize(

@@ -690,7 +690,8 @@ def test_gpu_v3_transform_in_split_matches_the_reduces_transform(group, tq, chan
 @pytest.mark.parametrize("small", [False, True])
 def test_gpu_v3_query_in_split_matches_the_prologue(group, tq, channel, small):
     # query_in_split computes the prologue's query slots in the split kernel from M_h s_k in fp16
-    # (the prologue: fp32 and tf32x3): the outputs may differ by that rounding only, for every split
+    # (the prologue: fp32 M_h, s_k in its tuned dot precision): the outputs may differ by that
+    # rounding only, for every split
     # count, and no prologue kernel may run; from a CUDA graph too, with a fresh query
     table = K.SMALL_LAUNCH_CONFIGS if small else K.TUNED_CONFIGS
     base = dataclasses.replace(table[(128, 4, "affine")], loads_before_pdl_wait=0, query_in_split=False)
@@ -745,21 +746,34 @@ def test_gpu_v3_tuned_query_in_split_only_in_one_wave():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("warps", [1, 2, 8])
+@pytest.mark.parametrize(
+    "option,tolerance",
+    [
+        ({"prologue_warps": 1}, 1e-3),
+        ({"prologue_warps": 2}, 1e-3),
+        ({"prologue_warps": 8}, 1e-3),
+        ({"prologue_tile_rows": 16}, 1e-3),
+        ({"prologue_tile_rows": 32}, 1e-3),
+        # the tuned dot is one tf32 MMA: the query slots keep 10 mantissa bits before their fp16
+        # rounding (as query_in_split's fp16 transform does), a few fp16 ulps from fp32's
+        ({"prologue_precision": "tf32x3"}, 3e-3),
+        ({"prologue_precision": "ieee"}, 3e-3),
+    ],
+)
 @pytest.mark.parametrize("batch", [5, 17])  # the per-sequence prologue, the per-kv-head one
-def test_gpu_v3_prologue_warps_change_no_result(warps, batch):
-    # LaunchConfig.prologue_warps launches either prologue with other warps: the same query
-    # transform (its tf32x3 dot may sum in another order), so the output within rounding of the
-    # 4-warp launch's, and against the reference
+def test_gpu_v3_prologue_options_change_no_result(option, tolerance, batch):
+    # the prologue's warps, rows a program (the per-kv-head prologue) and dot precision launch the
+    # same query transform (summed in another order, or rounded once more for tf32), so the output
+    # within rounding of the tuned launch's, and against the reference
     tuned = dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], query_in_split=False)
     lens = [4096, 1, 1000, 2049, 133] * 4
     codec, args = make_case(
         UNIFORM_REAL, batch, 2, 4, 1, 128, lens[:batch], 4096, torch.bfloat16, "cuda", "full"
     )
     want = _run_triton(args, codec, 128**-0.5, config=tuned)
-    got = _run_triton(args, codec, 128**-0.5, config=dataclasses.replace(tuned, prologue_warps=warps))
+    got = _run_triton(args, codec, 128**-0.5, config=dataclasses.replace(tuned, **option))
     assert not got.isnan().any()
-    assert rel_err(got, want.double()) <= 1e-3, rel_err(got, want.double())
+    assert rel_err(got, want.double()) <= tolerance, rel_err(got, want.double())
     assert rel_err(got, dense_reference(codec, args, 128**-0.5)) <= 1e-2
     assert not K._V3_FAILURE, K._V3_FAILURE
 
@@ -1233,19 +1247,41 @@ def test_prologue_warps_reach_the_prologue_launch(monkeypatch):
     assert rel_err(got, dense_reference(codec, args, 64**-0.5)) <= 1e-2
 
 
+def test_prologue_tile_rows_and_precision_reach_the_heads_prologue(monkeypatch):
+    # LaunchConfig.prologue_tile_rows sets _prologue_heads_kernel's grid and ROWS (5 sequences x
+    # 4-row blocks: two tiles of 16 rows, one of 32), prologue_precision its dot's precision
+    codec, args = make_case("default;window=8;sinks=2", 5, 2, 4, 1, 64, [1, 41, 70, 9, 33], 70, torch.float16)
+    monkeypatch.setattr(K, "PROLOGUE_HEADS_MIN_ROWS", 0)
+    real_launch = K.launch
+    launched = []
+
+    def recording_launch(kernel, grid, *a, **kw):
+        launched.append((kernel, grid, kw.get("ROWS"), kw.get("PRECISION")))
+        real_launch(kernel, grid, *a, **kw)
+
+    monkeypatch.setattr(K, "launch", recording_launch)
+    for rows, tiles in [(16, 2), (32, 1)]:
+        launched.clear()
+        config = K.LaunchConfig(block_n=16, prologue_tile_rows=rows, prologue_precision="ieee")
+        got = _run_triton(args, codec, 64**-0.5, config=config, num_splits=3)
+        heads = [entry for entry in launched if entry[0] is K._prologue_heads_kernel]
+        assert len(heads) == 1 and heads[0][2:] == (rows, "ieee"), launched
+        assert heads[0][1][:2] == (2, tiles), heads
+        assert rel_err(got, dense_reference(codec, args, 64**-0.5)) <= 1e-2
+
+
 @pytest.mark.parametrize("group,tq", [(4, 1), (2, 1), (2, 2)])
 def test_prologue_by_kv_head_equals_the_per_sequence_prologue(monkeypatch, group, tq):
     # decode launches with many sequences transform the query rows of all sequences that share a kv
-    # head in one dot (_prologue_heads_kernel); tiles of 8 rows here, so 5 sequences x 4-row blocks
-    # end in a partial tile, and group x tq < 4 leaves padding rows in every block
+    # head in one dot (_prologue_heads_kernel); tiles of 16 rows here, so 5 sequences x 4-row
+    # blocks end in a partial tile, and group x tq < 4 leaves padding rows in every block
     lengths = [tq, 41, 70, 9, 33]
     codec, args = make_case("default;window=8;sinks=2", 5, 2, group, tq, 64, lengths, 70, torch.float16)
     sm_scale = 64**-0.5
-    config = K.LaunchConfig(block_n=16)
+    config = K.LaunchConfig(block_n=16, prologue_tile_rows=16)
     monkeypatch.setattr(K, "PROLOGUE_HEADS_MIN_ROWS", 10**9)
     per_sequence = _run_triton(args, codec, sm_scale, config=config, num_splits=3)
     monkeypatch.setattr(K, "PROLOGUE_HEADS_MIN_ROWS", 0)
-    monkeypatch.setattr(K, "PROLOGUE_TILE_ROWS", 8)
     launched = []
     real_launch = K.launch
 
