@@ -239,7 +239,10 @@ class LaunchConfig:
     # op 3.9% faster at one sequence (40 exact programs) and 1.4-2.6% at (8, 32768) (320), both one
     # wave; 0.5-0.8% slower at (32, 32768) (one wave, 1,280: they then run beside the whole split
     # kernel and take its issue slots, where otherwise they fill its tail) and 1-2% at (8, 131072)
-    # (two waves: they take slots the second wave needs)
+    # (two waves: they take slots the second wave needs). A remainder plan's waves are those of its
+    # long splits (carveout_split_programs). Twenty-seventh session, at (32, 32768)'s remainder plan
+    # with 1,280 exact programs: -0.9% and -0.5% in two grids (they end 5.5 us before the split
+    # kernel instead of 3.0 after), in two waves at (8, 131072) +4.0%: tuned 1 wave, 2,048 programs
     exact_carveout_waves: int = 0
     exact_carveout_programs: int = 0
     # the split count set so the launch fills a whole number of waves of resident programs
