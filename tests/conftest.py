@@ -4,6 +4,7 @@
 - HF_HUB_OFFLINE=1: tests never download.
 - Inductor's cache inside the build tree, not in /tmp of a shared machine.
 - Tests marked `gpu` are skipped without CUDA; on a GPU run them with `pytest -m gpu`.
+- The checkout's root off sys.path (see below).
 """
 
 from __future__ import annotations
@@ -11,8 +12,18 @@ from __future__ import annotations
 import os
 import pathlib
 import shutil
+import sys
 
 _ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+# `python -m pytest` and xdist's workers put the current folder, the checkout's root, first on
+# sys.path. There kernels/ and passes/ (installed as wmoe_compile.kernels and .passes through
+# pyproject's package-dir) are top-level names too, and kernels/ shadows the `kernels` distribution
+# that transformers (>= 5.25, a dependency of it) imports at `import transformers`: ImportError in
+# every test that loads a model. The tests import the installed package, so the root goes.
+sys.path[:] = [p for p in sys.path if pathlib.Path(p or os.curdir).resolve() != _ROOT]
+if "kernels" in sys.modules and pathlib.Path(sys.modules["kernels"].__file__ or "").parent.parent == _ROOT:
+    del sys.modules["kernels"]  # imported from the root before this ran (a plugin): forget it
 
 
 def _has_cuda_gpu() -> bool:

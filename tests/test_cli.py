@@ -16,6 +16,21 @@ def test_help_lists_subcommands():
         assert name in out
 
 
+def test_the_checkouts_kernels_folder_shadows_no_installed_package():
+    # kernels/ at the checkout's root is installed as wmoe_compile.kernels; as a top-level name (the
+    # root first on sys.path, as `python -m pytest` puts it) it shadowed the `kernels` distribution
+    # that transformers >= 5.25 imports, and every model-loading test failed. conftest takes the
+    # root off sys.path: `kernels` must resolve elsewhere, and transformers' integration import
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.find_spec("kernels")
+    assert spec is None or Path(spec.origin or "").resolve().parent != root / "kernels", spec
+    pytest.importorskip("transformers")
+    from transformers import AutoModelForCausalLM  # noqa: F401  (the import that failed)
+
+
 def test_console_script_installed():
     import shutil
 
