@@ -88,7 +88,7 @@
 #                                                 # breakdown (Nsight Compute)
 set -u
 case "${1:-}" in
-tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce | exact_remainder | key_word_pairs | clocks | zero_padding_p | value_subnormals | value_subnormals_sustained | band_columns | value_scales_staged | counted_steps | transform_in_split | one_sequence_merge | query_in_split | one_wave | merge_pass | final26 | small_bench | exact_tail_prologue | prologue_tiles) ;;
+tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce | exact_remainder | key_word_pairs | clocks | zero_padding_p | value_subnormals | value_subnormals_sustained | band_columns | value_scales_staged | counted_steps | transform_in_split | one_sequence_merge | query_in_split | one_wave | merge_pass | final26 | small_bench | exact_tail_prologue | prologue_tiles | two_wave_tail | one_sequence_l2 | query_after_loads) ;;
 grid | timeline | sustained)
     if [ ! -f "${2:-}" ]; then
         echo "$1 needs a JSON file of LaunchConfig dicts (e.g. benchmarks/probe_one_block_step.json), got '${2:-}'" >&2
@@ -96,7 +96,7 @@ grid | timeline | sustained)
     fi
     ;;
 *)
-    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|reduce|remainder|small_reduce|exact_remainder|key_word_pairs|clocks|zero_padding_p|value_subnormals|value_subnormals_sustained|band_columns|value_scales_staged|counted_steps|transform_in_split|one_sequence_merge|query_in_split|one_wave|merge_pass|final26|small_bench|exact_tail_prologue|prologue_tiles|grid FILE.json|timeline FILE.json|sustained FILE.json|stalls [tuned|keys_in_step]" >&2
+    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|reduce|remainder|small_reduce|exact_remainder|key_word_pairs|clocks|zero_padding_p|value_subnormals|value_subnormals_sustained|band_columns|value_scales_staged|counted_steps|transform_in_split|one_sequence_merge|query_in_split|one_wave|merge_pass|final26|small_bench|exact_tail_prologue|prologue_tiles|two_wave_tail|one_sequence_l2|query_after_loads|grid FILE.json|timeline FILE.json|sustained FILE.json|stalls [tuned|keys_in_step]" >&2
     exit 2
     ;;
 esac
@@ -360,6 +360,42 @@ prologue_tiles)
     attention_tests "prologue_options"
     probe_grid benchmarks/probe_prologue_tiles.json "32,32768;8,131072;8,32768" prologue_tiles 300
     probe_timeline benchmarks/probe_prologue_tiles_timeline.json "32,32768"
+    ;;
+two_wave_tail)
+    # twenty-seventh session, after the tf32 prologue: at (8, 131072) (two waves, the per-sequence
+    # prologue, 320 exact programs without the carveout) the prologue on 2 or 8 warps, the merge at
+    # 32 channels a program, 4 or 6 exact programs a pair; 5 rounds in rotated order, (32, 32768)
+    # beside it
+    probe_grid benchmarks/probe_two_wave_tail.json "8,131072;32,32768" two_wave_tail 300
+    ;;
+one_sequence_l2)
+    # twenty-seventh session: at one sequence each of the split kernel's 1,024 programs reads 32 KB
+    # of query-transform and 32 KB of epilogue-transform words from L2 (64 MB a call, beside 27.7 MB
+    # of cache from DRAM). Nsight Compute's throughputs for one launch of the small-launch config
+    # say whether L2 or DRAM is near its peak
+    config=$(python3 -c "import dataclasses, json
+from wmoe_compile.kernels import wavelet_attention as K
+print(json.dumps(dataclasses.asdict(K.SMALL_LAUNCH_CONFIGS[(128, 4, 'affine')])))")
+    run 300 ncu --clock-control none -k regex:split_kernel_v3 --launch-skip 2 --launch-count 1 \
+        --section SpeedOfLight --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables \
+        --section LaunchStats --section Occupancy --section WarpStateStats \
+        -f -o "$OUT/one_sequence_l2" python3 -P benchmarks/probe_attention.py once --shape 1,32768 --config "$config"
+    timeout 120 ncu -i "$OUT/one_sequence_l2.ncu-rep" --page details --print-details all \
+        > "$OUT/one_sequence_l2_details.txt" 2>&1
+    grep -E "Duration|Throughput|Hit Rate|Busy|Achieved Occupancy|Stall|Warp Cycles|Elapsed Cycles|SM Frequency" \
+        "$OUT/one_sequence_l2_details.txt" | head -60
+    ;;
+query_after_loads)
+    # twenty-seventh session: after one_sequence_l2 (L2 41%, DRAM 33%, 7.4 warps per SM: latency
+    # bounds one sequence) each program transforms the query after issuing its first step's key
+    # loads (LaunchConfig.query_after_loads, on in the small-launch config): its GPU tests, 6
+    # rounds at one sequence (off first, then on; alternating order), 4 at (8, 32768) with the large
+    # config (which would spill 3 loop instructions), then the bench (no sustained phase: the
+    # device budget)
+    attention_tests "query_in_split_matches or tuned_query_in_split or repeated"
+    probe_grid benchmarks/probe_query_after_loads_one_sequence.json "1,32768" query_after_loads_one_sequence 120
+    probe_grid benchmarks/probe_query_after_loads.json "8,32768" query_after_loads 120
+    run 180 python3 -P benchmarks/bench_attention.py --out "$OUT" --codec default
     ;;
 sustained)
     # an A/B that alternates every few milliseconds shares one clock between both sides; at the
