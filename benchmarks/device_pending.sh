@@ -88,7 +88,7 @@
 #                                                 # breakdown (Nsight Compute)
 set -u
 case "${1:-}" in
-tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce | exact_remainder | key_word_pairs | clocks | zero_padding_p | value_subnormals | value_subnormals_sustained | band_columns | value_scales_staged | counted_steps | transform_in_split | one_sequence_merge | query_in_split | one_wave | merge_pass | final26 | small_bench | exact_tail_prologue | prologue_tiles | two_wave_tail | one_sequence_l2 | query_after_loads) ;;
+tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce | exact_remainder | key_word_pairs | clocks | zero_padding_p | value_subnormals | value_subnormals_sustained | band_columns | value_scales_staged | counted_steps | transform_in_split | one_sequence_merge | query_in_split | one_wave | merge_pass | final26 | small_bench | exact_tail_prologue | prologue_tiles | two_wave_tail | one_sequence_l2) ;;
 grid | timeline | sustained)
     if [ ! -f "${2:-}" ]; then
         echo "$1 needs a JSON file of LaunchConfig dicts (e.g. benchmarks/probe_one_block_step.json), got '${2:-}'" >&2
@@ -96,7 +96,7 @@ grid | timeline | sustained)
     fi
     ;;
 *)
-    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|reduce|remainder|small_reduce|exact_remainder|key_word_pairs|clocks|zero_padding_p|value_subnormals|value_subnormals_sustained|band_columns|value_scales_staged|counted_steps|transform_in_split|one_sequence_merge|query_in_split|one_wave|merge_pass|final26|small_bench|exact_tail_prologue|prologue_tiles|two_wave_tail|one_sequence_l2|query_after_loads|grid FILE.json|timeline FILE.json|sustained FILE.json|stalls [tuned|keys_in_step]" >&2
+    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|reduce|remainder|small_reduce|exact_remainder|key_word_pairs|clocks|zero_padding_p|value_subnormals|value_subnormals_sustained|band_columns|value_scales_staged|counted_steps|transform_in_split|one_sequence_merge|query_in_split|one_wave|merge_pass|final26|small_bench|exact_tail_prologue|prologue_tiles|two_wave_tail|one_sequence_l2|grid FILE.json|timeline FILE.json|sustained FILE.json|stalls [tuned|keys_in_step]" >&2
     exit 2
     ;;
 esac
@@ -384,18 +384,6 @@ print(json.dumps(dataclasses.asdict(K.SMALL_LAUNCH_CONFIGS[(128, 4, 'affine')]))
         > "$OUT/one_sequence_l2_details.txt" 2>&1
     grep -E "Duration|Throughput|Hit Rate|Busy|Achieved Occupancy|Stall|Warp Cycles|Elapsed Cycles|SM Frequency" \
         "$OUT/one_sequence_l2_details.txt" | head -60
-    ;;
-query_after_loads)
-    # twenty-seventh session: after one_sequence_l2 (L2 41%, DRAM 33%, 7.4 warps per SM: latency
-    # bounds one sequence) each program transforms the query after issuing its first step's key
-    # loads (LaunchConfig.query_after_loads, on in the small-launch config): its GPU tests, 6
-    # rounds at one sequence (off first, then on; alternating order), 4 at (8, 32768) with the large
-    # config (which would spill 3 loop instructions), then the bench (no sustained phase: the
-    # device budget)
-    attention_tests "query_in_split_matches or tuned_query_in_split or repeated"
-    probe_grid benchmarks/probe_query_after_loads_one_sequence.json "1,32768" query_after_loads_one_sequence 120
-    probe_grid benchmarks/probe_query_after_loads.json "8,32768" query_after_loads 120
-    run 180 python3 -P benchmarks/bench_attention.py --out "$OUT" --codec default
     ;;
 sustained)
     # an A/B that alternates every few milliseconds shares one clock between both sides; at the

@@ -131,7 +131,6 @@ def compile_v3(args: argparse.Namespace) -> tuple[str, str, int, str]:
         COUNTED_STEPS=args.counted_steps,
         TRANSFORM_IN_SPLIT=args.transform_in_split,
         QUERY_IN_SPLIT=args.query_in_split,
-        QUERY_AFTER_LOADS=args.query_after_loads,
     )
     pointer_types = dict(qw_ptr="*fp16", kc_ptr="*u8", vc_ptr="*u8", ks_ptr="*fp16", vs_ptr="*fp16")
     pointer_types.update(seq_lens_ptr="*i32", slot_coef_ptr="*i32", vt_ptr="*i32", qt_ptr="*i32")
@@ -284,11 +283,6 @@ def main() -> None:
         "--query-in-split",
         action="store_true",
         help="the query's transform in the split kernel (no prologue); needs --loads-before-pdl-wait 0",
-    )
-    p.add_argument(
-        "--query-after-loads",
-        action="store_true",
-        help="with --query-in-split: the transform after the first step's cache loads are issued",
     )
     p.add_argument(
         "--without",

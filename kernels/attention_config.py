@@ -166,28 +166,18 @@ class LaunchConfig:
     # with query_in_split: take it only where the split launch is at most this many waves of
     # resident programs (0: always); elsewhere the prologue transforms the query
     query_in_split_waves: int = 0
-    # with query_in_split: each program transforms the query after issuing its first step's cache
-    # loads instead of before, so the transform's L2 round trips (32 KB of M_h s_k words) overlap
-    # those loads' DRAM ones (a program with a masked last step transforms it again there). The
-    # twenty-seventh session's Nsight Compute run at one sequence: L2 41% and DRAM 33% of peak,
-    # 7.4 warps per SM, long-scoreboard waits 2.1 of 5.7 cycles between a warp's instructions:
-    # latency, not bandwidth, bounds that launch
-    query_after_loads: bool = False
     # the prologue kernel's warps (either prologue; 4 in every measurement so far). Twenty-sixth
     # session: where it runs ((8, 131072), (32, 32768)) the split programs wait for it from 1.0 to
-    # 4.4-4.6 us for what is one round of loads and a small dot. Twenty-seventh session (4 rounds) at
-    # (32, 32768): 1 / 2 / 8 warps +14.4% (the prologue 30.8 us) / +2.5% / +0.3%: 4
+    # 4.4-4.6 us for what is one round of loads and a small dot: prepared for an A/B, not timed
     prologue_warps: int = 4
     # _prologue_heads_kernel's query rows a program (the dot's M: 16 sequences' 4-row blocks at
     # 64). Measured 2026-12-01 (H200, torch.profiler): one program per sequence took 12.8 us at
-    # (32, 32768), 64-row tiles 4.8 us (the op 0.3150 -> 0.3064 ms). Twenty-seventh session (4
-    # rounds): 16- or 32-row tiles (256 or 128 programs, a quarter or half the dot each) -0.1% /
-    # +0.9% at (32, 32768), the prologue 4.6 -> 4.8 us: 64
+    # (32, 32768), 64-row tiles 4.8 us (the op 0.3150 -> 0.3064 ms). Twenty-seventh session:
+    # smaller tiles spread its 64 programs over more SMs, each with a quarter or half the dot
     prologue_tile_rows: int = 64
     # the prologue's fp32 dot: "tf32x3" (three tf32 MMAs, about fp32's accuracy), "tf32" (one:
     # the query keeps 10 mantissa bits before its fp16 rounding; query_in_split's fp16 transform
-    # keeps as many) or "ieee" (FMAs). Tuned "tf32": -1.4% / -1.2% at (32, 32768) / (8, 131072)
-    # (twenty-seventh session, 4 rounds), the prologue 4.6 -> 3.9 us
+    # keeps as many) or "ieee" (FMAs)
     prologue_precision: str = "tf32x3"
     # with transform_in_split: a row's channels per merge program (a power of two; grid (rows, D /
     # this)), and its warps
@@ -459,11 +449,6 @@ class LaunchConfig:
                 "LaunchConfig.prologue_precision must be 'tf32x3', 'tf32' or 'ieee', got "
                 f"{self.prologue_precision!r}"
             )
-        if self.query_after_loads and not self.query_in_split:
-            raise ValueError(
-                "LaunchConfig.query_after_loads moves query_in_split's transform: it needs "
-                "query_in_split=True"
-            )
         if self.query_in_split_waves < 0:
             raise ValueError(
                 "LaunchConfig.query_in_split_waves must be >= 0 (0: any launch), got "
@@ -713,8 +698,6 @@ SMALL_LAUNCH_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
         # programs instead of 5 -1.0% (3 rounds) and -1.2% (-1.6 .. -0.2, 4 rounds); the merge in
         # one pass of 256 partials -0.5% / -0.7%, with 3 exact programs -1.0%: 3 exact programs
         exact_chunks=3,
-        # twenty-seventh session: the query's transform after the first step's key loads are issued
-        query_after_loads=True,
     ),
 }
 # where v3 cannot run a small launch (other layouts, no Gluon, the interpreter): v1's own best
@@ -754,7 +737,6 @@ V3_ONLY_OPTIONS = (
     "counted_steps",
     "transform_in_split",
     "query_in_split",
-    "query_after_loads",
     "prefetch_value_rows",
     "fill_value_rows_l2",
     "value_copies_l2_256b",
@@ -1008,12 +990,6 @@ def query_in_split_apply(config: LaunchConfig, split_programs: int, device: torc
     if resident is None:
         return False
     return split_programs <= config.query_in_split_waves * resident * _sm_count(device)
-
-
-def without_query_in_split(config: LaunchConfig) -> LaunchConfig:
-    """config with the prologue transforming the query (query_in_split off, and with it
-    query_after_loads, which only moves query_in_split's transform)."""
-    return replace(config, query_in_split=False, query_after_loads=False)
 
 
 def carveout_split_programs(programs: int, plan: SplitPlan) -> int:

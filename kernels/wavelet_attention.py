@@ -1103,7 +1103,6 @@ from .attention_config import (  # noqa: E402
     split_count,
     v1_fallback,
     value_subnormals_apply,
-    without_query_in_split,
 )
 
 
@@ -3069,7 +3068,6 @@ def _launch_v3(
         COUNTED_STEPS=config.counted_steps,
         TRANSFORM_IN_SPLIT=config.transform_in_split,
         QUERY_IN_SPLIT=config.query_in_split,
-        QUERY_AFTER_LOADS=config.query_after_loads,
         PREFETCH_VALUE_ROWS=config.prefetch_value_rows,
         FILL_VALUE_ROWS_L2=config.fill_value_rows_l2,
         VALUE_COPIES_L2_256B=config.value_copies_l2_256b,
@@ -3174,7 +3172,7 @@ def wavelet_attention_triton(
     num_splits, split_num, split_den = plan.num_splits, plan.split_num, plan.split_den
     if use_v3 and config.query_in_split and not query_in_split_apply(config, programs * num_splits, q.device):
         # a launch of more waves than config.query_in_split_waves: the prologue transforms the query
-        config = without_query_in_split(config)
+        config = replace(config, query_in_split=False)
     if config.value_subnormals and not value_subnormals_apply(config, capacity - layout.n_exact, plan):
         # uncentred value sums lose precision with the split's length: past the bound (from the
         # capacity, so no host sync), the centred step

@@ -817,15 +817,6 @@ if HAS_GLUON:
         return mma_v2(a, b, out)
 
     @gluon.jit
-    def _memory_order_fence():
-        """bar.warp.sync: memory operations stay on their side of it in ptxas's schedule (its
-        list scheduler otherwise issues QUERY_AFTER_LOADS's transform, the longest dependency chain,
-        ahead of the first step's key loads whatever the program order)."""
-        gl.inline_asm_elementwise(
-            "bar.warp.sync -1; // dummy $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1
-        )
-
-    @gluon.jit
     def _wait_for_prologue():
         """griddepcontrol.wait (PDL): the prologue's writes (qw, qc) are visible after this (with
         QUERY_IN_SPLIT, no prologue: the previous kernel's, e.g. the query's or the caches')."""
@@ -1086,10 +1077,6 @@ if HAS_GLUON:
         # the query's transform to slots computed here from the query (_query_in_split), so no
         # prologue runs before this kernel (LaunchConfig.query_in_split; needs LOADS_BEFORE_WAIT 0)
         QUERY_IN_SPLIT: gl.constexpr = False,
-        # with QUERY_IN_SPLIT: the query's transform after the first step's cache loads are issued,
-        # so its L2 round trips overlap their DRAM ones (LaunchConfig.query_after_loads); a program
-        # with a masked tail step and full steps transforms it again there
-        QUERY_AFTER_LOADS: gl.constexpr = False,
     ):
         """One (split, sequence, kv head, row block): online softmax over a range of compressed
         tokens in the coefficient domain; grid (num_splits, programs), or (programs, num_splits)
@@ -1145,26 +1132,25 @@ if HAS_GLUON:
         all_hi = gl.min(gl.where(row_ok, row_hi, hi), axis=0)
         full_hi = lo + gl.maximum(all_hi - lo, 0) // BLOCK_N * BLOCK_N
         # ---- loop invariants
-        # _query_in_split's runtime arguments
-        query_args = (
-            q_ptr,
-            q_stride_b,
-            q_stride_h,
-            q_stride_t,
-            qt_ptr + kv_head * qt_stride_h,
-            k_factor_ptr,
-            k_shift_ptr,
-            qk_scale,
-            batch,
-            kv_head,
-            row_block,
-            group,
-            n_new,
-        )
         if QUERY_IN_SPLIT:
             gl.static_assert(LOADS_BEFORE_WAIT == 0, "QUERY_IN_SPLIT reads the query after the wait")
-            if not QUERY_AFTER_LOADS:
-                q0, q1, q2, q3, q4, q5, q6, q7, qc0, qc1 = _query_in_split(*query_args, BLOCK_M, BAND_COLUMNS)
+            q0, q1, q2, q3, q4, q5, q6, q7, qc0, qc1 = _query_in_split(
+                q_ptr,
+                q_stride_b,
+                q_stride_h,
+                q_stride_t,
+                qt_ptr + kv_head * qt_stride_h,
+                k_factor_ptr,
+                k_shift_ptr,
+                qk_scale,
+                batch,
+                kv_head,
+                row_block,
+                group,
+                n_new,
+                BLOCK_M,
+                BAND_COLUMNS,
+            )
         elif LOADS_BEFORE_WAIT == 0:
             q0, q1, q2, q3, q4, q5, q6, q7, qc0, qc1 = _load_query(
                 qw_ptr, qc_ptr, pid, BLOCK_M, N_QC, BAND_COLUMNS
@@ -1244,9 +1230,6 @@ if HAS_GLUON:
                 next4, next2 = _load_key_words(
                     kcodes, lo + kt, CODE_ROW, E4, E2, False, KEY_LOADS_L2_256B, KEY_WORD_PAIRS
                 )
-            if QUERY_IN_SPLIT and QUERY_AFTER_LOADS:  # the first step's loads are in flight
-                _memory_order_fence()
-                q0, q1, q2, q3, q4, q5, q6, q7, qc0, qc1 = _query_in_split(*query_args, BLOCK_M, BAND_COLUMNS)
             if LOADS_BEFORE_WAIT > 0:
                 for i in gl.static_range(LOADS_BEFORE_WAIT):
                     first = gl.minimum(lo + i * BLOCK_N, last_full)
@@ -1380,8 +1363,6 @@ if HAS_GLUON:
         # ---- the rest: tokens clamped to the range (loads stay in bounds), scores masked per row
         rest = (ring, kcodes, vcodes, kscales, vscales, full_hi, hi, row_hi, vt, st, kt, mt, ones)
         if hi > full_hi:
-            if QUERY_IN_SPLIT and QUERY_AFTER_LOADS:  # (the full steps' transform is out of scope)
-                q0, q1, q2, q3, q4, q5, q6, q7, qc0, qc1 = _query_in_split(*query_args, BLOCK_M, BAND_COLUMNS)
             if LOADS_BEFORE_WAIT > 0:  # (a program with full steps has waited already: at once)
                 if PDL:
                     _wait_for_prologue()

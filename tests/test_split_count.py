@@ -146,10 +146,8 @@ def test_carveout_counts_a_remainder_plans_long_splits_only():
     # 256 programs in 6 long splits and a short one are one wave of 1,536 for the carveout (1,792
     # split programs in all); equal splits count every split
     assert C.carveout_split_programs(256, C.SplitPlan(7, 83, 512, split_major=True)) == 6 * 256
-    import torch
-
     assert C.carveout_split_programs(64, C.SplitPlan(49)) == 49 * 64
-    cpu = torch.device("cpu")
+    cpu = __import__("torch").device("cpu")
     remainder = C.SplitPlan(4, 10, 32, split_major=True)  # 12 programs: 36 long, 12 short splits
     assert C.exact_carveout(TUNED, C.carveout_split_programs(12, remainder), 60, cpu) == 44  # a wave: 48
     assert C.exact_carveout(TUNED, C.carveout_split_programs(12, C.SplitPlan(5)), 60, cpu) == -1
@@ -180,17 +178,6 @@ def test_query_in_split_only_in_as_many_waves_as_asked():
 def test_prologue_warps_must_be_a_power_of_two_up_to_8(warps):
     with pytest.raises(ValueError, match="prologue_warps must be 1, 2, 4 or 8"):
         dataclasses.replace(TUNED, prologue_warps=warps)
-
-
-def test_query_after_loads_needs_query_in_split_and_goes_with_it():
-    # query_after_loads only moves query_in_split's transform: alone it is an error; where the
-    # launcher turns query_in_split off (more waves than query_in_split_waves) it goes too
-    with pytest.raises(ValueError, match="query_after_loads .* needs query_in_split=True"):
-        dataclasses.replace(TUNED, query_in_split=False, query_after_loads=True)
-    late = dataclasses.replace(TUNED, query_in_split=True, query_after_loads=True)
-    plain = C.without_query_in_split(late)
-    assert not plain.query_in_split and not plain.query_after_loads
-    assert "query_after_loads" in C.V3_ONLY_OPTIONS
 
 
 @pytest.mark.parametrize("rows", [0, 8, 48, 128])

@@ -327,8 +327,7 @@ def test_tuned_config_by_launch_size():
     # the MMAs' padding columns serving the 2-bit band (-2.7% there, +1.5-2.3% sustained at the
     # large shapes, twenty-third session), 16 channels a merge program (twenty-fifth session; 64 at
     # the large shapes); both transform the query in the split kernel where the launch is one wave
-    # (twenty-sixth session), so no cache read goes before the PDL wait; one sequence after the
-    # first step's key loads are issued (twenty-seventh session; the large entry would spill)
+    # (twenty-sixth session), so no cache read goes before the PDL wait
     assert small == dataclasses.replace(
         large,
         min_split_tokens=256,
@@ -337,7 +336,6 @@ def test_tuned_config_by_launch_size():
         band_columns=True,
         channel_merge_channels=16,
         exact_chunks=3,  # (5 at the large shapes)
-        query_after_loads=True,
     )
     assert large.transform_in_split and large.channel_merge_channels == 64
     assert large.query_in_split and large.query_in_split_waves == 1 and not large.loads_before_pdl_wait
@@ -516,7 +514,7 @@ TUNED_V3 = K.TUNED_CONFIGS[(128, 4, "affine")]
 REDUCE_TRANSFORM = dataclasses.replace(TUNED_V3, transform_in_split=False)
 # the split kernel's first cache reads before its PDL wait: that needs the prologue to transform
 # the query (the tuned configs do it in the split kernel, query_in_split, reading it after the wait)
-EARLY_LOADS = dict(loads_before_pdl_wait=1, query_in_split=False, query_after_loads=False)
+EARLY_LOADS = dict(loads_before_pdl_wait=1, query_in_split=False)
 V2_GPU_CONFIGS = [
     K.LaunchConfig(),
     K.LaunchConfig(use_asm=False),
@@ -692,25 +690,21 @@ def test_gpu_v3_transform_in_split_matches_the_reduces_transform(group, tq, chan
 @pytest.mark.parametrize("small", [False, True])
 def test_gpu_v3_query_in_split_matches_the_prologue(group, tq, channel, small):
     # query_in_split computes the prologue's query slots in the split kernel from M_h s_k in fp16
-    # (the prologue: M_h in fp32, through its tuned dot): the outputs may differ by that rounding
-    # only, for every split count, and no prologue kernel may run; from a CUDA graph too, with a
-    # fresh query
+    # (the prologue: fp32 M_h, s_k in its tuned dot precision): the outputs may differ by that
+    # rounding only, for every split
+    # count, and no prologue kernel may run; from a CUDA graph too, with a fresh query
     table = K.SMALL_LAUNCH_CONFIGS if small else K.TUNED_CONFIGS
-    base = K.without_query_in_split(dataclasses.replace(table[(128, 4, "affine")], loads_before_pdl_wait=0))
+    base = dataclasses.replace(table[(128, 4, "affine")], loads_before_pdl_wait=0, query_in_split=False)
     config = dataclasses.replace(base, query_in_split=True, query_in_split_waves=0)
     codec, args = make_case(
         UNIFORM_REAL, 5, 2, group, tq, 128, [4096, tq, 1000, 2049, 133], 4096, torch.bfloat16, "cuda", channel
     )
     want = dense_reference(codec, args, 128**-0.5)
-    late = dataclasses.replace(config, query_after_loads=True)
     for splits in (None, 1, 7, 70):
         plain = _run_triton(args, codec, 128**-0.5, config=base, num_splits=splits)
         got = _run_triton(args, codec, 128**-0.5, config=config, num_splits=splits)
         assert rel_err(got, plain.double()) <= 3e-3, (splits, rel_err(got, plain.double()))
         assert rel_err(got, want) <= 1e-2
-        # query_after_loads: the same transform after the first step's loads are issued (again in
-        # the masked steps of a program that has full ones): the same output, bit for bit
-        assert torch.equal(_run_triton(args, codec, 128**-0.5, config=late, num_splits=splits), got), splits
     # (acc_events: torch's profiler warns, a UserWarning the attention target makes fatal, without it)
     cuda = dict(activities=[torch.profiler.ProfilerActivity.CUDA], acc_events=True)
     with torch.profiler.profile(**cuda) as prof:
