@@ -168,16 +168,19 @@ class LaunchConfig:
     query_in_split_waves: int = 0
     # the prologue kernel's warps (either prologue; 4 in every measurement so far). Twenty-sixth
     # session: where it runs ((8, 131072), (32, 32768)) the split programs wait for it from 1.0 to
-    # 4.4-4.6 us for what is one round of loads and a small dot: prepared for an A/B, not timed
+    # 4.4-4.6 us for what is one round of loads and a small dot. Twenty-seventh session (4 rounds) at
+    # (32, 32768): 1 / 2 / 8 warps +14.4% (the prologue 30.8 us) / +2.5% / +0.3%: 4
     prologue_warps: int = 4
     # _prologue_heads_kernel's query rows a program (the dot's M: 16 sequences' 4-row blocks at
     # 64). Measured 2026-12-01 (H200, torch.profiler): one program per sequence took 12.8 us at
-    # (32, 32768), 64-row tiles 4.8 us (the op 0.3150 -> 0.3064 ms). Twenty-seventh session:
-    # smaller tiles spread its 64 programs over more SMs, each with a quarter or half the dot
+    # (32, 32768), 64-row tiles 4.8 us (the op 0.3150 -> 0.3064 ms). Twenty-seventh session (4
+    # rounds): 16- or 32-row tiles (256 or 128 programs, a quarter or half the dot each) -0.1% /
+    # +0.9% at (32, 32768), the prologue 4.6 -> 4.8 us: 64
     prologue_tile_rows: int = 64
     # the prologue's fp32 dot: "tf32x3" (three tf32 MMAs, about fp32's accuracy), "tf32" (one:
     # the query keeps 10 mantissa bits before its fp16 rounding; query_in_split's fp16 transform
-    # keeps as many) or "ieee" (FMAs)
+    # keeps as many) or "ieee" (FMAs). Tuned "tf32": -1.4% / -1.2% at (32, 32768) / (8, 131072)
+    # (twenty-seventh session, 4 rounds), the prologue 4.6 -> 3.9 us
     prologue_precision: str = "tf32x3"
     # with transform_in_split: a row's channels per merge program (a power of two; grid (rows, D /
     # this)), and its warps

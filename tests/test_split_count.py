@@ -146,8 +146,10 @@ def test_carveout_counts_a_remainder_plans_long_splits_only():
     # 256 programs in 6 long splits and a short one are one wave of 1,536 for the carveout (1,792
     # split programs in all); equal splits count every split
     assert C.carveout_split_programs(256, C.SplitPlan(7, 83, 512, split_major=True)) == 6 * 256
+    import torch
+
     assert C.carveout_split_programs(64, C.SplitPlan(49)) == 49 * 64
-    cpu = __import__("torch").device("cpu")
+    cpu = torch.device("cpu")
     remainder = C.SplitPlan(4, 10, 32, split_major=True)  # 12 programs: 36 long, 12 short splits
     assert C.exact_carveout(TUNED, C.carveout_split_programs(12, remainder), 60, cpu) == 44  # a wave: 48
     assert C.exact_carveout(TUNED, C.carveout_split_programs(12, C.SplitPlan(5)), 60, cpu) == -1

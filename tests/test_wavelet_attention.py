@@ -690,9 +690,9 @@ def test_gpu_v3_transform_in_split_matches_the_reduces_transform(group, tq, chan
 @pytest.mark.parametrize("small", [False, True])
 def test_gpu_v3_query_in_split_matches_the_prologue(group, tq, channel, small):
     # query_in_split computes the prologue's query slots in the split kernel from M_h s_k in fp16
-    # (the prologue: fp32 M_h, s_k in its tuned dot precision): the outputs may differ by that
-    # rounding only, for every split
-    # count, and no prologue kernel may run; from a CUDA graph too, with a fresh query
+    # (the prologue: M_h in fp32, through its tuned dot): the outputs may differ by that rounding
+    # only, for every split count, and no prologue kernel may run; from a CUDA graph too, with a
+    # fresh query
     table = K.SMALL_LAUNCH_CONFIGS if small else K.TUNED_CONFIGS
     base = dataclasses.replace(table[(128, 4, "affine")], loads_before_pdl_wait=0, query_in_split=False)
     config = dataclasses.replace(base, query_in_split=True, query_in_split_waves=0)
