@@ -6,6 +6,7 @@ launch configs (CUDA-graph medians, the same method as bench_attention.py).
     python benchmarks/probe_attention.py kernels --configs FILE.json           # per-kernel times
     python benchmarks/probe_attention.py timeline --configs FILE.json          # when each kernel runs
         [--carveouts _exact_kernel=44,...]   # with kernels' shared-memory carveouts set first
+    python benchmarks/probe_attention.py phases --configs FILE.json --out DIR  # inside a program
 
 grid: each config's ms at each shape, then (when the first config comes back) each config's
 change against the first one measured in the same round (the i-th time a config appears is round
@@ -131,6 +132,73 @@ def timeline(setup: ba.Setup, config: wa.LaunchConfig | None, calls: int = 12, c
     return "\n".join(lines)
 
 
+PHASE_NAMES = ("query", "step 0", "step 1", "step 2", "steps 3+", "masked steps", "epilogue")
+
+
+def phases(setup: ba.Setup, config: wa.LaunchConfig, calls: int = 12) -> dict:
+    """Where one call's split programs spend their time: the last call of a CUDA graph of
+    `calls` back-to-back calls runs with config.phase_clocks (each v3 program stamps the
+    globaltimer after the PDL wait, its query transform, each full step, its masked steps and its
+    epilogue). Returns summarise_phases of the stamps, and the call's ms with and without them."""
+    import dataclasses
+
+    stamped = dataclasses.replace(config, phase_clocks=True)
+    wa.phase_clock_buffer = torch.full((1 << 20,), -1, dtype=torch.int64, device="cuda")
+    fns = [lambda i=i: setup.call(i % len(setup.copies), stamped) for i in range(calls)]
+    ba.warm_up(fns)
+    graph = ba.capture(fns)
+    wa.phase_clock_buffer.fill_(-1)
+    graph.replay()
+    torch.cuda.synchronize()
+    rows = wa.phase_clock_buffer.view(-1, wa.PHASE_SLOTS).cpu()
+    del graph
+    result = summarise_phases(rows[rows[:, 0] >= 0])
+    result.update(ms=ba.time_ours(setup, config, False), ms_stamped=ba.time_ours(setup, stamped, False))
+    wa.phase_clock_buffer = None
+    return result
+
+
+def summarise_phases(rows: torch.Tensor) -> dict:
+    """rows: int64 [programs, PHASE_SLOTS] stamps (ns; -1 where a program skipped a slot). Each
+    phase's length in us (percentiles over the programs: from the last slot written before its
+    own), each stamp against the launch's first wait, the programs per SM, the smallest nonzero gap
+    between two of a program's stamps (the timer's resolution, or less), and the raw rows."""
+    t = rows.double()
+    first = t[:, 0].min()
+    quantiles = torch.tensor([0.0, 0.1, 0.5, 0.9, 1.0], dtype=torch.float64)
+
+    def pct(x: torch.Tensor) -> dict:
+        if x.numel() == 0:
+            return {}
+        values = (torch.quantile(x, quantiles) / 1e3).tolist()
+        return dict(zip(("min", "p10", "p50", "p90", "max"), values, strict=True))
+
+    lengths = {}
+    for k, name in enumerate(PHASE_NAMES, start=1):
+        end = t[:, k]
+        start = t[:, :k].clone()
+        start[start < 0] = float("-inf")
+        start = start.max(dim=1).values
+        ok = (end >= 0) & torch.isfinite(start)
+        lengths[name] = pct(end[ok] - start[ok])
+    names = ("wait done", *PHASE_NAMES)
+    since = {name: pct(t[t[:, k] >= 0, k] - first) for k, name in enumerate(names)}
+    per_sm = torch.bincount(rows[:, 8].clamp(min=0))
+    times = t[:, :8]
+    gaps = (times[:, 1:] - times[:, :-1])[(times[:, 1:] >= 0) & (times[:, :-1] >= 0)]
+    return dict(
+        programs=int(rows.shape[0]),
+        full_steps=sorted(set(rows[:, 9].tolist())),
+        phase_us=lengths,
+        since_first_wait_us=since,
+        programs_per_sm=dict(
+            min=int(per_sm[per_sm > 0].min()), max=int(per_sm.max()), sms=int((per_sm > 0).sum())
+        ),
+        smallest_stamp_step_ns=float(gaps[gaps > 0].min()) if (gaps > 0).any() else float("nan"),
+        raw=rows.tolist(),
+    )
+
+
 def config_label(config: dict, base: dict) -> str:
     """What sets ``config`` apart from ``base`` ("base" when nothing does), to name a grid row."""
     changed = [f"{k}={v}" for k, v in config.items() if base.get(k, "default") != v]
@@ -167,7 +235,7 @@ def same_round_summary(rows: list[dict], shapes: list[tuple[int, int]]) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("mode", choices=["once", "grid", "kernels", "timeline"])
+    p.add_argument("mode", choices=["once", "grid", "kernels", "timeline", "phases"])
     p.add_argument("--config", default="{}")
     p.add_argument("--configs", default="")
     p.add_argument("--shape", default="8,131072")
@@ -196,6 +264,33 @@ def main() -> None:
                 times = ba.kernel_breakdown(s, wa.LaunchConfig(**c))
                 listing = ", ".join(f"{k.strip('_')[:24]} {v}" for k, v in times.items())
                 print(f"({b}, {n}) {c}: {listing}", flush=True)
+            s.free()
+        return
+    if a.mode == "phases":  # "auto": the package's config for the shape
+        out = pathlib.Path(a.out)
+        out.mkdir(parents=True, exist_ok=True)
+        for b, n in shapes:
+            s = ba.Setup(b, n, ba.HQ, ba.HKV, "cuda", smoke=False)
+            s.use_codec(UNIFORM)
+            s.dense.clear()
+            programs = b * ba.HKV  # one row block of the GQA group's 4 rows
+            auto = wa.tuned_config(s.layout, ba.HEAD_DIM, ba.HQ // ba.HKV, programs)
+            for i, c in enumerate(configs):
+                cfg = auto if c == "auto" else wa.LaunchConfig(**c)
+                result = phases(s, cfg)
+                result.update(shape=[b, n], config=c)
+                (out / f"phases_{b}x{n}_{i}.json").write_text(json.dumps(result))
+                print(
+                    f"({b}, {n}) {c}: {result['programs']} programs, full steps {result['full_steps']}, "
+                    f"{result['ms']:.4f} ms ({result['ms_stamped']:.4f} stamped), per SM "
+                    f"{result['programs_per_sm']}, timer step {result['smallest_stamp_step_ns']} ns",
+                    flush=True,
+                )
+                for name, q in result["phase_us"].items():
+                    print(f"  {name:14s} " + " ".join(f"{k} {v:6.2f}" for k, v in q.items()), flush=True)
+                print("  since the first program's wait (us):", flush=True)
+                for name, q in result["since_first_wait_us"].items():
+                    print(f"  {name:14s} " + " ".join(f"{k} {v:6.2f}" for k, v in q.items()), flush=True)
             s.free()
         return
     if a.mode == "timeline":

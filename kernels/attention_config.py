@@ -182,6 +182,11 @@ class LaunchConfig:
     # keeps as many) or "ieee" (FMAs). Tuned "tf32": -1.4% / -1.2% at (32, 32768) / (8, 131072)
     # (twenty-seventh session, 4 rounds), the prologue 4.6 -> 3.9 us
     prologue_precision: str = "tf32x3"
+    # a probe, not a speed option: v3's split programs write globaltimer stamps (after the PDL
+    # wait, after the query's transform, after each full step, after the masked steps, after the
+    # epilogue) into wavelet_attention.phase_clock_buffer (benchmarks/probe_attention.py phases).
+    # The stamps' reductions add instructions to the step: a stamped launch is a little slower
+    phase_clocks: bool = False
     # with transform_in_split: a row's channels per merge program (a power of two; grid (rows, D /
     # this)), and its warps
     channel_merge_channels: int = 32
@@ -388,7 +393,7 @@ class LaunchConfig:
                 f"loads_before_pdl_wait=0, got {self.loads_before_pdl_wait}"
             )
         extras = ("zero_padding_p", "value_subnormals", "counted_steps")
-        extras += ("transform_in_split", "query_in_split")
+        extras += ("transform_in_split", "query_in_split", "phase_clocks")
         for name in ("prefetch_value_rows", "fill_value_rows_l2", *extras, *hints):
             if getattr(self, name) and self.kernel != "v3":
                 raise ValueError(
@@ -740,6 +745,7 @@ V3_ONLY_OPTIONS = (
     "counted_steps",
     "transform_in_split",
     "query_in_split",
+    "phase_clocks",
     "prefetch_value_rows",
     "fill_value_rows_l2",
     "value_copies_l2_256b",

@@ -97,6 +97,14 @@ LOG2E = 1.4426950408889634
 # Code 0 in MAGIC mode reads as fp16 1024.0: (0x6400 | code) reinterpreted as fp16 == 1024 + code.
 MAGIC_OFFSET = 1024.0
 
+# LaunchConfig.phase_clocks (a probe): v3's split programs write int64 globaltimer stamps (ns) into
+# this buffer, PHASE_SLOTS a program, program (pid, split) at row pid * num_splits + split. Slots:
+# 0 after the PDL wait, 1 after the query's transform, 2-5 after full steps 0, 1, 2 and the last
+# (3 onwards share slot 5), 6 after the masked steps, 7 after the epilogue's transform, 8 the SM
+# (%smid), 9 the program's full steps. benchmarks/probe_attention.py phases sets and reads it.
+PHASE_SLOTS = 10
+phase_clock_buffer: torch.Tensor | None = None
+
 
 # ------------------------------------------------------------------------------------------------
 # the compressed layout as the kernel sees it
@@ -2991,6 +2999,21 @@ def _launch_v3(
         with torch.cuda.stream(side):
             _launch_exact(q, common_exact, parts, dims, layout, config, carveout=carveout)
     plan = plan or SplitPlan(num_splits)
+    clocks = m_part  # unread unless config.phase_clocks
+    if config.phase_clocks:
+        need = programs * num_splits * PHASE_SLOTS
+        buffer = phase_clock_buffer
+        if (
+            buffer is None
+            or buffer.dtype != torch.int64
+            or buffer.numel() < need
+            or buffer.device != q.device
+        ):
+            raise ValueError(
+                "LaunchConfig.phase_clocks needs wavelet_attention.phase_clock_buffer: an int64 "
+                f"tensor on {q.device} of at least {need} elements (programs x splits x PHASE_SLOTS)"
+            )
+        clocks = buffer
     if config.transform_in_split:
         if value_channels is None:
             raise ValueError("transform_in_split needs the value channels' transform (value_channels)")
@@ -3035,6 +3058,7 @@ def _launch_v3(
         n_parts,
         plan.split_num,
         plan.split_den,
+        clocks,
         CODE_ROW=k_codes.stride(2) // 2,
         SCALE_ROW=k_scales.stride(2),
         E4=layout.band_byte_offsets[0] // 2,
@@ -3068,6 +3092,7 @@ def _launch_v3(
         COUNTED_STEPS=config.counted_steps,
         TRANSFORM_IN_SPLIT=config.transform_in_split,
         QUERY_IN_SPLIT=config.query_in_split,
+        PHASE_CLOCKS=config.phase_clocks,
         PREFETCH_VALUE_ROWS=config.prefetch_value_rows,
         FILL_VALUE_ROWS_L2=config.fill_value_rows_l2,
         VALUE_COPIES_L2_256B=config.value_copies_l2_256b,

@@ -37,6 +37,7 @@ from .wavelet_attention import (
     _MODE_MAGIC,
     _MODE_SUBNORMAL,
     MAGIC_OFFSET,
+    PHASE_SLOTS,
     SUBNORMAL_UNIT,
     _field_asm,
     field_layout,
@@ -113,6 +114,7 @@ if HAS_GLUON:
             gl.constexpr(field_centre(2, f)) for f in range(8)
         )
         _NEG_BIG = gl.constexpr(-1.0e30)
+        _PHASE_SLOTS = gl.constexpr(PHASE_SLOTS)
         # markers that have the kernel's PTX patched (kernels/ptx_patches.py)
         _MARK_COPIES_L2_256B = gl.constexpr(ptx_patches.marker_asm("cp_async_l2_256b"))
         _MARK_LOADS_L2_256B = gl.constexpr(ptx_patches.marker_asm("ld_global_l2_256b"))
@@ -817,6 +819,17 @@ if HAS_GLUON:
         return mma_v2(a, b, out)
 
     @gluon.jit
+    def _stamp(stamps, slot, after):
+        """PHASE_CLOCKS: the globaltimer (ns) into stamps[slot], read once `after` (a scalar) is
+        computed: the asm takes it as an input, so ptxas cannot issue the read before it."""
+        lane = gl.arange(0, 32, layout=_LANES)
+        dep = gl.full([32], 0, gl.int32, layout=_LANES) + after.to(gl.int32)
+        now = gl.inline_asm_elementwise(
+            "mov.u64 $0, %globaltimer; // $1", "=l,r", [dep], dtype=gl.int64, is_pure=False, pack=1
+        )
+        gl.store(stamps + slot + lane * 0, now, mask=lane == 0)
+
+    @gluon.jit
     def _wait_for_prologue():
         """griddepcontrol.wait (PDL): the prologue's writes (qw, qc) are visible after this (with
         QUERY_IN_SPLIT, no prologue: the previous kernel's, e.g. the query's or the caches')."""
@@ -988,6 +1001,8 @@ if HAS_GLUON:
         # steps, the last one what is left (1 / num_splits: equal splits; see attention_config.SplitPlan)
         split_num,
         split_den,
+        # PHASE_CLOCKS: int64 [programs * num_splits, PHASE_SLOTS] globaltimer stamps (see _stamp)
+        clock_ptr,
         CODE_ROW: gl.constexpr,  # int16 elements per code row (token stride)
         SCALE_ROW: gl.constexpr,  # fp16 scales per row (token stride)
         E4: gl.constexpr,  # first int16 element of the 4-bit band
@@ -1077,6 +1092,8 @@ if HAS_GLUON:
         # the query's transform to slots computed here from the query (_query_in_split), so no
         # prologue runs before this kernel (LaunchConfig.query_in_split; needs LOADS_BEFORE_WAIT 0)
         QUERY_IN_SPLIT: gl.constexpr = False,
+        # a probe: each program stamps its phases into clock_ptr (LaunchConfig.phase_clocks)
+        PHASE_CLOCKS: gl.constexpr = False,
     ):
         """One (split, sequence, kv head, row block): online softmax over a range of compressed
         tokens in the coefficient domain; grid (num_splits, programs), or (programs, num_splits)
@@ -1102,6 +1119,13 @@ if HAS_GLUON:
         else:
             split = gl.program_id(0)
             pid = gl.program_id(1)
+        stamps = clock_ptr + (pid * num_splits + split) * _PHASE_SLOTS
+        if PHASE_CLOCKS:
+            _stamp(stamps, 0, split)
+            smid = gl.inline_asm_elementwise(
+                "mov.u32 $0, %smid;", "=r", [], dtype=gl.int32, is_pure=False, pack=1
+            )
+            gl.store(stamps + 8, smid.to(gl.int64))
         row_block = pid % n_row_blocks
         kv_head = (pid // n_row_blocks) % n_kv_heads
         batch = pid // (n_row_blocks * n_kv_heads)
@@ -1155,6 +1179,9 @@ if HAS_GLUON:
             q0, q1, q2, q3, q4, q5, q6, q7, qc0, qc1 = _load_query(
                 qw_ptr, qc_ptr, pid, BLOCK_M, N_QC, BAND_COLUMNS
             )
+        if PHASE_CLOCKS and LOADS_BEFORE_WAIT == 0:
+            _stamp(stamps, 1, gl.max(qc0 + qc1, axis=0))
+            gl.store(stamps + 9, ((full_hi - lo) // BLOCK_N).to(gl.int64))
         ones = gl.full([16, BLOCK_N], 1.0, gl.float16, layout=_A)  # token sums through the MMA
         kcodes = (kc_ptr + batch * kc_stride_b + kv_head * kc_stride_h).to(
             gl.pointer_type(gl.int16), bitcast=True
@@ -1352,6 +1379,8 @@ if HAS_GLUON:
                     PACKED_P_SCALING,
                     BAND_COLUMNS,
                 )
+                if PHASE_CLOCKS:  # after the step's last value MMA
+                    _stamp(stamps, 2 + gl.minimum(step, 3), gl.max(gl.max(state[8], axis=1), axis=0))
             async_copy.wait_group(0)
             if FILL_VALUE_ROWS_L2:
                 # a store no run makes (n_new >= 1), which the compiler cannot know: it keeps the
@@ -1393,6 +1422,8 @@ if HAS_GLUON:
             )
         # ---- partials in the reduce's format
         m_i, a0, a1, a2, a3, a4, a5, a6, a7, l_acc, wsa, wsb = state
+        if PHASE_CLOCKS:
+            _stamp(stamps, 6, gl.max(gl.max(a7, axis=1), axis=0))
         part = pid * n_parts + split
         kept = row_ok
         if BAND_COLUMNS:  # columns 4-7 repeat 0-3
@@ -1437,6 +1468,8 @@ if HAS_GLUON:
             scale = gl.load(v_scale_ptr + kv_head * v_scale_stride_h + channel)
             out = out * scale[:, None] * l_cols[None, :]  # the sums again, not their means
             gl.store(acc_out + columns[None, :] * D + channel[:, None], out, mask=kept[None, :])
+            if PHASE_CLOCKS:
+                _stamp(stamps, 7, gl.max(gl.max(out, axis=1), axis=0))
         else:
             store = (v_step_ptr, v_shift_ptr, slot_coef_ptr, row_ok)
             _store_operand(a0, wsa, acc_out, *store, 0, D, sub, _C4_0, _C4_0, BAND_COLUMNS, False)

@@ -173,6 +173,7 @@ def test_v3_falls_back_off_the_gpu():
         dict(kernel="v1", counted_steps=True),
         dict(kernel="v2", transform_in_split=True),
         dict(kernel="v1", query_in_split=True),
+        dict(kernel="v1", phase_clocks=True),
     ],
 )
 def test_v3_config_is_validated(bad):
@@ -495,6 +496,7 @@ def test_a_v3_build_failure_falls_back_to_v1_once(monkeypatch, config):
         ["--tuned", "--pdl", "--packed-p-scaling"],
         ["--tuned", "--pdl", "--packed-p-scaling", "--value-subnormals"],
         ["--tuned", "--pdl", "--band-columns"],
+        ["--tuned", "--pdl", "--phase-clocks"],
     ],
     ids=[
         "plain",
@@ -512,6 +514,7 @@ def test_a_v3_build_failure_falls_back_to_v1_once(monkeypatch, config):
         "tuned_packed_p_scaling",
         "tuned_value_subnormals",
         "tuned_band_columns",
+        "tuned_phase_clocks",  # the probe's stamps: a reduction and a store a step
     ],
 )
 def test_v3_compiles_for_sm90_on_this_triton(tmp_path, options):
@@ -569,7 +572,8 @@ def test_v3_compiles_for_sm90_on_this_triton(tmp_path, options):
         # 739 on 3.9, twenty-fourth session): a step that grows past 760 is a regression
         distance = int(re.search(r"load-to-use distance: median (\d+)", out).group(1))
         assert distance >= 200, out
-        assert step < 760, out
+        # (the probe's stamps add a reduction and a store a step: 26 more)
+        assert step < (790 if "--phase-clocks" in options else 760), out
         hinted = re.search(r"(\d+)\s+LDG\.E\.LTC256B$", out, re.M)
         paired = re.search(r"(\d+)\s+LDG\.E\.LTC256B\.64$", out, re.M)
         pairs = "--key-word-pairs" in options or K.TUNED_CONFIGS[(128, 4, "affine")].key_word_pairs

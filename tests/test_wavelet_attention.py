@@ -746,6 +746,45 @@ def test_gpu_v3_tuned_query_in_split_only_in_one_wave():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("small", [True, False])
+def test_gpu_v3_phase_clocks_stamp_every_program_in_order(small):
+    # the probe's stamps (LaunchConfig.phase_clocks) change no output bit; every program writes its
+    # wait, query, step, masked-step and epilogue stamps in time order, its SM and its full steps;
+    # without the buffer the launch is refused before it runs
+    table = K.SMALL_LAUNCH_CONFIGS if small else K.TUNED_CONFIGS
+    config = table[(128, 4, "affine")]
+    stamped = dataclasses.replace(config, phase_clocks=True)
+    seq_lens = [4096, 1, 1000, 2049, 133]
+    codec, args = make_case(UNIFORM_REAL, 5, 2, 4, 1, 128, seq_lens, 4096, torch.bfloat16, "cuda", "full")
+    splits, programs = 7, 5 * 2
+    plain = _run_triton(args, codec, 128**-0.5, config=config, num_splits=splits)
+    K.phase_clock_buffer = None
+    with pytest.raises(ValueError, match="phase_clock_buffer"):
+        _run_triton(args, codec, 128**-0.5, config=stamped, num_splits=splits)
+    buffer = torch.full((programs * splits * K.PHASE_SLOTS,), -1, dtype=torch.int64, device="cuda")
+    K.phase_clock_buffer = buffer
+    try:
+        got = _run_triton(args, codec, 128**-0.5, config=stamped, num_splits=splits)
+        torch.cuda.synchronize()
+    finally:
+        K.phase_clock_buffer = None
+    assert torch.equal(got, plain)
+    rows = buffer.view(programs * splits, K.PHASE_SLOTS).cpu()
+    assert (rows[:, [0, 1, 6, 7]] > 0).all(), rows  # every program: wait, query, rest, epilogue
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert ((rows[:, 8] >= 0) & (rows[:, 8] < sms)).all()
+    # 4096 tokens less the window and sinks in 7 splits: at most 10 full 64-token steps a program
+    assert ((rows[:, 9] >= 0) & (rows[:, 9] <= 10)).all() and rows[:, 9].max() >= 4
+    for row in rows:
+        times = [t for t in row[:8].tolist() if t >= 0]
+        assert times == sorted(times), row
+        steps = int(row[9])
+        # full steps 0, 1, 2 stamp their own slot, the later ones slot 5
+        assert [row[2 + k] >= 0 for k in range(4)] == [steps > k for k in range(4)], row
+    assert not K._V3_FAILURE, K._V3_FAILURE
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize(
     "option,tolerance",
     [
