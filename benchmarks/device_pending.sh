@@ -88,7 +88,7 @@
 #                                                 # breakdown (Nsight Compute)
 set -u
 case "${1:-}" in
-tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce | exact_remainder | key_word_pairs | clocks | zero_padding_p | value_subnormals | value_subnormals_sustained | band_columns | value_scales_staged | counted_steps | transform_in_split | one_sequence_merge | query_in_split | one_wave | merge_pass | final26 | small_bench | exact_tail_prologue | prologue_tiles | two_wave_tail | one_sequence_l2 | phases | split_prefetch) ;;
+tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce | exact_remainder | key_word_pairs | clocks | zero_padding_p | value_subnormals | value_subnormals_sustained | band_columns | value_scales_staged | counted_steps | transform_in_split | one_sequence_merge | query_in_split | one_wave | merge_pass | final26 | small_bench | exact_tail_prologue | prologue_tiles | two_wave_tail | one_sequence_l2 | phases) ;;
 grid | timeline | sustained)
     if [ ! -f "${2:-}" ]; then
         echo "$1 needs a JSON file of LaunchConfig dicts (e.g. benchmarks/probe_one_block_step.json), got '${2:-}'" >&2
@@ -96,7 +96,7 @@ grid | timeline | sustained)
     fi
     ;;
 *)
-    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|reduce|remainder|small_reduce|exact_remainder|key_word_pairs|clocks|zero_padding_p|value_subnormals|value_subnormals_sustained|band_columns|value_scales_staged|counted_steps|transform_in_split|one_sequence_merge|query_in_split|one_wave|merge_pass|final26|small_bench|exact_tail_prologue|prologue_tiles|two_wave_tail|one_sequence_l2|phases|split_prefetch|grid FILE.json|timeline FILE.json|sustained FILE.json|stalls [tuned|keys_in_step]" >&2
+    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|reduce|remainder|small_reduce|exact_remainder|key_word_pairs|clocks|zero_padding_p|value_subnormals|value_subnormals_sustained|band_columns|value_scales_staged|counted_steps|transform_in_split|one_sequence_merge|query_in_split|one_wave|merge_pass|final26|small_bench|exact_tail_prologue|prologue_tiles|two_wave_tail|one_sequence_l2|phases|grid FILE.json|timeline FILE.json|sustained FILE.json|stalls [tuned|keys_in_step]" >&2
     exit 2
     ;;
 esac
@@ -388,24 +388,14 @@ print(json.dumps(dataclasses.asdict(K.SMALL_LAUNCH_CONFIGS[(128, 4, 'affine')]))
 phases)
     # twenty-eighth session: where a split program's time goes (LaunchConfig.phase_clocks: each
     # program stamps the globaltimer after the wait, its query transform, each full step, its
-    # masked steps and its epilogue). The stamps' GPU test, then one sequence (the package's
-    # config, with the split's prefetch, and at 512-token splits) and the large shapes
+    # masked steps and its epilogue). The stamps' GPU test, then one sequence at 256- (the tuned),
+    # 512- and 128-token splits, and the package's configs at (8, 32768) and (32, 32768)
     attention_tests phase_clocks
     run 200 python3 -P benchmarks/probe_attention.py phases --configs benchmarks/probe_phases_one_sequence.json \
         --shapes "1,32768" --out "$OUT"
     echo '["auto"]' > /tmp/auto.json
     run 150 python3 -P benchmarks/probe_attention.py phases --configs /tmp/auto.json \
         --shapes "8,32768;32,32768" --out "$OUT"
-    ;;
-split_prefetch)
-    # twenty-eighth session: LaunchConfig.prefetch_split_tokens (each split program bulk-prefetches
-    # its range into L2 first; prefetch_before_wait: during the PDL wait). Its GPU tests and the
-    # stamps', the one-sequence A/B (4 rounds) and phases, then the large shapes (3 rounds)
-    attention_tests "split_prefetch or phase_clocks"
-    probe_grid benchmarks/probe_split_prefetch_one_sequence.json "1,32768" split_prefetch_one_sequence 150
-    run 150 python3 -P benchmarks/probe_attention.py phases --configs benchmarks/probe_phases_one_sequence.json \
-        --shapes "1,32768" --out "$OUT"
-    probe_grid benchmarks/probe_split_prefetch.json "8,131072;32,32768;8,32768" split_prefetch 240
     ;;
 sustained)
     # an A/B that alternates every few milliseconds shares one clock between both sides; at the

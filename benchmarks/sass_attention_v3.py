@@ -132,8 +132,6 @@ def compile_v3(args: argparse.Namespace) -> tuple[str, str, int, str]:
         TRANSFORM_IN_SPLIT=args.transform_in_split,
         QUERY_IN_SPLIT=args.query_in_split,
         PHASE_CLOCKS=args.phase_clocks,
-        PREFETCH_SPLIT_TOKENS=args.prefetch_split_tokens,
-        PREFETCH_BEFORE_WAIT=args.prefetch_before_wait,
     )
     pointer_types = dict(qw_ptr="*fp16", kc_ptr="*u8", vc_ptr="*u8", ks_ptr="*fp16", vs_ptr="*fp16")
     pointer_types.update(seq_lens_ptr="*i32", slot_coef_ptr="*i32", vt_ptr="*i32", qt_ptr="*i32")
@@ -292,13 +290,6 @@ def main() -> None:
         action="store_true",
         help="the probe's globaltimer stamps (LaunchConfig.phase_clocks): what they add to the step",
     )
-    p.add_argument(
-        "--prefetch-split-tokens",
-        type=int,
-        default=0,
-        help="tokens of its range each program bulk-prefetches into L2 at its start",
-    )
-    p.add_argument("--prefetch-before-wait", action="store_true", help="those prefetches before the PDL wait")
     p.add_argument(
         "--without",
         action="append",

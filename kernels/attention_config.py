@@ -187,17 +187,6 @@ class LaunchConfig:
     # epilogue) into wavelet_attention.phase_clock_buffer (benchmarks/probe_attention.py phases).
     # The stamps' reductions add instructions to the step: a stamped launch is a little slower
     phase_clocks: bool = False
-    # v3: each split program first asks L2 for up to this many tokens of its range (both caches'
-    # codes and scales, four cp.async.bulk.prefetch.L2 from one lane each; 0: none), so that its
-    # steps' loads find them in L2 instead of each step waiting on DRAM. Where a launch's programs
-    # are all resident at once (one sequence: 1,024 programs of 4 steps, latency-bound) this puts
-    # the whole call's cache reads in flight at the start
-    prefetch_split_tokens: int = 0
-    # with prefetch_split_tokens: issue the prefetches before the PDL wait (during the kernel ahead
-    # in the stream), from a sequence length read for them alone. A prefetch is a hint into L2,
-    # the point of coherence: a length or a cache row still being written costs bandwidth, never
-    # a wrong result
-    prefetch_before_wait: bool = False
     # with transform_in_split: a row's channels per merge program (a power of two; grid (rows, D /
     # this)), and its warps
     channel_merge_channels: int = 32
@@ -404,7 +393,7 @@ class LaunchConfig:
                 f"loads_before_pdl_wait=0, got {self.loads_before_pdl_wait}"
             )
         extras = ("zero_padding_p", "value_subnormals", "counted_steps")
-        extras += ("transform_in_split", "query_in_split", "phase_clocks", "prefetch_before_wait")
+        extras += ("transform_in_split", "query_in_split", "phase_clocks")
         for name in ("prefetch_value_rows", "fill_value_rows_l2", *extras, *hints):
             if getattr(self, name) and self.kernel != "v3":
                 raise ValueError(
@@ -467,16 +456,6 @@ class LaunchConfig:
             raise ValueError(
                 "LaunchConfig.prologue_precision must be 'tf32x3', 'tf32' or 'ieee', got "
                 f"{self.prologue_precision!r}"
-            )
-        if self.prefetch_split_tokens < 0 or (self.prefetch_split_tokens and self.kernel != "v3"):
-            raise ValueError(
-                "LaunchConfig.prefetch_split_tokens is a v3 option, a token count >= 0: got "
-                f"{self.prefetch_split_tokens} with kernel={self.kernel!r}"
-            )
-        if self.prefetch_before_wait and not self.prefetch_split_tokens:
-            raise ValueError(
-                "LaunchConfig.prefetch_before_wait moves the split's prefetches before the PDL wait: "
-                "it needs prefetch_split_tokens > 0"
             )
         if self.query_in_split_waves < 0:
             raise ValueError(
@@ -767,8 +746,6 @@ V3_ONLY_OPTIONS = (
     "transform_in_split",
     "query_in_split",
     "phase_clocks",
-    "prefetch_split_tokens",
-    "prefetch_before_wait",
     "prefetch_value_rows",
     "fill_value_rows_l2",
     "value_copies_l2_256b",

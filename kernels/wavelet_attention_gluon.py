@@ -819,67 +819,6 @@ if HAS_GLUON:
         return mma_v2(a, b, out)
 
     @gluon.jit
-    def _split_range(
-        seq_len,
-        limit,
-        split,
-        split_num,
-        split_den,
-        SINKS: gl.constexpr,
-        WINDOW: gl.constexpr,
-        BLOCK_N: gl.constexpr,
-    ):
-        """(comp_hi, lo, hi): the end of the sequence's compressed tokens for these rows' limits
-        (causal: new token t sees positions < seq_len - n_new + t + 1), and this split's range
-        [lo, hi) of them, in whole steps (the last split what is left)."""
-        comp_hi = gl.minimum(gl.maximum(seq_len - WINDOW, SINKS), gl.max(limit, axis=0))
-        span = gl.maximum(comp_hi - SINKS, 0).to(gl.int64)  # (x split_num may pass 2^31)
-        chunk = gl.cdiv(gl.cdiv(span * split_num, split_den).to(gl.int32), BLOCK_N) * BLOCK_N
-        lo = SINKS + split * chunk
-        hi = gl.minimum(lo + chunk, comp_hi)
-        return comp_hi, lo, hi
-
-    @gluon.jit
-    def _bulk_prefetch_l2(rows, lo, hi, ROW_BYTES: gl.constexpr, LANE: gl.constexpr):
-        """PREFETCH_SPLIT_TOKENS: rows [lo, hi) of a cache (`rows`: its first row, any pointer type)
-        into L2 by one cp.async.bulk.prefetch.L2 (sm_90's bulk-copy unit fetches the range; no
-        register or barrier waits for it), issued by lane LANE only. The range is trimmed to the
-        16-byte-aligned addresses inside it (the instruction's alignment and granularity)."""
-        lane = gl.arange(0, 32, layout=_LANES)
-        begin = rows.to(gl.pointer_type(gl.int8), bitcast=True) + lo.to(gl.int64) * ROW_BYTES
-        address = begin.to(gl.int64)
-        pad = (16 - (address & 15)) & 15
-        n_bytes = (hi - lo).to(gl.int64) * ROW_BYTES - pad
-        size = gl.maximum(n_bytes // 16 * 16, 0).to(gl.int32)
-        start = begin + pad + lane * 0
-        issue = ((lane == LANE) & (size > 0)).to(gl.int32)
-        return gl.inline_asm_elementwise(
-            "{ .reg .pred p; setp.ne.s32 p, $1, 0; "
-            "@p cp.async.bulk.prefetch.L2.global [$2], $3; } mov.b32 $0, 0;",
-            "=r,r,l,r",
-            [issue, start, size + lane * 0],
-            dtype=gl.int32,
-            is_pure=False,
-            pack=1,
-        )
-
-    @gluon.jit
-    def _prefetch_split(
-        kcodes, vcodes, kscales, vscales, lo, hi, CODE_ROW: gl.constexpr, SCALE_ROW: gl.constexpr
-    ):
-        """The split's code and scale rows of both caches [lo, hi) into L2, a lane each, then a
-        bar.warp.sync: ptxas does not order a prefetch against loads, and without it hoists the
-        query's loads and transform above the prefetches (the asm's mov of 0 is no dependency to
-        it: it folds it)."""
-        _bulk_prefetch_l2(kcodes, lo, hi, CODE_ROW * 2, 0)
-        _bulk_prefetch_l2(vcodes, lo, hi, CODE_ROW * 2, 1)
-        _bulk_prefetch_l2(kscales, lo, hi, SCALE_ROW * 2, 2)
-        _bulk_prefetch_l2(vscales, lo, hi, SCALE_ROW * 2, 3)
-        gl.inline_asm_elementwise(
-            "bar.warp.sync -1; mov.b32 $0, 0;", "=r", [], dtype=gl.int32, is_pure=False, pack=1
-        )
-
-    @gluon.jit
     def _stamp(stamps, slot, after):
         """PHASE_CLOCKS: the globaltimer (ns) into stamps[slot], read once `after` (a scalar) is
         computed: the asm takes it as an input, so ptxas cannot issue the read before it."""
@@ -1155,17 +1094,11 @@ if HAS_GLUON:
         QUERY_IN_SPLIT: gl.constexpr = False,
         # a probe: each program stamps its phases into clock_ptr (LaunchConfig.phase_clocks)
         PHASE_CLOCKS: gl.constexpr = False,
-        # each program first asks L2 for up to this many tokens of its range (both caches' codes and
-        # scales, by bulk prefetches), so its steps' loads find them there (LaunchConfig.
-        # prefetch_split_tokens); PREFETCH_BEFORE_WAIT: before the PDL wait, from a sequence length
-        # read for the prefetch only (a hint: a stale length costs bandwidth, never a wrong value)
-        PREFETCH_SPLIT_TOKENS: gl.constexpr = 0,
-        PREFETCH_BEFORE_WAIT: gl.constexpr = False,
     ):
         """One (split, sequence, kv head, row block): online softmax over a range of compressed
         tokens in the coefficient domain; grid (num_splits, programs), or (programs, num_splits)
         with SPLIT_MAJOR."""
-        if PDL and LOADS_BEFORE_WAIT == 0 and not PREFETCH_BEFORE_WAIT:
+        if PDL and LOADS_BEFORE_WAIT == 0:
             _wait_for_prologue()
         if TRIGGER_DEPENDENTS:
             gl.inline_asm_elementwise(
@@ -1186,6 +1119,13 @@ if HAS_GLUON:
         else:
             split = gl.program_id(0)
             pid = gl.program_id(1)
+        stamps = clock_ptr + (pid * num_splits + split) * _PHASE_SLOTS
+        if PHASE_CLOCKS:
+            _stamp(stamps, 0, split)
+            smid = gl.inline_asm_elementwise(
+                "mov.u32 $0, %smid;", "=r", [], dtype=gl.int32, is_pure=False, pack=1
+            )
+            gl.store(stamps + 8, smid.to(gl.int64))
         row_block = pid % n_row_blocks
         kv_head = (pid // n_row_blocks) % n_kv_heads
         batch = pid // (n_row_blocks * n_kv_heads)
@@ -1203,46 +1143,14 @@ if HAS_GLUON:
         rows = row_block * BLOCK_M + local
         row_ok = (local < BLOCK_M) & (rows < group * n_new)
         token = rows % n_new
-        caches = (
-            kc_ptr + batch * kc_stride_b + kv_head * kc_stride_h,
-            vc_ptr + batch * vc_stride_b + kv_head * vc_stride_h,
-            ks_ptr + batch * ks_stride_b + kv_head * ks_stride_h,
-            vs_ptr + batch * vs_stride_b + kv_head * vs_stride_h,
-        )
-        if PREFETCH_BEFORE_WAIT:
-            gl.static_assert(PREFETCH_SPLIT_TOKENS > 0, "PREFETCH_BEFORE_WAIT needs PREFETCH_SPLIT_TOKENS")
-            # the length by an asm load, which the compiler cannot merge with the load after the
-            # wait (a kernel before this one may still be writing it)
-            hint_len = gl.inline_asm_elementwise(
-                "ld.global.relaxed.gpu.b32 $0, [$1];",
-                "=r,l",
-                [(seq_lens_ptr + batch).to(gl.pointer_type(gl.int32), bitcast=True)],
-                dtype=gl.int32,
-                is_pure=False,
-                pack=1,
-            )
-            hint_limit = gl.where(row_ok, hint_len - n_new + token + 1, 0)
-            early_end, early_lo, early_hi = _split_range(
-                hint_len, hint_limit, split, split_num, split_den, SINKS, WINDOW, BLOCK_N
-            )
-            early_hi = gl.minimum(early_hi, early_lo + PREFETCH_SPLIT_TOKENS)
-            _prefetch_split(*caches, early_lo, early_hi, CODE_ROW, SCALE_ROW)
-            if PDL and LOADS_BEFORE_WAIT == 0:
-                _wait_for_prologue()
-        stamps = clock_ptr + (pid * num_splits + split) * _PHASE_SLOTS
-        if PHASE_CLOCKS:
-            _stamp(stamps, 0, split)
-            smid = gl.inline_asm_elementwise(
-                "mov.u32 $0, %smid;", "=r", [], dtype=gl.int32, is_pure=False, pack=1
-            )
-            gl.store(stamps + 8, smid.to(gl.int64))
         seq_len = gl.load(seq_lens_ptr + batch).to(gl.int32)
         # causal: new token t sees positions < seq_len - n_new + t + 1
         limit = gl.where(row_ok, seq_len - n_new + token + 1, 0)
-        comp_hi, lo, hi = _split_range(seq_len, limit, split, split_num, split_den, SINKS, WINDOW, BLOCK_N)
-        if PREFETCH_SPLIT_TOKENS > 0 and not PREFETCH_BEFORE_WAIT:
-            prefetch_hi = gl.minimum(hi, lo + PREFETCH_SPLIT_TOKENS)
-            _prefetch_split(*caches, lo, prefetch_hi, CODE_ROW, SCALE_ROW)
+        comp_hi = gl.minimum(gl.maximum(seq_len - WINDOW, SINKS), gl.max(limit, axis=0))
+        span = gl.maximum(comp_hi - SINKS, 0).to(gl.int64)  # (x split_num may pass 2^31)
+        chunk = gl.cdiv(gl.cdiv(span * split_num, split_den).to(gl.int32), BLOCK_N) * BLOCK_N
+        lo = SINKS + split * chunk
+        hi = gl.minimum(lo + chunk, comp_hi)
         row_hi = gl.minimum(limit, hi)
         # steps below every real row's limit need no score mask
         all_hi = gl.min(gl.where(row_ok, row_hi, hi), axis=0)

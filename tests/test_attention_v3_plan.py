@@ -174,8 +174,6 @@ def test_v3_falls_back_off_the_gpu():
         dict(kernel="v2", transform_in_split=True),
         dict(kernel="v1", query_in_split=True),
         dict(kernel="v1", phase_clocks=True),
-        dict(kernel="v1", prefetch_split_tokens=256),
-        dict(kernel="v1", prefetch_before_wait=True),
     ],
 )
 def test_v3_config_is_validated(bad):
@@ -187,18 +185,6 @@ def test_v3_config_is_validated(bad):
 def test_channel_merge_channels_must_be_a_power_of_two(bad):
     with pytest.raises(ValueError, match="channel_merge_channels must be a power of two"):
         K.LaunchConfig(kernel="v3", transform_in_split=True, **bad)
-
-
-@pytest.mark.parametrize(
-    "bad,message",
-    [
-        (dict(prefetch_split_tokens=-64), "prefetch_split_tokens is a v3 option, a token count >= 0"),
-        (dict(prefetch_before_wait=True), "prefetch_before_wait .* needs prefetch_split_tokens > 0"),
-    ],
-)
-def test_split_prefetch_options_are_validated(bad, message):
-    with pytest.raises(ValueError, match=message):
-        K.LaunchConfig(kernel="v3", **bad)
 
 
 def test_query_in_split_needs_the_query_read_after_the_wait():
@@ -511,7 +497,6 @@ def test_a_v3_build_failure_falls_back_to_v1_once(monkeypatch, config):
         ["--tuned", "--pdl", "--packed-p-scaling", "--value-subnormals"],
         ["--tuned", "--pdl", "--band-columns"],
         ["--tuned", "--pdl", "--phase-clocks"],
-        ["--tuned", "--pdl", "--prefetch-split-tokens", "256", "--prefetch-before-wait"],
     ],
     ids=[
         "plain",
@@ -530,7 +515,6 @@ def test_a_v3_build_failure_falls_back_to_v1_once(monkeypatch, config):
         "tuned_value_subnormals",
         "tuned_band_columns",
         "tuned_phase_clocks",  # the probe's stamps: a reduction and a store a step
-        "tuned_prefetch_split",
     ],
 )
 def test_v3_compiles_for_sm90_on_this_triton(tmp_path, options):
@@ -574,14 +558,6 @@ def test_v3_compiles_for_sm90_on_this_triton(tmp_path, options):
         # no centring per step: of the 56 FFMAs, the 32 that centred the value accumulators (their
         # rescale stays, as FMULs) and the 8 FADDs of the p * scale sums go
         assert int(re.search(r"(\d+)\s+FFMA$", out, re.M).group(1)) <= 24, out
-    if "--prefetch-split-tokens" in options:
-        # four bulk prefetches into L2 (one a cache tensor), and the query's transform after them:
-        # ptxas hoisted its loads above the prefetches until a bar.warp.sync (a NOP) fenced them
-        sass = (tmp_path / "split_kernel_v3.sass").read_text()
-        assert sass.count("UBLKPF.L2") == 4 or sass.count("BLKPF.L2") == 4, out
-        prefetch = max(i for i, line in enumerate(sass.splitlines()) if "BLKPF.L2" in line)
-        first_128 = min(i for i, line in enumerate(sass.splitlines()) if "LDG.E.128" in line)
-        assert prefetch < first_128, out
     if options == ["--keys-ahead", "--key-word-pairs", "--step-row-base"]:
         pairs = re.search(r"(\d+)\s+LDG\.E\.64$", out, re.M)
         assert pairs and int(pairs.group(1)) == 8, out  # Triton vectorised the pairs itself
@@ -616,10 +592,8 @@ def test_v3_compiles_for_sm90_on_this_triton(tmp_path, options):
         # launched with PDL, no load of what the prologue writes (the query) may precede the wait.
         # Tuned: no load at all. loads_before_pdl_wait: the sequence length, the first step's 4
         # scale-pair loads and its key words (24 loads, 16 paired), written before the prologue (a
-        # plain launch) began. prefetch_before_wait: the length its prefetches read (by an asm
-        # load, which the compiler cannot reuse after the wait)
+        # plain launch) began
         before = (5 + (16 if pairs else 24)) if "--loads-before-pdl-wait" in options else 0
-        before += int("--prefetch-before-wait" in options)
         assert f"global loads before the PDL wait: {before}" in out, out
 
 

@@ -746,34 +746,6 @@ def test_gpu_v3_tuned_query_in_split_only_in_one_wave():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("before_wait", [False, True])
-@pytest.mark.parametrize("small", [True, False])
-def test_gpu_v3_split_prefetch_changes_no_result(small, before_wait):
-    # the split's bulk prefetches into L2 are hints: bit-identical outputs, with ranges of every
-    # alignment (a capacity of 4099 tokens puts every other kv head's scales off 16 bytes, and the
-    # lengths end anywhere), ranges shorter and longer than the prefetch, splits of one token and
-    # none, and from a CUDA graph with a fresh query
-    config = (K.SMALL_LAUNCH_CONFIGS if small else K.TUNED_CONFIGS)[(128, 4, "affine")]
-    prefetch = dataclasses.replace(config, prefetch_split_tokens=128, prefetch_before_wait=before_wait)
-    seq_lens = [4099, 1, 1000, 2049, 133]
-    codec, args = make_case(UNIFORM_REAL, 5, 2, 4, 1, 128, seq_lens, 4099, torch.bfloat16, "cuda", "full")
-    for splits in (None, 1, 7, 70):
-        plain = _run_triton(args, codec, 128**-0.5, config=config, num_splits=splits)
-        got = _run_triton(args, codec, 128**-0.5, config=prefetch, num_splits=splits)
-        assert torch.equal(got, plain), splits
-    want = dense_reference(codec, args, 128**-0.5)
-    assert not got.isnan().any() and rel_err(got, want) <= 1e-2
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = _run_triton(args, codec, 128**-0.5, config=prefetch)
-    args[0].copy_(torch.randn_like(args[0]))
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(captured, _run_triton(args, codec, 128**-0.5, config=config))
-    assert not K._V3_FAILURE, K._V3_FAILURE
-
-
-@pytest.mark.gpu
 @pytest.mark.parametrize("small", [True, False])
 def test_gpu_v3_phase_clocks_stamp_every_program_in_order(small):
     # the probe's stamps (LaunchConfig.phase_clocks) change no output bit; every program writes its
