@@ -143,7 +143,7 @@ def phases(setup: ba.Setup, config: wa.LaunchConfig, calls: int = 12) -> dict:
     import dataclasses
 
     stamped = dataclasses.replace(config, phase_clocks=True)
-    wa.phase_clock_buffer = torch.full((1 << 20,), -1, dtype=torch.int64, device="cuda")
+    wa.phase_clock_buffer = torch.full((wa.PHASE_SLOTS << 17,), -1, dtype=torch.int64, device="cuda")
     fns = [lambda i=i: setup.call(i % len(setup.copies), stamped) for i in range(calls)]
     ba.warm_up(fns)
     graph = ba.capture(fns)

@@ -2954,6 +2954,21 @@ def _launch_exact(
     )
 
 
+def _phase_clock_buffer(config: LaunchConfig, programs: int, device: torch.device) -> torch.Tensor | None:
+    """With config.phase_clocks, phase_clock_buffer checked for a launch of `programs` split
+    programs (else None)."""
+    if not config.phase_clocks:
+        return None
+    need = programs * PHASE_SLOTS
+    buffer = phase_clock_buffer
+    if buffer is None or buffer.dtype != torch.int64 or buffer.numel() < need or buffer.device != device:
+        raise ValueError(
+            "LaunchConfig.phase_clocks needs wavelet_attention.phase_clock_buffer: an int64 tensor "
+            f"on {device} of at least {need} elements (split programs x PHASE_SLOTS)"
+        )
+    return buffer
+
+
 def _launch_v3(
     q: torch.Tensor,
     common_exact: tuple,
@@ -2999,21 +3014,9 @@ def _launch_v3(
         with torch.cuda.stream(side):
             _launch_exact(q, common_exact, parts, dims, layout, config, carveout=carveout)
     plan = plan or SplitPlan(num_splits)
-    clocks = m_part  # unread unless config.phase_clocks
-    if config.phase_clocks:
-        need = programs * num_splits * PHASE_SLOTS
-        buffer = phase_clock_buffer
-        if (
-            buffer is None
-            or buffer.dtype != torch.int64
-            or buffer.numel() < need
-            or buffer.device != q.device
-        ):
-            raise ValueError(
-                "LaunchConfig.phase_clocks needs wavelet_attention.phase_clock_buffer: an int64 "
-                f"tensor on {q.device} of at least {need} elements (programs x splits x PHASE_SLOTS)"
-            )
-        clocks = buffer
+    clocks = _phase_clock_buffer(config, programs * num_splits, q.device)
+    if clocks is None:  # unread
+        clocks = m_part
     if config.transform_in_split:
         if value_channels is None:
             raise ValueError("transform_in_split needs the value channels' transform (value_channels)")
@@ -3348,6 +3351,7 @@ def wavelet_attention_triton(
         words, stride = value_slot_transform_words(inverse, v_rotation, plan2.slot_coef, v_channel_scale)
         value_channels = (words, stride, v_cs, v_cs.stride(0))
     if use_v3:
+        _phase_clock_buffer(config, programs * num_splits, device)  # (refused here, not by falling back)
         try:
             try:
                 _launch_v3(
