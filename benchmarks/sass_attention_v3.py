@@ -196,7 +196,9 @@ def apply_tuned(args: argparse.Namespace) -> None:
 
     config = wa.TUNED_CONFIGS[(128, 4, "affine")]
     assert config.kernel == "v3", config
-    args.stages, args.block_n, args.maxnreg = config.num_stages, config.block_n, config.maxnreg or 0
+    args.stages = config.num_stages if args.stages is None else args.stages
+    args.block_n = config.block_n
+    args.maxnreg = (config.maxnreg or 0) if args.maxnreg is None else args.maxnreg
     args.no_cache_tiles, args.no_convert_p_once = not config.cache_tiles, not config.convert_p_once
     # every flag named after a LaunchConfig field (PDL stays the --pdl flag's: a launch property)
     fields = {f.name for f in dataclasses.fields(config)} - {"pdl", "maxnreg"}
@@ -211,10 +213,10 @@ def apply_tuned(args: argparse.Namespace) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--stages", type=int, default=1)
+    p.add_argument("--stages", type=int, default=None, help="ring stages (1; with --tuned: the config's)")
     p.add_argument("--block-n", type=int, default=64)
     p.add_argument("--block-m", type=int, default=4)
-    p.add_argument("--maxnreg", type=int, default=168, help="0: no cap")
+    p.add_argument("--maxnreg", type=int, default=None, help="0: no cap (168; with --tuned: the config's)")
     p.add_argument("--keys-via-smem", action="store_true")
     p.add_argument("--keys-ahead", action="store_true")
     p.add_argument("--no-cache-tiles", action="store_true")
@@ -306,6 +308,8 @@ def main() -> None:
     args = p.parse_args()
     if args.tuned:
         apply_tuned(args)
+    args.stages = 1 if args.stages is None else args.stages
+    args.maxnreg = 168 if args.maxnreg is None else args.maxnreg
     if args.value_copies_l2_256b or args.plain_loads_l2_256b:
         from wmoe_compile.kernels import ptx_patches
 
