@@ -401,7 +401,7 @@ one_sequence_28)
     # twenty-eighth session: one sequence is latency-bound with 7.75 programs an SM, so the
     # large launches' limits need not hold there: value tiles a step ahead (2 stages), and register
     # caps of 232 / 255 (8 programs an SM, still one wave; ptxas then issues 41-46 of the query
-    # transform's 64 tile loads before its first MMA instead of 26). 4 rounds, base first
+    # transform's 64 tile loads before its first MMA instead of 26), and both. 4 rounds, base first
     probe_grid benchmarks/probe_one_sequence_28.json "1,32768" one_sequence_28 200
     ;;
 sustained)
