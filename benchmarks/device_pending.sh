@@ -88,7 +88,7 @@
 #                                                 # breakdown (Nsight Compute)
 set -u
 case "${1:-}" in
-tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce | exact_remainder | key_word_pairs | clocks | zero_padding_p | value_subnormals | value_subnormals_sustained | band_columns | value_scales_staged | counted_steps | transform_in_split | one_sequence_merge | query_in_split | one_wave | merge_pass | final26 | small_bench | exact_tail_prologue | prologue_tiles | two_wave_tail | one_sequence_l2 | phases | one_sequence_28) ;;
+tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce | exact_remainder | key_word_pairs | clocks | zero_padding_p | value_subnormals | value_subnormals_sustained | band_columns | value_scales_staged | counted_steps | transform_in_split | one_sequence_merge | query_in_split | one_wave | merge_pass | final26 | small_bench | exact_tail_prologue | prologue_tiles | two_wave_tail | one_sequence_l2 | phases | one_sequence_28 | split_major_grid) ;;
 grid | timeline | sustained)
     if [ ! -f "${2:-}" ]; then
         echo "$1 needs a JSON file of LaunchConfig dicts (e.g. benchmarks/probe_one_block_step.json), got '${2:-}'" >&2
@@ -96,7 +96,7 @@ grid | timeline | sustained)
     fi
     ;;
 *)
-    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|reduce|remainder|small_reduce|exact_remainder|key_word_pairs|clocks|zero_padding_p|value_subnormals|value_subnormals_sustained|band_columns|value_scales_staged|counted_steps|transform_in_split|one_sequence_merge|query_in_split|one_wave|merge_pass|final26|small_bench|exact_tail_prologue|prologue_tiles|two_wave_tail|one_sequence_l2|phases|one_sequence_28|grid FILE.json|timeline FILE.json|sustained FILE.json|stalls [tuned|keys_in_step]" >&2
+    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|reduce|remainder|small_reduce|exact_remainder|key_word_pairs|clocks|zero_padding_p|value_subnormals|value_subnormals_sustained|band_columns|value_scales_staged|counted_steps|transform_in_split|one_sequence_merge|query_in_split|one_wave|merge_pass|final26|small_bench|exact_tail_prologue|prologue_tiles|two_wave_tail|one_sequence_l2|phases|one_sequence_28|split_major_grid|grid FILE.json|timeline FILE.json|sustained FILE.json|stalls [tuned|keys_in_step]" >&2
     exit 2
     ;;
 esac
@@ -403,6 +403,17 @@ one_sequence_28)
     # caps of 232 / 255 (8 programs an SM, still one wave; ptxas then issues 41-46 of the query
     # transform's 64 tile loads before its first MMA instead of 26), and both. 4 rounds, base first
     probe_grid benchmarks/probe_one_sequence_28.json "1,32768" one_sequence_28 200
+    ;;
+split_major_grid)
+    # twenty-eighth session: LaunchConfig.split_major_grid (an SM's resident blocks hold 2 kv heads
+    # instead of 8 at one sequence, so their transform words may hit L1). GPU tests, one sequence
+    # (5 rounds) with the phase stamps, then (8, 32768), the other launch that transforms the query
+    # in its split kernel, and the large shapes (4 rounds)
+    attention_tests split_major_grid
+    probe_grid benchmarks/probe_split_major_one_sequence.json "1,32768" split_major_one_sequence 150
+    run 120 python3 -P benchmarks/probe_attention.py phases --configs benchmarks/probe_phases_split_major.json \
+        --shapes "1,32768" --out "$OUT/split_major_phases"
+    probe_grid benchmarks/probe_split_major.json "8,32768;8,131072;32,32768" split_major 240
     ;;
 sustained)
     # an A/B that alternates every few milliseconds shares one clock between both sides; at the

@@ -187,6 +187,13 @@ class LaunchConfig:
     # epilogue) into wavelet_attention.phase_clock_buffer (benchmarks/probe_attention.py phases).
     # The stamps' reductions add instructions to the step: a stamped launch is a little slower
     phase_clocks: bool = False
+    # v3: the split kernel's blocks go out split by split (all programs' first splits, then their
+    # second ...), as a remainder plan's do, for equal splits too. Blocks are dealt to the SMs in
+    # order, so at one sequence (8 programs, one a kv head) an SM's resident blocks then hold 2 kv
+    # heads instead of 8, and their query- and epilogue-transform words (32 + 32 KB a head, read by
+    # every block) can hit L1 instead of L2: the phase stamps put those two at 3.1 and 2.3 us of a
+    # block's 13.8 (twenty-eighth session)
+    split_major_grid: bool = False
     # with transform_in_split: a row's channels per merge program (a power of two; grid (rows, D /
     # this)), and its warps
     channel_merge_channels: int = 32
@@ -393,7 +400,7 @@ class LaunchConfig:
                 f"loads_before_pdl_wait=0, got {self.loads_before_pdl_wait}"
             )
         extras = ("zero_padding_p", "value_subnormals", "counted_steps")
-        extras += ("transform_in_split", "query_in_split", "phase_clocks")
+        extras += ("transform_in_split", "query_in_split", "phase_clocks", "split_major_grid")
         for name in ("prefetch_value_rows", "fill_value_rows_l2", *extras, *hints):
             if getattr(self, name) and self.kernel != "v3":
                 raise ValueError(
@@ -746,6 +753,7 @@ V3_ONLY_OPTIONS = (
     "transform_in_split",
     "query_in_split",
     "phase_clocks",
+    "split_major_grid",
     "prefetch_value_rows",
     "fill_value_rows_l2",
     "value_copies_l2_256b",

@@ -3014,6 +3014,9 @@ def _launch_v3(
         with torch.cuda.stream(side):
             _launch_exact(q, common_exact, parts, dims, layout, config, carveout=carveout)
     plan = plan or SplitPlan(num_splits)
+    # a remainder plan's short splits go out last; split_major_grid: neighbouring blocks take
+    # neighbouring programs (kv heads) instead of a program's neighbouring splits
+    split_major = plan.split_major or config.split_major_grid
     clocks = _phase_clock_buffer(config, programs * num_splits, q.device)
     if clocks is None:  # unread
         clocks = m_part
@@ -3029,7 +3032,7 @@ def _launch_v3(
         query_args = (qw, 0, 0, 0, plan2.slot_coef, 0, plan2.v_step, plan2.v_step, 1.0)
     launch(
         split_kernel_v3,
-        (programs, num_splits) if plan.split_major else (num_splits, programs),
+        (programs, num_splits) if split_major else (num_splits, programs),
         qw,
         qc,
         k_codes,
@@ -3101,7 +3104,7 @@ def _launch_v3(
         VALUE_COPIES_L2_256B=config.value_copies_l2_256b,
         PLAIN_LOADS_L2_256B=config.plain_loads_l2_256b,
         **({"LOADS_BEFORE_WAIT": config.loads_before_pdl_wait} if config.loads_before_pdl_wait else {}),
-        **({"SPLIT_MAJOR": True} if plan.split_major else {}),
+        **({"SPLIT_MAJOR": True} if split_major else {}),
         num_warps=1,
         **split_options,
         **_dependent(_pdl(config, q.device)),

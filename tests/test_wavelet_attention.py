@@ -747,6 +747,33 @@ def test_gpu_v3_tuned_query_in_split_only_in_one_wave():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("small", [True, False])
+def test_gpu_v3_split_major_grid_changes_no_result(small, monkeypatch):
+    # split_major_grid only reorders the split kernel's blocks: each still writes its own partial,
+    # so the output is bit-identical for every split count; the grid is (programs, splits)
+    config = (K.SMALL_LAUNCH_CONFIGS if small else K.TUNED_CONFIGS)[(128, 4, "affine")]
+    reordered = dataclasses.replace(config, split_major_grid=True)
+    seq_lens = [4096, 1, 1000, 2049, 133]
+    codec, args = make_case(UNIFORM_REAL, 5, 2, 4, 1, 128, seq_lens, 4096, torch.bfloat16, "cuda", "full")
+    grids = []
+    launch = K.launch
+
+    def spy(kernel, grid, *rest, **options):
+        if "split_kernel_v3" in str(getattr(kernel, "fn", kernel)):
+            grids.append((tuple(grid), options.get("SPLIT_MAJOR", False)))
+        return launch(kernel, grid, *rest, **options)
+
+    monkeypatch.setattr(K, "launch", spy)
+    for splits in (1, 7, 70):
+        plain = _run_triton(args, codec, 128**-0.5, config=config, num_splits=splits)
+        got = _run_triton(args, codec, 128**-0.5, config=reordered, num_splits=splits)
+        assert torch.equal(got, plain), splits
+        assert grids[-2:] == [((splits, 10), False), ((10, splits), True)], grids
+    assert not got.isnan().any() and rel_err(got, dense_reference(codec, args, 128**-0.5)) <= 1e-2
+    assert not K._V3_FAILURE, K._V3_FAILURE
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("small", [True, False])
 def test_gpu_v3_phase_clocks_stamp_every_program_in_order(small):
     # the probe's stamps (LaunchConfig.phase_clocks) change no output bit; every program writes its
     # wait, query, step, masked-step and epilogue stamps in time order, its SM and its full steps;
