@@ -88,7 +88,7 @@
 #                                                 # breakdown (Nsight Compute)
 set -u
 case "${1:-}" in
-tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce | exact_remainder | key_word_pairs | clocks | zero_padding_p | value_subnormals | value_subnormals_sustained | band_columns | value_scales_staged | counted_steps | transform_in_split | one_sequence_merge | query_in_split | one_wave | merge_pass | final26 | small_bench | exact_tail_prologue | prologue_tiles | two_wave_tail | one_sequence_l2 | phases | one_sequence_28 | split_major_grid | transform_l1) ;;
+tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce | exact_remainder | key_word_pairs | clocks | zero_padding_p | value_subnormals | value_subnormals_sustained | band_columns | value_scales_staged | counted_steps | transform_in_split | one_sequence_merge | query_in_split | one_wave | merge_pass | final26 | small_bench | exact_tail_prologue | prologue_tiles | two_wave_tail | one_sequence_l2 | phases | one_sequence_28 | split_major_grid) ;;
 grid | timeline | sustained)
     if [ ! -f "${2:-}" ]; then
         echo "$1 needs a JSON file of LaunchConfig dicts (e.g. benchmarks/probe_one_block_step.json), got '${2:-}'" >&2
@@ -96,7 +96,7 @@ grid | timeline | sustained)
     fi
     ;;
 *)
-    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|reduce|remainder|small_reduce|exact_remainder|key_word_pairs|clocks|zero_padding_p|value_subnormals|value_subnormals_sustained|band_columns|value_scales_staged|counted_steps|transform_in_split|one_sequence_merge|query_in_split|one_wave|merge_pass|final26|small_bench|exact_tail_prologue|prologue_tiles|two_wave_tail|one_sequence_l2|phases|one_sequence_28|split_major_grid|transform_l1|grid FILE.json|timeline FILE.json|sustained FILE.json|stalls [tuned|keys_in_step]" >&2
+    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|reduce|remainder|small_reduce|exact_remainder|key_word_pairs|clocks|zero_padding_p|value_subnormals|value_subnormals_sustained|band_columns|value_scales_staged|counted_steps|transform_in_split|one_sequence_merge|query_in_split|one_wave|merge_pass|final26|small_bench|exact_tail_prologue|prologue_tiles|two_wave_tail|one_sequence_l2|phases|one_sequence_28|split_major_grid|grid FILE.json|timeline FILE.json|sustained FILE.json|stalls [tuned|keys_in_step]" >&2
     exit 2
     ;;
 esac
@@ -414,17 +414,6 @@ split_major_grid)
     run 120 python3 -P benchmarks/probe_attention.py phases --configs benchmarks/probe_phases_split_major.json \
         --shapes "1,32768" --out "$OUT/split_major_phases"
     probe_grid benchmarks/probe_split_major.json "8,32768;8,131072;32,32768" split_major 240
-    ;;
-transform_l1)
-    # twenty-eighth session: LaunchConfig.prefetch_transform_l1 (the query's and the epilogue's
-    # transform words asked of L1 at once, before their loads). GPU tests, one sequence against
-    # the small-launch config (split-major since this session; 5 rounds) with the phase stamps,
-    # then (8, 32768) and the large shapes (3 rounds)
-    attention_tests "prefetch_transform_l1 or split_major_grid"
-    probe_grid benchmarks/probe_transform_l1_one_sequence.json "1,32768" transform_l1_one_sequence 150
-    run 120 python3 -P benchmarks/probe_attention.py phases --configs benchmarks/probe_phases_transform_l1.json \
-        --shapes "1,32768" --out "$OUT/transform_l1_phases"
-    probe_grid benchmarks/probe_transform_l1.json "8,32768;8,131072;32,32768" transform_l1 200
     ;;
 sustained)
     # an A/B that alternates every few milliseconds shares one clock between both sides; at the

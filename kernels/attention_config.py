@@ -194,10 +194,6 @@ class LaunchConfig:
     # every block) can hit L1 instead of L2: the phase stamps put those two at 3.1 and 2.3 us of a
     # block's 13.8 (twenty-eighth session)
     split_major_grid: bool = False
-    # v3: the query's and the epilogue's transform words (32 KB a kv head each, read by every
-    # split program) asked of L1 all at once by prefetch.global.L1 before their loads, which the
-    # register cap lets go out about a third at a time, each third a round trip to L2
-    prefetch_transform_l1: bool = False
     # with transform_in_split: a row's channels per merge program (a power of two; grid (rows, D /
     # this)), and its warps
     channel_merge_channels: int = 32
@@ -405,7 +401,6 @@ class LaunchConfig:
             )
         extras = ("zero_padding_p", "value_subnormals", "counted_steps")
         extras += ("transform_in_split", "query_in_split", "phase_clocks", "split_major_grid")
-        extras += ("prefetch_transform_l1",)
         for name in ("prefetch_value_rows", "fill_value_rows_l2", *extras, *hints):
             if getattr(self, name) and self.kernel != "v3":
                 raise ValueError(
@@ -718,13 +713,6 @@ SMALL_LAUNCH_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
         # programs instead of 5 -1.0% (3 rounds) and -1.2% (-1.6 .. -0.2, 4 rounds); the merge in
         # one pass of 256 partials -0.5% / -0.7%, with 3 exact programs -1.0%: 3 exact programs
         exact_chunks=3,
-        # twenty-eighth session (H200, 5 rounds, probe_split_major_one_sequence.json): the blocks
-        # split-major, so an SM's 7-8 blocks hold 2 kv heads instead of 8 and share their transform
-        # words in L1: -3.0% (-5.8 .. -1.6); the phase stamps' medians: the query's transform 3.07
-        # -> 2.82 us, the epilogue 2.30 -> 1.79. (At the large shapes -0.1 / +1.5 / +0.5% at
-        # (8, 32768) / (8, 131072) / (32, 32768), 4 rounds: off there.) 2 ring stages +1.5%,
-        # register caps of 232 / 255 +18.7% / +17.1% (4 rounds, probe_one_sequence_28.json)
-        split_major_grid=True,
     ),
 }
 # where v3 cannot run a small launch (other layouts, no Gluon, the interpreter): v1's own best
@@ -766,7 +754,6 @@ V3_ONLY_OPTIONS = (
     "query_in_split",
     "phase_clocks",
     "split_major_grid",
-    "prefetch_transform_l1",
     "prefetch_value_rows",
     "fill_value_rows_l2",
     "value_copies_l2_256b",

@@ -3099,7 +3099,6 @@ def _launch_v3(
         TRANSFORM_IN_SPLIT=config.transform_in_split,
         QUERY_IN_SPLIT=config.query_in_split,
         PHASE_CLOCKS=config.phase_clocks,
-        PREFETCH_TRANSFORM_L1=config.prefetch_transform_l1,
         PREFETCH_VALUE_ROWS=config.prefetch_value_rows,
         FILL_VALUE_ROWS_L2=config.fill_value_rows_l2,
         VALUE_COPIES_L2_256B=config.value_copies_l2_256b,

@@ -819,27 +819,6 @@ if HAS_GLUON:
         return mma_v2(a, b, out)
 
     @gluon.jit
-    def _prefetch_words_l1(words_ptr):
-        """PREFETCH_TRANSFORM_L1: a kv head's 32 KB of fragment-ordered transform words (64 tiles,
-        int32 `words_ptr`) into L1, one prefetch.global.L1 a 128-byte line (8 a lane), all at once:
-        the tiles' loads then hit L1, where registers let them go out a third at a time, a round
-        trip to L2 each. A bar.warp.sync (a NOP to the hardware) after them: ptxas orders no
-        prefetch against loads, and would move the tiles' loads above."""
-        lane = gl.arange(0, 32, layout=_LANES)
-        for i in gl.static_range(8):
-            gl.inline_asm_elementwise(
-                "prefetch.global.L1 [$1]; mov.b32 $0, 0;",
-                "=r,l",
-                [words_ptr + (i * 32 + lane) * 32],
-                dtype=gl.int32,
-                is_pure=False,
-                pack=1,
-            )
-        gl.inline_asm_elementwise(
-            "bar.warp.sync -1; mov.b32 $0, 0;", "=r", [], dtype=gl.int32, is_pure=False, pack=1
-        )
-
-    @gluon.jit
     def _stamp(stamps, slot, after):
         """PHASE_CLOCKS: the globaltimer (ns) into stamps[slot], read once `after` (a scalar) is
         computed: the asm takes it as an input, so ptxas cannot issue the read before it."""
@@ -1115,9 +1094,6 @@ if HAS_GLUON:
         QUERY_IN_SPLIT: gl.constexpr = False,
         # a probe: each program stamps its phases into clock_ptr (LaunchConfig.phase_clocks)
         PHASE_CLOCKS: gl.constexpr = False,
-        # the query's and the epilogue's transform words prefetched into L1 before their loads
-        # (LaunchConfig.prefetch_transform_l1)
-        PREFETCH_TRANSFORM_L1: gl.constexpr = False,
     ):
         """One (split, sequence, kv head, row block): online softmax over a range of compressed
         tokens in the coefficient domain; grid (num_splits, programs), or (programs, num_splits)
@@ -1182,8 +1158,6 @@ if HAS_GLUON:
         # ---- loop invariants
         if QUERY_IN_SPLIT:
             gl.static_assert(LOADS_BEFORE_WAIT == 0, "QUERY_IN_SPLIT reads the query after the wait")
-            if PREFETCH_TRANSFORM_L1:
-                _prefetch_words_l1(qt_ptr + kv_head * qt_stride_h)
             q0, q1, q2, q3, q4, q5, q6, q7, qc0, qc1 = _query_in_split(
                 q_ptr,
                 q_stride_b,
@@ -1470,8 +1444,6 @@ if HAS_GLUON:
                 keep_b = row_ok & (columns >= 4)
             out = gl.zeros([128, 8], gl.float32, layout=_MMA)
             tr = (v_step_ptr, v_shift_ptr, vt_ptr + kv_head * vt_stride_h)
-            if PREFETCH_TRANSFORM_L1:
-                _prefetch_words_l1(vt_ptr + kv_head * vt_stride_h)
             out = _transform_operand(out, a0, wsa, inv_l, keep_a, *tr, 0, sub, _C4_0, _C4_0)
             out = _transform_operand(out, a1, wsa, inv_l, keep_a, *tr, 16, sub, _C4_1, _C4_1)
             out = _transform_operand(out, a2, wsa, inv_l, keep_a, *tr, 32, sub, _C4_2, _C4_2)

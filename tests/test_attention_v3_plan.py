@@ -175,7 +175,6 @@ def test_v3_falls_back_off_the_gpu():
         dict(kernel="v1", query_in_split=True),
         dict(kernel="v1", phase_clocks=True),
         dict(kernel="v1", split_major_grid=True),
-        dict(kernel="v1", prefetch_transform_l1=True),
     ],
 )
 def test_v3_config_is_validated(bad):
@@ -499,7 +498,6 @@ def test_a_v3_build_failure_falls_back_to_v1_once(monkeypatch, config):
         ["--tuned", "--pdl", "--packed-p-scaling", "--value-subnormals"],
         ["--tuned", "--pdl", "--band-columns"],
         ["--tuned", "--pdl", "--phase-clocks"],
-        ["--tuned", "--pdl", "--prefetch-transform-l1"],
     ],
     ids=[
         "plain",
@@ -518,7 +516,6 @@ def test_a_v3_build_failure_falls_back_to_v1_once(monkeypatch, config):
         "tuned_value_subnormals",
         "tuned_band_columns",
         "tuned_phase_clocks",  # the probe's stamps: a reduction and a store a step
-        "tuned_prefetch_transform_l1",
     ],
 )
 def test_v3_compiles_for_sm90_on_this_triton(tmp_path, options):
@@ -562,13 +559,6 @@ def test_v3_compiles_for_sm90_on_this_triton(tmp_path, options):
         # no centring per step: of the 56 FFMAs, the 32 that centred the value accumulators (their
         # rescale stays, as FMULs) and the 8 FADDs of the p * scale sums go
         assert int(re.search(r"(\d+)\s+FFMA$", out, re.M).group(1)) <= 24, out
-    if "--prefetch-transform-l1" in options:
-        # 8 L1 prefetches a lane for each of the two transforms' 32 KB, the query's ahead of its
-        # first tile load (ptxas hoisted the loads above them until a bar.warp.sync fenced them)
-        sass = (tmp_path / "split_kernel_v3.sass").read_text().splitlines()
-        prefetches = [i for i, line in enumerate(sass) if "CCTL.E.PF1" in line]
-        assert len(prefetches) == 16, out
-        assert prefetches[7] < min(i for i, line in enumerate(sass) if "LDG.E.128" in line), out
     if options == ["--keys-ahead", "--key-word-pairs", "--step-row-base"]:
         pairs = re.search(r"(\d+)\s+LDG\.E\.64$", out, re.M)
         assert pairs and int(pairs.group(1)) == 8, out  # Triton vectorised the pairs itself

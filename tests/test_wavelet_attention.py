@@ -747,24 +747,6 @@ def test_gpu_v3_tuned_query_in_split_only_in_one_wave():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("small", [True, False])
-def test_gpu_v3_prefetch_transform_l1_changes_no_result(small):
-    # prefetch_transform_l1 only asks L1 for the transform words early: bit-identical outputs,
-    # with channel scales only and with the per-head rotation, at every split count
-    config = (K.SMALL_LAUNCH_CONFIGS if small else K.TUNED_CONFIGS)[(128, 4, "affine")]
-    prefetch = dataclasses.replace(config, prefetch_transform_l1=True)
-    for channel in ("scale", "full"):
-        codec, args = make_case(
-            UNIFORM_REAL, 5, 2, 4, 1, 128, [4096, 1, 1000, 2049, 133], 4096, torch.bfloat16, "cuda", channel
-        )
-        for splits in (None, 1, 7, 70):
-            plain = _run_triton(args, codec, 128**-0.5, config=config, num_splits=splits)
-            got = _run_triton(args, codec, 128**-0.5, config=prefetch, num_splits=splits)
-            assert torch.equal(got, plain), (channel, splits)
-    assert not K._V3_FAILURE, K._V3_FAILURE
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("small", [True, False])
 def test_gpu_v3_split_major_grid_changes_no_result(small, monkeypatch):
     # split_major_grid only reorders the split kernel's blocks: each still writes its own partial,
     # so the output is bit-identical for every split count; the grid is (programs, splits)
