@@ -713,6 +713,14 @@ SMALL_LAUNCH_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
         # programs instead of 5 -1.0% (3 rounds) and -1.2% (-1.6 .. -0.2, 4 rounds); the merge in
         # one pass of 256 partials -0.5% / -0.7%, with 3 exact programs -1.0%: 3 exact programs
         exact_chunks=3,
+        # twenty-eighth session (H200, 5 rounds, probe_split_major_one_sequence.json): the blocks
+        # split-major, so an SM's 7-8 blocks hold 2 kv heads instead of 8 and share their transform
+        # words in L1: -3.0% (-5.8 .. -1.6); the phase stamps' medians: the query's transform 3.07
+        # -> 2.82 us, the epilogue 2.30 -> 1.79. (At the large shapes -0.1 / +1.5 / +0.5% at
+        # (8, 32768) / (8, 131072) / (32, 32768), 4 rounds: off there.) 2 ring stages +1.5%,
+        # register caps of 232 / 255 +18.7% / +17.1% (4 rounds, probe_one_sequence_28.json); the
+        # transform words prefetched into L1 (prefetch.global.L1, removed) +14.7%
+        split_major_grid=True,
     ),
 }
 # where v3 cannot run a small launch (other layouts, no Gluon, the interpreter): v1's own best

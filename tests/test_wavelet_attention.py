@@ -750,7 +750,9 @@ def test_gpu_v3_tuned_query_in_split_only_in_one_wave():
 def test_gpu_v3_split_major_grid_changes_no_result(small, monkeypatch):
     # split_major_grid only reorders the split kernel's blocks: each still writes its own partial,
     # so the output is bit-identical for every split count; the grid is (programs, splits)
-    config = (K.SMALL_LAUNCH_CONFIGS if small else K.TUNED_CONFIGS)[(128, 4, "affine")]
+    tuned = (K.SMALL_LAUNCH_CONFIGS if small else K.TUNED_CONFIGS)[(128, 4, "affine")]
+    assert tuned.split_major_grid == small  # (on at one sequence since the twenty-eighth session)
+    config = dataclasses.replace(tuned, split_major_grid=False)
     reordered = dataclasses.replace(config, split_major_grid=True)
     seq_lens = [4096, 1, 1000, 2049, 133]
     codec, args = make_case(UNIFORM_REAL, 5, 2, 4, 1, 128, seq_lens, 4096, torch.bfloat16, "cuda", "full")
