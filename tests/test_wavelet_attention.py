@@ -327,7 +327,8 @@ def test_tuned_config_by_launch_size():
     # the MMAs' padding columns serving the 2-bit band (-2.7% there, +1.5-2.3% sustained at the
     # large shapes, twenty-third session), 16 channels a merge program (twenty-fifth session; 64 at
     # the large shapes); both transform the query in the split kernel where the launch is one wave
-    # (twenty-sixth session), so no cache read goes before the PDL wait
+    # (twenty-sixth session), so no cache read goes before the PDL wait; one sequence's blocks go
+    # out split-major (its SMs' blocks then share kv heads, twenty-eighth session)
     assert small == dataclasses.replace(
         large,
         min_split_tokens=256,
@@ -336,7 +337,9 @@ def test_tuned_config_by_launch_size():
         band_columns=True,
         channel_merge_channels=16,
         exact_chunks=3,  # (5 at the large shapes)
+        split_major_grid=True,
     )
+    assert not large.split_major_grid
     assert large.transform_in_split and large.channel_merge_channels == 64
     assert large.query_in_split and large.query_in_split_waves == 1 and not large.loads_before_pdl_wait
     assert not large.band_columns
