@@ -189,10 +189,10 @@ class LaunchConfig:
     phase_clocks: bool = False
     # v3: the split kernel's blocks go out split by split (all programs' first splits, then their
     # second ...), as a remainder plan's do, for equal splits too. Blocks are dealt to the SMs in
-    # order, so at one sequence (8 programs, one a kv head) an SM's resident blocks then hold 2 kv
-    # heads instead of 8, and their query- and epilogue-transform words (32 + 32 KB a head, read by
-    # every block) can hit L1 instead of L2: the phase stamps put those two at 3.1 and 2.3 us of a
-    # block's 13.8 (twenty-eighth session)
+    # order, so at one sequence (8 programs, one a kv head) an SM's 7-8 resident blocks then hold
+    # 2-4 kv heads instead of 6-8 (the stamps' SM ids, twenty-eighth session), and their query- and
+    # epilogue-transform words (32 + 32 KB a head, read by every block) can hit L1 instead of L2:
+    # the phase stamps put those two at 3.1 and 2.3 us of a block's 13.8
     split_major_grid: bool = False
     # with transform_in_split: a row's channels per merge program (a power of two; grid (rows, D /
     # this)), and its warps
@@ -714,8 +714,8 @@ SMALL_LAUNCH_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
         # one pass of 256 partials -0.5% / -0.7%, with 3 exact programs -1.0%: 3 exact programs
         exact_chunks=3,
         # twenty-eighth session (H200, 5 rounds, probe_split_major_one_sequence.json): the blocks
-        # split-major, so an SM's 7-8 blocks hold 2 kv heads instead of 8 and share their transform
-        # words in L1: -3.0% (-5.8 .. -1.6); the phase stamps' medians: the query's transform 3.07
+        # split-major, so an SM's 7-8 blocks hold 2-4 kv heads instead of 6-8 and share their
+        # transform words in L1: -3.0% (-5.8 .. -1.6); the phase stamps' medians: the query's transform 3.07
         # -> 2.82 us, the epilogue 2.30 -> 1.79. (At the large shapes -0.1 / +1.5 / +0.5% at
         # (8, 32768) / (8, 131072) / (32, 32768), 4 rounds: off there.) 2 ring stages +1.5%,
         # register caps of 232 / 255 +18.7% / +17.1% (4 rounds, probe_one_sequence_28.json); the
