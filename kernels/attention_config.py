@@ -715,11 +715,12 @@ SMALL_LAUNCH_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
         exact_chunks=3,
         # twenty-eighth session (H200, 5 rounds, probe_split_major_one_sequence.json): the blocks
         # split-major, so an SM's 7-8 blocks hold 2-4 kv heads instead of 6-8 and share their
-        # transform words in L1: -3.0% (-5.8 .. -1.6); the phase stamps' medians: the query's transform 3.07
-        # -> 2.82 us, the epilogue 2.30 -> 1.79. (At the large shapes -0.1 / +1.5 / +0.5% at
-        # (8, 32768) / (8, 131072) / (32, 32768), 4 rounds: off there.) 2 ring stages +1.5%,
-        # register caps of 232 / 255 +18.7% / +17.1% (4 rounds, probe_one_sequence_28.json); the
-        # transform words prefetched into L1 (prefetch.global.L1, removed) +14.7%
+        # transform words in L1: -3.0% (-5.8 .. -1.6); the phase stamps' medians: the query's
+        # transform 3.07 -> 2.82 us, the epilogue 2.30 -> 1.79. (At the large shapes -0.1 / +1.5 /
+        # +0.5% at (8, 32768) / (8, 131072) / (32, 32768), 4 rounds: off there.) 2 ring stages
+        # +1.5%, register caps of 232 / 255 +18.7% / +17.1% (4 rounds, probe_one_sequence_28.json);
+        # the transform words prefetched into L1 (prefetch.global.L1, removed) +14.7%; 192- / 320-
+        # token splits, split-major, +7.9% / +3.5%
         split_major_grid=True,
     ),
 }
