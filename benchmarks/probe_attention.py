@@ -183,12 +183,12 @@ def summarise_phases(rows: torch.Tensor) -> dict:
         lengths[name] = pct(end[ok] - start[ok])
     names = ("wait done", *PHASE_NAMES)
     since = {name: pct(t[t[:, k] >= 0, k] - first) for k, name in enumerate(names)}
-    per_sm = torch.bincount(rows[:, 8].clamp(min=0))
-    times = t[:, :8]
+    per_sm = torch.bincount(rows[:, wa.PHASE_SM].clamp(min=0))
+    times = t[:, : wa.PHASE_TIMES]
     gaps = (times[:, 1:] - times[:, :-1])[(times[:, 1:] >= 0) & (times[:, :-1] >= 0)]
     return dict(
         programs=int(rows.shape[0]),
-        full_steps=sorted(set(rows[:, 9].tolist())),
+        full_steps=sorted(set(rows[:, wa.PHASE_FULL_STEPS].tolist())),
         phase_us=lengths,
         since_first_wait_us=since,
         programs_per_sm=dict(

@@ -103,6 +103,8 @@ MAGIC_OFFSET = 1024.0
 # (3 onwards share slot 5), 6 after the masked steps, 7 after the epilogue's transform, 8 the SM
 # (%smid), 9 the program's full steps. benchmarks/probe_attention.py phases sets and reads it.
 PHASE_SLOTS = 10
+PHASE_TIMES = 8  # slots 0-7 hold times
+PHASE_SM, PHASE_FULL_STEPS = 8, 9
 phase_clock_buffer: torch.Tensor | None = None
 
 

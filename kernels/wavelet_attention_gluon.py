@@ -37,7 +37,9 @@ from .wavelet_attention import (
     _MODE_MAGIC,
     _MODE_SUBNORMAL,
     MAGIC_OFFSET,
+    PHASE_FULL_STEPS,
     PHASE_SLOTS,
+    PHASE_SM,
     SUBNORMAL_UNIT,
     _field_asm,
     field_layout,
@@ -115,6 +117,8 @@ if HAS_GLUON:
         )
         _NEG_BIG = gl.constexpr(-1.0e30)
         _PHASE_SLOTS = gl.constexpr(PHASE_SLOTS)
+        _PHASE_SM = gl.constexpr(PHASE_SM)
+        _PHASE_FULL_STEPS = gl.constexpr(PHASE_FULL_STEPS)
         # markers that have the kernel's PTX patched (kernels/ptx_patches.py)
         _MARK_COPIES_L2_256B = gl.constexpr(ptx_patches.marker_asm("cp_async_l2_256b"))
         _MARK_LOADS_L2_256B = gl.constexpr(ptx_patches.marker_asm("ld_global_l2_256b"))
@@ -1125,7 +1129,7 @@ if HAS_GLUON:
             smid = gl.inline_asm_elementwise(
                 "mov.u32 $0, %smid;", "=r", [], dtype=gl.int32, is_pure=False, pack=1
             )
-            gl.store(stamps + 8, smid.to(gl.int64))
+            gl.store(stamps + _PHASE_SM, smid.to(gl.int64))
         row_block = pid % n_row_blocks
         kv_head = (pid // n_row_blocks) % n_kv_heads
         batch = pid // (n_row_blocks * n_kv_heads)
@@ -1181,7 +1185,7 @@ if HAS_GLUON:
             )
         if PHASE_CLOCKS and LOADS_BEFORE_WAIT == 0:
             _stamp(stamps, 1, gl.max(qc0 + qc1, axis=0))
-            gl.store(stamps + 9, ((full_hi - lo) // BLOCK_N).to(gl.int64))
+            gl.store(stamps + _PHASE_FULL_STEPS, ((full_hi - lo) // BLOCK_N).to(gl.int64))
         ones = gl.full([16, BLOCK_N], 1.0, gl.float16, layout=_A)  # token sums through the MMA
         kcodes = (kc_ptr + batch * kc_stride_b + kv_head * kc_stride_h).to(
             gl.pointer_type(gl.int16), bitcast=True

@@ -804,15 +804,16 @@ def test_gpu_v3_phase_clocks_stamp_every_program_in_order(small):
     rows = buffer.view(programs * splits, K.PHASE_SLOTS).cpu()
     assert (rows[:, [0, 1, 6, 7]] > 0).all(), rows  # every program: wait, query, rest, epilogue
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    assert ((rows[:, 8] >= 0) & (rows[:, 8] < sms)).all()
+    sm, steps = rows[:, K.PHASE_SM], rows[:, K.PHASE_FULL_STEPS]
+    assert ((sm >= 0) & (sm < sms)).all()
     # 4096 tokens less the window and sinks in 7 splits: at most 10 full 64-token steps a program
-    assert ((rows[:, 9] >= 0) & (rows[:, 9] <= 10)).all() and rows[:, 9].max() >= 4
+    assert ((steps >= 0) & (steps <= 10)).all() and steps.max() >= 4
     for row in rows:
-        times = [t for t in row[:8].tolist() if t >= 0]
+        times = [t for t in row[: K.PHASE_TIMES].tolist() if t >= 0]
         assert times == sorted(times), row
-        steps = int(row[9])
+        full = int(row[K.PHASE_FULL_STEPS])
         # full steps 0, 1, 2 stamp their own slot, the later ones slot 5
-        assert [row[2 + k] >= 0 for k in range(4)] == [steps > k for k in range(4)], row
+        assert [row[2 + k] >= 0 for k in range(4)] == [full > k for k in range(4)], row
     assert not K._V3_FAILURE, K._V3_FAILURE
 
 
