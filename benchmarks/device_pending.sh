@@ -75,10 +75,6 @@
 #                                                 # twenty-fifth session, not yet timed): GPU tests,
 #                                                 # grid, one sequence, timelines; then the split
 #                                                 # plan counting the exact programs (32, 32768)
-#   bash benchmarks/device_pending.sh cluster_query
-#                                                 # LaunchConfig.cluster_query (twenty-ninth
-#                                                 # session): GPU tests, one-sequence grid against
-#                                                 # clusters of 2, 4, 8, phase stamps
 #   bash benchmarks/device_pending.sh sustained FILE.json [SHAPES]
 #                                                 # sustained A/B: each config in FILE (list A, B,
 #                                                 # A, B) replayed alone for 2.5 s, with the SM
@@ -92,7 +88,7 @@
 #                                                 # breakdown (Nsight Compute)
 set -u
 case "${1:-}" in
-tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce | exact_remainder | key_word_pairs | clocks | zero_padding_p | value_subnormals | value_subnormals_sustained | band_columns | value_scales_staged | counted_steps | transform_in_split | one_sequence_merge | query_in_split | one_wave | merge_pass | final26 | small_bench | exact_tail_prologue | prologue_tiles | two_wave_tail | one_sequence_l2 | phases | one_sequence_28 | split_major_grid | cluster_query) ;;
+tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce | exact_remainder | key_word_pairs | clocks | zero_padding_p | value_subnormals | value_subnormals_sustained | band_columns | value_scales_staged | counted_steps | transform_in_split | one_sequence_merge | query_in_split | one_wave | merge_pass | final26 | small_bench | exact_tail_prologue | prologue_tiles | two_wave_tail | one_sequence_l2 | phases | one_sequence_28 | split_major_grid) ;;
 grid | timeline | sustained)
     if [ ! -f "${2:-}" ]; then
         echo "$1 needs a JSON file of LaunchConfig dicts (e.g. benchmarks/probe_one_block_step.json), got '${2:-}'" >&2
@@ -100,7 +96,7 @@ grid | timeline | sustained)
     fi
     ;;
 *)
-    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|reduce|remainder|small_reduce|exact_remainder|key_word_pairs|clocks|zero_padding_p|value_subnormals|value_subnormals_sustained|band_columns|value_scales_staged|counted_steps|transform_in_split|one_sequence_merge|query_in_split|one_wave|merge_pass|final26|small_bench|exact_tail_prologue|prologue_tiles|two_wave_tail|one_sequence_l2|phases|one_sequence_28|split_major_grid|cluster_query|grid FILE.json|timeline FILE.json|sustained FILE.json|stalls [tuned|keys_in_step]" >&2
+    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|reduce|remainder|small_reduce|exact_remainder|key_word_pairs|clocks|zero_padding_p|value_subnormals|value_subnormals_sustained|band_columns|value_scales_staged|counted_steps|transform_in_split|one_sequence_merge|query_in_split|one_wave|merge_pass|final26|small_bench|exact_tail_prologue|prologue_tiles|two_wave_tail|one_sequence_l2|phases|one_sequence_28|split_major_grid|grid FILE.json|timeline FILE.json|sustained FILE.json|stalls [tuned|keys_in_step]" >&2
     exit 2
     ;;
 esac
@@ -418,16 +414,6 @@ split_major_grid)
     run 120 python3 -P benchmarks/probe_attention.py phases --configs benchmarks/probe_phases_split_major.json \
         --shapes "1,32768" --out "$OUT/split_major_phases"
     probe_grid benchmarks/probe_split_major.json "8,32768;8,131072;32,32768" split_major 240
-    ;;
-cluster_query)
-    # twenty-ninth session: LaunchConfig.cluster_query (a cluster of a kv head's split programs
-    # shares the query's transform through distributed shared memory). Its GPU tests with the
-    # neighbouring launch options', one sequence against 2, 4 and 8 a cluster (4 rounds), then
-    # the phase stamps
-    attention_tests "cluster_query or split_major or query_in_split"
-    probe_grid benchmarks/probe_cluster_query_one_sequence.json "1,32768" cluster_query_one_sequence 150
-    run 120 python3 -P benchmarks/probe_attention.py phases --configs benchmarks/probe_phases_cluster_query.json \
-        --shapes "1,32768" --out "$OUT/cluster_query_phases"
     ;;
 sustained)
     # an A/B that alternates every few milliseconds shares one clock between both sides; at the

@@ -132,7 +132,6 @@ def compile_v3(args: argparse.Namespace) -> tuple[str, str, int, str]:
         TRANSFORM_IN_SPLIT=args.transform_in_split,
         QUERY_IN_SPLIT=args.query_in_split,
         PHASE_CLOCKS=args.phase_clocks,
-        CLUSTER_QUERY=args.cluster_query,
     )
     pointer_types = dict(qw_ptr="*fp16", kc_ptr="*u8", vc_ptr="*u8", ks_ptr="*fp16", vs_ptr="*fp16")
     pointer_types.update(seq_lens_ptr="*i32", slot_coef_ptr="*i32", vt_ptr="*i32", qt_ptr="*i32")
@@ -209,9 +208,7 @@ def apply_tuned(args: argparse.Namespace) -> None:
     for name in vars(args):
         if name in fields:  # an option flag given as well adds that option to the tuned ones
             value = getattr(config, name) or getattr(args, name)
-            if name == "cluster_query":  # (a size: 1 is off)
-                value = args.cluster_query if args.cluster_query != 1 else config.cluster_query
-            setattr(args, name, (1 if name == "cluster_query" else False) if name in args.without else value)
+            setattr(args, name, False if name in args.without else value)
 
 
 def main() -> None:
@@ -296,12 +293,6 @@ def main() -> None:
         help="the probe's globaltimer stamps (LaunchConfig.phase_clocks): what they add to the step",
     )
     p.add_argument(
-        "--cluster-query",
-        type=int,
-        default=1,
-        help="the query's transform shared by clusters of this many programs (LaunchConfig.cluster_query)",
-    )
-    p.add_argument(
         "--without",
         action="append",
         default=[],
@@ -337,9 +328,6 @@ def main() -> None:
     print(f"loop spill instructions: {spills}")
     if args.pdl:
         print(f"global loads before the PDL wait: {loads_before_pdl_wait(ptx)}")
-    if args.cluster_query > 1:
-        arrives, loads = ptx.count("barrier.cluster.arrive"), ptx.count("ld.shared::cluster")
-        print(f"cluster exchange: {arrives} cluster arrives, {loads} distributed shared-memory loads")
     if distances:
         median = distances[len(distances) // 2]
         print(f"global loads' load-to-use distance: median {median}, min {distances[0]} instructions")

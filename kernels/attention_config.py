@@ -194,14 +194,6 @@ class LaunchConfig:
     # epilogue-transform words (32 + 32 KB a head, read by every block) can hit L1 instead of L2:
     # the phase stamps put those two at 3.1 and 2.3 us of a block's 13.8
     split_major_grid: bool = False
-    # v3 with query_in_split: the split programs of one kv head run in thread-block clusters of
-    # this many (2, 4 or 8; 1: off), and each computes 8 / cluster_query of the query's 8 key
-    # operands (that share of the 32 KB of M_h s_k words and of the 64 MMAs) and reads the rest
-    # from the other programs' shared memory after a cluster barrier. Why: at one sequence every
-    # program transforms the same query, 2.8 of its ~13.8 us (phase stamps, twenty-eighth session).
-    # The launch needs equal splits (not split-major: the cluster runs along a kv head's splits,
-    # which overrides split_major_grid) and a split count it divides; elsewhere it runs unclustered
-    cluster_query: int = 1
     # with transform_in_split: a row's channels per merge program (a power of two; grid (rows, D /
     # this)), and its warps
     channel_merge_channels: int = 32
@@ -402,16 +394,6 @@ class LaunchConfig:
                 f"(block_n={self.block_n}), got {self.value_subnormals_max_split_tokens}"
             )
         hints = ("value_copies_l2_256b", "plain_loads_l2_256b")
-        if self.cluster_query not in (1, 2, 4, 8):
-            raise ValueError(
-                "LaunchConfig.cluster_query is the programs a cluster shares the query's transform "
-                f"over: 1 (off), 2, 4 or 8, got {self.cluster_query!r}"
-            )
-        if self.cluster_query > 1 and not (self.kernel == "v3" and self.query_in_split):
-            raise ValueError(
-                "LaunchConfig.cluster_query shares query_in_split's transform: it needs kernel='v3' "
-                f"and query_in_split=True, got kernel={self.kernel!r}, query_in_split={self.query_in_split}"
-            )
         if self.query_in_split and self.loads_before_pdl_wait:
             raise ValueError(
                 "LaunchConfig.query_in_split reads the query after the PDL wait: it needs "
@@ -763,7 +745,7 @@ def v1_fallback(config: LaunchConfig) -> LaunchConfig:
     for key, small in SMALL_LAUNCH_CONFIGS.items():
         if config == small and key in SMALL_LAUNCH_V1_CONFIGS:
             return SMALL_LAUNCH_V1_CONFIGS[key]
-    return replace(config, kernel="v1", cluster_query=1, **dict.fromkeys(V3_ONLY_OPTIONS, False))
+    return replace(config, kernel="v1", **dict.fromkeys(V3_ONLY_OPTIONS, False))
 
 
 # LaunchConfig fields that only v3 accepts: off when a failed v3 launch falls back to v1

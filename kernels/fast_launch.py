@@ -21,13 +21,6 @@ per kernel, and an SM running one kernel's programs takes no program of a kernel
 carveout until it drains (nineteenth session: the attention's exact-token kernel waited that way
 for the split kernel). The constexpr makes each carveout its own compiled variant: the attribute
 belongs to the compiled function, not to one launch.
-
-``launch(..., cluster=C, cluster_shared=E)`` launches the kernel (compiled, as always, for one CTA a
-program) in thread-block clusters of C consecutive programs along grid axis 0, with E bytes of
-shared memory past the kernel's own, through Triton's launcher (its packed metadata's CTA count is
-the cluster size: the grid's x becomes x / C clusters of C). Such a kernel talks to its cluster
-(distributed shared memory), so it never runs unclustered, not even once to compile: it is compiled
-by ``warmup``.
 """
 
 from __future__ import annotations
@@ -125,15 +118,10 @@ def _carveout(compiled, kwargs: dict) -> None:
         set_preferred_carveout(compiled, percent)
 
 
-def launch(kernel, grid: tuple, *args, cluster: int = 1, cluster_shared: int = 0, **kwargs) -> None:
+def launch(kernel, grid: tuple, *args, **kwargs) -> None:
     """``kernel[grid](*args, **kwargs)``: runtime arguments positional, constexprs and launch options
     (num_warps, num_stages, maxnreg) as keywords. Reuses the compiled kernel after the first call.
-    A CARVEOUT constexpr >= 0 is set on the compiled function after its first launch (see above).
-    cluster > 1: in clusters of that many programs along axis 0, cluster_shared bytes more shared
-    memory each (see the module docstring)."""
-    if cluster != 1 or cluster_shared:
-        _launch_clusters(kernel, grid, args, kwargs, cluster, cluster_shared)
-        return
+    A CARVEOUT constexpr >= 0 is set on the compiled function after its first launch (see above)."""
     if interpreting():
         kernel[grid](*args, **kwargs)
         return
@@ -162,68 +150,6 @@ def launch(kernel, grid: tuple, *args, cluster: int = 1, cluster_shared: int = 0
         if not missing:
             tail = tuple(kwargs[n] if n in kwargs else info.defaults[n] for n in info.constexpr_names)
             info.compiled[key] = (compiled, tail)
-
-
-_MAX_CLUSTER = 8  # the portable cluster size (16 needs the non-portable attribute)
-_DEFAULT_DYNAMIC_SHARED = 48 * 1024  # above it a function needs its dynamic shared memory raised
-
-
-def _launch_clusters(kernel, grid: tuple, args: tuple, kwargs: dict, cluster: int, extra: int) -> None:
-    """launch() in clusters: compiled once by warmup (never launched unclustered), then each call
-    through the compiled kernel's launcher with packed metadata (num_warps, cluster, shared + extra)."""
-    if interpreting():
-        raise RuntimeError(
-            "a cluster launch needs a GPU: the Triton interpreter runs no thread-block clusters"
-        )
-    if cluster < 1 or cluster > _MAX_CLUSTER or cluster & (cluster - 1):
-        raise ValueError(f"a cluster is 1, 2, 4 or 8 programs, got {cluster}")
-    if extra < 0:
-        raise ValueError(f"cluster_shared is extra bytes of shared memory (>= 0), got {extra}")
-    grid = (*grid, 1, 1)[:3]
-    if grid[0] % cluster:
-        raise ValueError(f"the grid's axis 0 ({grid[0]}) must be a multiple of the cluster size {cluster}")
-    info = kernel_info(kernel)
-    if not info.supported or len(args) != info.n_runtime:
-        raise ValueError(
-            f"a cluster launch needs the kernel's runtime arguments positional ({info.n_runtime}, "
-            f"got {len(args)}) and constexprs after them"
-        )
-    missing = [n for n in info.constexpr_names if n not in kwargs and n not in info.defaults]
-    if missing:
-        raise ValueError(f"a cluster launch needs every constexpr without a default: missing {missing}")
-    key = ("cluster", cluster, extra, argument_key(args), tuple(kwargs.items()), torch.cuda.current_device())
-    hit = info.compiled.get(key)
-    if hit is None:
-        compiled = kernel.warmup(*args, grid=grid, **kwargs)
-        compiled._init_handles()
-        _carveout(compiled, kwargs)
-        num_warps, _, shared = compiled.packed_metadata
-        if shared + extra > _DEFAULT_DYNAMIC_SHARED:
-            raise ValueError(
-                f"a cluster launch asks for {shared} + {extra} bytes of shared memory a CTA; at most "
-                f"{_DEFAULT_DYNAMIC_SHARED} without raising the function's dynamic limit"
-            )
-        tail = tuple(kwargs[n] if n in kwargs else info.defaults[n] for n in info.constexpr_names)
-        hit = (compiled, tail, (num_warps, cluster, shared + extra))
-        if len(info.compiled) < MAX_ENTRIES_PER_KERNEL:
-            info.compiled[key] = hit
-    compiled, tail, metadata = hit
-    full = (*args, *tail)
-    stream = torch.cuda.current_stream().cuda_stream
-    hooks = _launch_hooks()
-    clusters = (grid[0] // cluster, grid[1], grid[2])
-    launch_metadata = compiled.launch_metadata(grid, stream, *full) if hooks[0] is not None else None
-    compiled.run(*clusters, stream, compiled.function, metadata, launch_metadata, *hooks, *full)
-
-
-def _launch_hooks() -> tuple:
-    """Triton's launch enter / exit hooks (profilers), as CompiledKernel's own launches pass them."""
-    try:
-        from triton import knobs
-
-        return knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
-    except (ImportError, AttributeError):
-        return None, None
 
 
 def clear() -> None:

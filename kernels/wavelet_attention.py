@@ -107,13 +107,6 @@ PHASE_TIMES = 8  # slots 0-7 hold times
 PHASE_SM, PHASE_FULL_STEPS = 8, 9
 phase_clock_buffer: torch.Tensor | None = None
 
-# LaunchConfig.cluster_query: the v3 split programs of one kv head run in clusters, each computes a
-# share of the query's 8 key operands ([16 slots, 8 rows] fp16 B fragments, 256 bytes each) and its
-# operands' score-offset sums (8 rows fp32 each), and the cluster reads them from each other's
-# shared memory: this many bytes past the kernel's own shared memory
-CLUSTER_QUERY_BYTES = 8 * 16 * 8 * 2 + 8 * 8 * 4
-CLUSTER_QUERY_SIZES = (2, 4, 8)  # portable cluster sizes that divide the 8 operands
-
 
 # ------------------------------------------------------------------------------------------------
 # the compressed layout as the kernel sees it
@@ -2978,18 +2971,6 @@ def _phase_clock_buffer(config: LaunchConfig, programs: int, device: torch.devic
     return buffer
 
 
-def cluster_query_size(config: LaunchConfig, plan: SplitPlan, num_splits: int, device: torch.device) -> int:
-    """The cluster size a v3 split launch shares the query's transform over (LaunchConfig.
-    cluster_query), or 1 where it runs unclustered: not asked for, no query_in_split, a remainder
-    plan (split-major), a split count the size does not divide, or a GPU without clusters (sm < 90)."""
-    size = config.cluster_query
-    if size <= 1 or not config.query_in_split or plan.split_major or num_splits % size:
-        return 1
-    if device.type != "cuda" or torch.cuda.get_device_capability(device)[0] < 9:
-        return 1
-    return size
-
-
 def _launch_v3(
     q: torch.Tensor,
     common_exact: tuple,
@@ -3035,11 +3016,9 @@ def _launch_v3(
         with torch.cuda.stream(side):
             _launch_exact(q, common_exact, parts, dims, layout, config, carveout=carveout)
     plan = plan or SplitPlan(num_splits)
-    cluster = cluster_query_size(config, plan, num_splits, q.device)
     # a remainder plan's short splits go out last; split_major_grid: neighbouring blocks take
-    # neighbouring programs (kv heads) instead of a program's neighbouring splits (not in clusters,
-    # which run along a program's splits)
-    split_major = plan.split_major or (config.split_major_grid and cluster == 1)
+    # neighbouring programs (kv heads) instead of a program's neighbouring splits
+    split_major = plan.split_major or config.split_major_grid
     clocks = _phase_clock_buffer(config, programs * num_splits, q.device)
     if clocks is None:  # unread
         clocks = m_part
@@ -3128,11 +3107,9 @@ def _launch_v3(
         PLAIN_LOADS_L2_256B=config.plain_loads_l2_256b,
         **({"LOADS_BEFORE_WAIT": config.loads_before_pdl_wait} if config.loads_before_pdl_wait else {}),
         **({"SPLIT_MAJOR": True} if split_major else {}),
-        **({"CLUSTER_QUERY": cluster} if cluster > 1 else {}),
         num_warps=1,
         **split_options,
         **_dependent(_pdl(config, q.device)),
-        **({"cluster": cluster, "cluster_shared": CLUSTER_QUERY_BYTES} if cluster > 1 else {}),
     )
     if config.exact_in_chain:  # in order after the split kernel (beside it with PDL)
         _launch_exact(q, common_exact, parts, dims, layout, config, chain=chain, carveout=carveout)
@@ -3228,7 +3205,7 @@ def wavelet_attention_triton(
     num_splits, split_num, split_den = plan.num_splits, plan.split_num, plan.split_den
     if use_v3 and config.query_in_split and not query_in_split_apply(config, programs * num_splits, q.device):
         # a launch of more waves than config.query_in_split_waves: the prologue transforms the query
-        config = replace(config, query_in_split=False, cluster_query=1)
+        config = replace(config, query_in_split=False)
     if config.value_subnormals and not value_subnormals_apply(config, capacity - layout.n_exact, plan):
         # uncentred value sums lose precision with the split's length: past the bound (from the
         # capacity, so no host sync), the centred step

@@ -36,7 +36,6 @@ from . import ptx_patches
 from .wavelet_attention import (
     _MODE_MAGIC,
     _MODE_SUBNORMAL,
-    CLUSTER_QUERY_BYTES,
     MAGIC_OFFSET,
     PHASE_FULL_STEPS,
     PHASE_SLOTS,
@@ -120,12 +119,6 @@ if HAS_GLUON:
         _PHASE_SLOTS = gl.constexpr(PHASE_SLOTS)
         _PHASE_SM = gl.constexpr(PHASE_SM)
         _PHASE_FULL_STEPS = gl.constexpr(PHASE_FULL_STEPS)
-        # CLUSTER_QUERY: the exchange region's address in the CTA's shared window (past Triton's
-        # allocation: the launch asks for CLUSTER_QUERY_BYTES more) plus a byte offset ($1)
-        _EXCHANGE_ADDRESS = gl.constexpr(
-            "mov.u32 a, global_smem; mov.u32 s, %dynamic_smem_size; add.u32 a, a, s; "
-            f"sub.u32 a, a, {CLUSTER_QUERY_BYTES}; add.u32 a, a, $1;"
-        )
         # markers that have the kernel's PTX patched (kernels/ptx_patches.py)
         _MARK_COPIES_L2_256B = gl.constexpr(ptx_patches.marker_asm("cp_async_l2_256b"))
         _MARK_LOADS_L2_256B = gl.constexpr(ptx_patches.marker_asm("ld_global_l2_256b"))
@@ -799,194 +792,6 @@ if HAS_GLUON:
         return _p_to_b_by_movmatrix(qw16), shifted
 
     @gluon.jit
-    def _cluster_rank():
-        """This CTA's rank in its cluster (%cluster_ctarank)."""
-        return gl.inline_asm_elementwise(
-            "mov.u32 $0, %cluster_ctarank;", "=r", [], dtype=gl.int32, is_pure=True, pack=1
-        )
-
-    @gluon.jit
-    def _cluster_barrier():
-        """Every CTA of the cluster has arrived here (release / acquire: the shared-memory stores
-        before it are visible to the cluster's loads after it). Returns 0, for the loads after it to
-        depend on."""
-        return gl.inline_asm_elementwise(
-            "barrier.cluster.arrive.release.aligned; barrier.cluster.wait.acquire.aligned; mov.u32 $0, 0;",
-            "=r",
-            [],
-            dtype=gl.int32,
-            is_pure=False,
-            pack=1,
-        )
-
-    @gluon.jit
-    def _cluster_arrive():
-        """The first half of the exit barrier: this CTA has finished reading the others' shared
-        memory (release: those loads are performed first)."""
-        gl.inline_asm_elementwise(
-            "barrier.cluster.arrive.release.aligned; mov.u32 $0, 0;",
-            "=r",
-            [],
-            dtype=gl.int32,
-            is_pure=False,
-            pack=1,
-        )
-
-    @gluon.jit
-    def _cluster_wait():
-        """The second half of the exit barrier: no CTA leaves (its shared memory freed) before every
-        CTA of the cluster has read it."""
-        gl.inline_asm_elementwise(
-            "barrier.cluster.wait.acquire.aligned; mov.u32 $0, 0;",
-            "=r",
-            [],
-            dtype=gl.int32,
-            is_pure=False,
-            pack=1,
-        )
-
-    @gluon.jit
-    def _publish_16(offset, value):
-        """Store int16 `value` at byte `offset` of this CTA's exchange region."""
-        gl.inline_asm_elementwise(
-            "{ .reg .u32 a, s; " + _EXCHANGE_ADDRESS + " st.shared.b16 [a], $2; mov.u32 $0, 0; }",
-            "=r,r,h",
-            [offset, value],
-            dtype=gl.int32,
-            is_pure=False,
-            pack=1,
-        )
-
-    @gluon.jit
-    def _publish_32(offset, value):
-        """Store int32 `value` at byte `offset` of this CTA's exchange region."""
-        gl.inline_asm_elementwise(
-            "{ .reg .u32 a, s; " + _EXCHANGE_ADDRESS + " st.shared.b32 [a], $2; mov.u32 $0, 0; }",
-            "=r,r,r",
-            [offset, value],
-            dtype=gl.int32,
-            is_pure=False,
-            pack=1,
-        )
-
-    @gluon.jit
-    def _gather_16(offset, rank, after):
-        """The int16 at byte `offset` of cluster CTA `rank`'s exchange region (distributed shared
-        memory); `after` (0) ties the load to the barrier that produced it."""
-        return gl.inline_asm_elementwise(
-            "{ .reg .u32 a, s, r; " + _EXCHANGE_ADDRESS + " add.u32 a, a, $3; "
-            "mapa.shared::cluster.u32 r, a, $2; ld.shared::cluster.b16 $0, [r]; }",
-            "=h,r,r,r",
-            [offset, rank, after],
-            dtype=gl.int16,
-            is_pure=False,
-            pack=1,
-        )
-
-    @gluon.jit
-    def _gather_32(offset, rank, after):
-        """The int32 at byte `offset` of cluster CTA `rank`'s exchange region."""
-        return gl.inline_asm_elementwise(
-            "{ .reg .u32 a, s, r; " + _EXCHANGE_ADDRESS + " add.u32 a, a, $3; "
-            "mapa.shared::cluster.u32 r, a, $2; ld.shared::cluster.b32 $0, [r]; }",
-            "=r,r,r,r",
-            [offset, rank, after],
-            dtype=gl.int32,
-            is_pure=False,
-            pack=1,
-        )
-
-    @gluon.jit
-    def _query_operand_at(blocks, qt_words, k_factor_ptr, k_shift_ptr, qk_scale, j):
-        """_query_operand for a key operand j known at run time (CLUSTER_QUERY: the CTA's share
-        depends on its cluster rank); returns the B operand and its score-offset sums per row."""
-        acc = gl.zeros([16, 8], gl.float32, layout=_MMA)
-        for c in gl.static_range(8):
-            acc = mma_v2(_fragment_tiles(qt_words + (8 * c + j) * 128, 1), blocks[c], acc)
-        slots = 16 * j + gl.arange(0, 16, layout=gl.SliceLayout(1, _MMA))
-        qw16 = (acc * (gl.load(k_factor_ptr + slots) * qk_scale)[:, None]).to(gl.float16)
-        shifted = qw16.to(gl.float32) * gl.load(k_shift_ptr + slots)[:, None]
-        return _p_to_b_by_movmatrix(qw16), gl.sum(shifted, axis=0)
-
-    @gluon.jit
-    def _query_in_cluster(
-        q_ptr,
-        q_stride_b,
-        q_stride_h,
-        q_stride_t,
-        qt_words,
-        k_factor_ptr,
-        k_shift_ptr,
-        qk_scale,
-        batch,
-        kv_head,
-        row_block,
-        group,
-        n_new,
-        BLOCK_M: gl.constexpr,
-        BAND_COLUMNS: gl.constexpr,
-        CLUSTER: gl.constexpr,
-    ):
-        """QUERY_IN_SPLIT shared by a cluster of CLUSTER programs of one kv head and row block
-        (different splits): CTA r computes key operands r * 8 / CLUSTER .. (8 / CLUSTER of the 8, a
-        share of the 32 KB of M_h s_k words and of the 64 MMAs), publishes them and their
-        score-offset sums in its shared memory, and after a cluster barrier every CTA reads all 8
-        from their owners (distributed shared memory). Same values as _query_in_split except the
-        score offsets' summation order. The caller must end the kernel with _cluster_wait (the exit
-        barrier _cluster_arrive opens here)."""
-        PER_CTA: gl.constexpr = 8 // CLUSTER
-        channel = gl.arange(0, 16, layout=gl.SliceLayout(1, _B))
-        column = gl.arange(0, 8, layout=gl.SliceLayout(0, _B))
-        local = column
-        if BAND_COLUMNS:  # columns 4-7 repeat rows 0-3
-            local = column % 4
-        rows = row_block * BLOCK_M + local
-        ok = (local < BLOCK_M) & (rows < group * n_new)
-        head = kv_head * group + rows // n_new
-        q_rows = q_ptr + batch * q_stride_b + head * q_stride_h + (rows % n_new) * q_stride_t
-        blocks = (
-            _query_block(q_rows, ok, channel, 0),
-            _query_block(q_rows, ok, channel, 1),
-            _query_block(q_rows, ok, channel, 2),
-            _query_block(q_rows, ok, channel, 3),
-            _query_block(q_rows, ok, channel, 4),
-            _query_block(q_rows, ok, channel, 5),
-            _query_block(q_rows, ok, channel, 6),
-            _query_block(q_rows, ok, channel, 7),
-        )
-        # byte offsets in the exchange region: operand j's [16 slots, 8 rows] fp16 at 256 j, its
-        # per-row sums (fp32) at 2048 + 32 j
-        element = (channel[:, None] * 8 + column[None, :]) * 2
-        sum_at = 2048 + gl.arange(0, 8, layout=gl.SliceLayout(0, _MMA)) * 4
-        rank = _cluster_rank()
-        for i in gl.static_range(PER_CTA):
-            j = rank * PER_CTA + i
-            operand, sums = _query_operand_at(blocks, qt_words, k_factor_ptr, k_shift_ptr, qk_scale, j)
-            _publish_16(element + j * 256, operand.to(gl.int16, bitcast=True))
-            _publish_32(sum_at + j * 32, sums.to(gl.int32, bitcast=True))
-        after = _cluster_barrier()
-        q0 = _gather_16(element + 0 * 256, 0 // PER_CTA, after).to(gl.float16, bitcast=True)
-        q1 = _gather_16(element + 1 * 256, 1 // PER_CTA, after).to(gl.float16, bitcast=True)
-        q2 = _gather_16(element + 2 * 256, 2 // PER_CTA, after).to(gl.float16, bitcast=True)
-        q3 = _gather_16(element + 3 * 256, 3 // PER_CTA, after).to(gl.float16, bitcast=True)
-        q4 = _gather_16(element + 4 * 256, 4 // PER_CTA, after).to(gl.float16, bitcast=True)
-        q5 = _gather_16(element + 5 * 256, 5 // PER_CTA, after).to(gl.float16, bitcast=True)
-        q6 = _gather_16(element + 6 * 256, 6 // PER_CTA, after).to(gl.float16, bitcast=True)
-        q7 = _gather_16(element + 7 * 256, 7 // PER_CTA, after).to(gl.float16, bitcast=True)
-        s0 = _gather_32(sum_at + 0 * 32, 0 // PER_CTA, after).to(gl.float32, bitcast=True)
-        s1 = _gather_32(sum_at + 1 * 32, 1 // PER_CTA, after).to(gl.float32, bitcast=True)
-        s2 = _gather_32(sum_at + 2 * 32, 2 // PER_CTA, after).to(gl.float32, bitcast=True)
-        s3 = _gather_32(sum_at + 3 * 32, 3 // PER_CTA, after).to(gl.float32, bitcast=True)
-        s4 = _gather_32(sum_at + 4 * 32, 4 // PER_CTA, after).to(gl.float32, bitcast=True)
-        s5 = _gather_32(sum_at + 5 * 32, 5 // PER_CTA, after).to(gl.float32, bitcast=True)
-        s6 = _gather_32(sum_at + 6 * 32, 6 // PER_CTA, after).to(gl.float32, bitcast=True)
-        s7 = _gather_32(sum_at + 7 * 32, 7 // PER_CTA, after).to(gl.float32, bitcast=True)
-        _cluster_arrive()
-        qc0 = (s0 + s1) + (s2 + s3)
-        qc1 = (s4 + s5) + (s6 + s7)
-        return q0, q1, q2, q3, q4, q5, q6, q7, qc0, qc1
-
-    @gluon.jit
     def _transform_operand(
         out,
         acc,
@@ -1293,10 +1098,6 @@ if HAS_GLUON:
         QUERY_IN_SPLIT: gl.constexpr = False,
         # a probe: each program stamps its phases into clock_ptr (LaunchConfig.phase_clocks)
         PHASE_CLOCKS: gl.constexpr = False,
-        # QUERY_IN_SPLIT shared by clusters of this many programs of one kv head (consecutive
-        # splits; the launch must be in clusters of this size along the splits, not split-major,
-        # with CLUSTER_QUERY_BYTES more shared memory): LaunchConfig.cluster_query
-        CLUSTER_QUERY: gl.constexpr = 1,
     ):
         """One (split, sequence, kv head, row block): online softmax over a range of compressed
         tokens in the coefficient domain; grid (num_splits, programs), or (programs, num_splits)
@@ -1359,28 +1160,7 @@ if HAS_GLUON:
         all_hi = gl.min(gl.where(row_ok, row_hi, hi), axis=0)
         full_hi = lo + gl.maximum(all_hi - lo, 0) // BLOCK_N * BLOCK_N
         # ---- loop invariants
-        if QUERY_IN_SPLIT and CLUSTER_QUERY > 1:
-            gl.static_assert(LOADS_BEFORE_WAIT == 0, "QUERY_IN_SPLIT reads the query after the wait")
-            gl.static_assert(not SPLIT_MAJOR, "CLUSTER_QUERY clusters a kv head's splits (grid axis 0)")
-            q0, q1, q2, q3, q4, q5, q6, q7, qc0, qc1 = _query_in_cluster(
-                q_ptr,
-                q_stride_b,
-                q_stride_h,
-                q_stride_t,
-                qt_ptr + kv_head * qt_stride_h,
-                k_factor_ptr,
-                k_shift_ptr,
-                qk_scale,
-                batch,
-                kv_head,
-                row_block,
-                group,
-                n_new,
-                BLOCK_M,
-                BAND_COLUMNS,
-                CLUSTER_QUERY,
-            )
-        elif QUERY_IN_SPLIT:
+        if QUERY_IN_SPLIT:
             gl.static_assert(LOADS_BEFORE_WAIT == 0, "QUERY_IN_SPLIT reads the query after the wait")
             q0, q1, q2, q3, q4, q5, q6, q7, qc0, qc1 = _query_in_split(
                 q_ptr,
@@ -1704,5 +1484,3 @@ if HAS_GLUON:
             _store_operand(a5, wsb_or_a, acc_out, *store, 80, D, sub, _C2_2, _C2_3, BAND_COLUMNS, True)
             _store_operand(a6, wsb_or_a, acc_out, *store, 96, D, sub, _C2_4, _C2_5, BAND_COLUMNS, True)
             _store_operand(a7, wsb_or_a, acc_out, *store, 112, D, sub, _C2_6, _C2_7, BAND_COLUMNS, True)
-        if QUERY_IN_SPLIT and CLUSTER_QUERY > 1:  # the exit barrier: the cluster has read this CTA's shares
-            _cluster_wait()

@@ -193,40 +193,6 @@ def test_query_in_split_needs_the_query_read_after_the_wait():
         K.LaunchConfig(kernel="v3", query_in_split=True, loads_before_pdl_wait=1)
 
 
-@pytest.mark.parametrize(
-    "bad,message",
-    [
-        (dict(kernel="v3", query_in_split=True, cluster_query=3), "1 \\(off\\), 2, 4 or 8, got 3"),
-        (dict(kernel="v3", query_in_split=True, cluster_query=16), "1 \\(off\\), 2, 4 or 8, got 16"),
-        (dict(kernel="v3", query_in_split=False, cluster_query=2), "needs kernel='v3' and query_in_split"),
-        (dict(kernel="v1", cluster_query=4), "needs kernel='v3' and query_in_split"),
-    ],
-)
-def test_cluster_query_is_validated(bad, message):
-    with pytest.raises(ValueError, match=message):
-        K.LaunchConfig(**bad)
-
-
-def test_cluster_query_runs_only_where_a_cluster_divides_equal_splits():
-    # the size a launch gets: the config's where its splits are equal (not a remainder plan's
-    # split-major launch) and a multiple of it, on a GPU with clusters; else 1 (unclustered)
-    from wmoe_compile.kernels.attention_config import SplitPlan
-
-    config = K.LaunchConfig(kernel="v3", query_in_split=True, cluster_query=8)
-    cuda = torch.device("cuda")
-    capable = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9
-    assert K.cluster_query_size(config, SplitPlan(128), 128, cuda if capable else torch.device("cpu")) == (
-        8 if capable else 1
-    )
-    assert K.cluster_query_size(config, SplitPlan(12), 12, torch.device("cpu")) == 1
-    off = dataclasses.replace(config, cluster_query=1)
-    assert K.cluster_query_size(off, SplitPlan(128), 128, torch.device("cpu")) == 1
-    remainder = SplitPlan(7, split_num=2, split_den=13, split_major=True)
-    assert K.cluster_query_size(config, remainder, 7, torch.device("cpu")) == 1
-    # a v1 fallback turns it off with the other v3 options
-    assert K.v1_fallback(config).cluster_query == 1
-
-
 def _unpack_fragment_words(words: torch.Tensor) -> torch.Tensor:
     """The [H, M, K] fp32 matrix that fragment_words' [H, K / 16, M / 16, 32, 4] words hold, read the
     way the kernel's A fragments read them (lane 4g + t, word w of a tile: rows g + 8 (w % 2),
@@ -532,8 +498,6 @@ def test_a_v3_build_failure_falls_back_to_v1_once(monkeypatch, config):
         ["--tuned", "--pdl", "--packed-p-scaling", "--value-subnormals"],
         ["--tuned", "--pdl", "--band-columns"],
         ["--tuned", "--pdl", "--phase-clocks"],
-        ["--tuned", "--pdl", "--band-columns", "--cluster-query", "8"],
-        ["--tuned", "--pdl", "--cluster-query", "2"],
     ],
     ids=[
         "plain",
@@ -552,8 +516,6 @@ def test_a_v3_build_failure_falls_back_to_v1_once(monkeypatch, config):
         "tuned_value_subnormals",
         "tuned_band_columns",
         "tuned_phase_clocks",  # the probe's stamps: a reduction and a store a step
-        "tuned_cluster_query_8",  # the query's transform shared through distributed shared memory
-        "tuned_cluster_query_2",
     ],
 )
 def test_v3_compiles_for_sm90_on_this_triton(tmp_path, options):
@@ -573,10 +535,6 @@ def test_v3_compiles_for_sm90_on_this_triton(tmp_path, options):
     if "--row-copies" not in options:
         assert int(re.search(r"loop spill instructions: (\d+)", out).group(1)) <= 1, out
     step = int(re.search(r"full-step loop: (\d+) instructions", out).group(1))
-    if "--cluster-query" in options:
-        # the barrier after the shares are published and the exit barrier's arrive; each lane's 4
-        # fp16 of each of the 8 key operands and 2 of each operand's 8 score-offset sums
-        assert "cluster exchange: 2 cluster arrives, 48 distributed shared-memory loads" in out, out
     hmma = int(re.search(r"(\d+)\s+HMMA", out).group(1))
     assert hmma >= 64, out  # 32 key + 32 value field MMAs at least
     assert 600 < step < 1100, out

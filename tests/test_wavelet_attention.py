@@ -778,57 +778,6 @@ def test_gpu_v3_split_major_grid_changes_no_result(small, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cluster", [2, 4, 8])
-@pytest.mark.parametrize("group,tq", [(4, 1), (1, 3)])
-def test_gpu_v3_cluster_query_matches_unclustered(cluster, group, tq, monkeypatch):
-    # cluster_query: a cluster of a kv head's split programs shares the query's transform through
-    # distributed shared memory. Same slots as each program's own transform (only the score offsets'
-    # summation order differs), so the output matches the unclustered launch to fp32 rounding, on
-    # ragged lengths (1 and lengths off the block size) and split counts the cluster divides; a
-    # split count it does not divide runs unclustered (split-major, as the config asks); a CUDA graph
-    # of the clustered launch replays it on a new query
-    small = K.SMALL_LAUNCH_CONFIGS[(128, 4, "affine")]
-    plain_config = dataclasses.replace(small, split_major_grid=False)
-    config = dataclasses.replace(small, cluster_query=cluster)
-    seq_lens = [4096, tq, 1000, 2049, 133]
-    codec, args = make_case(
-        UNIFORM_REAL, 5, 2, group, tq, 128, seq_lens, 4096, torch.bfloat16, "cuda", "full"
-    )
-    want = dense_reference(codec, args, 128**-0.5)
-    launches = []
-    launch = K.launch
-
-    def spy(kernel, grid, *rest, **options):
-        if "split_kernel_v3" in str(getattr(kernel, "fn", kernel)):
-            launches.append((tuple(grid), options.get("cluster", 1), options.get("CLUSTER_QUERY", 1)))
-        return launch(kernel, grid, *rest, **options)
-
-    monkeypatch.setattr(K, "launch", spy)
-    for splits in (cluster, 8, 24):
-        plain = _run_triton(args, codec, 128**-0.5, config=plain_config, num_splits=splits)
-        got = _run_triton(args, codec, 128**-0.5, config=config, num_splits=splits)
-        torch.cuda.synchronize()
-        assert launches[-1][0][0] == splits and launches[-1][1:] == (cluster, cluster), launches[-1]
-        assert not got.isnan().any()
-        assert rel_err(got, plain.double()) <= 1e-5, (splits, rel_err(got, plain.double()))
-        assert rel_err(got, want) <= 1e-2, (splits, rel_err(got, want))
-    odd = 7 if cluster > 1 else 3
-    got = _run_triton(args, codec, 128**-0.5, config=config, num_splits=odd)
-    assert launches[-1][0][1] == odd and launches[-1][1:] == (1, 1), launches[-1]  # split-major
-    assert rel_err(got, want) <= 1e-2
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = _run_triton(args, codec, 128**-0.5, config=config, num_splits=16)
-    args[0].copy_(torch.randn_like(args[0]))
-    graph.replay()
-    torch.cuda.synchronize()
-    fresh = _run_triton(args, codec, 128**-0.5, config=config, num_splits=16)
-    assert torch.equal(captured, fresh)
-    assert rel_err(fresh, dense_reference(codec, args, 128**-0.5)) <= 1e-2
-    assert not K._V3_FAILURE, K._V3_FAILURE
-
-
-@pytest.mark.gpu
 @pytest.mark.parametrize("small", [True, False])
 def test_gpu_v3_phase_clocks_stamp_every_program_in_order(small):
     # the probe's stamps (LaunchConfig.phase_clocks) change no output bit; every program writes its
