@@ -75,10 +75,6 @@
 #                                                 # twenty-fifth session, not yet timed): GPU tests,
 #                                                 # grid, one sequence, timelines; then the split
 #                                                 # plan counting the exact programs (32, 32768)
-#   bash benchmarks/device_pending.sh split_carveout
-#                                                 # LaunchConfig.split_carveout (twenty-ninth
-#                                                 # session): GPU tests, grids at one sequence and
-#                                                 # the large shapes, phase stamps
 #   bash benchmarks/device_pending.sh sustained FILE.json [SHAPES]
 #                                                 # sustained A/B: each config in FILE (list A, B,
 #                                                 # A, B) replayed alone for 2.5 s, with the SM
@@ -92,7 +88,7 @@
 #                                                 # breakdown (Nsight Compute)
 set -u
 case "${1:-}" in
-tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce | exact_remainder | key_word_pairs | clocks | zero_padding_p | value_subnormals | value_subnormals_sustained | band_columns | value_scales_staged | counted_steps | transform_in_split | one_sequence_merge | query_in_split | one_wave | merge_pass | final26 | small_bench | exact_tail_prologue | prologue_tiles | two_wave_tail | one_sequence_l2 | phases | one_sequence_28 | split_major_grid | split_carveout) ;;
+tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce | exact_remainder | key_word_pairs | clocks | zero_padding_p | value_subnormals | value_subnormals_sustained | band_columns | value_scales_staged | counted_steps | transform_in_split | one_sequence_merge | query_in_split | one_wave | merge_pass | final26 | small_bench | exact_tail_prologue | prologue_tiles | two_wave_tail | one_sequence_l2 | phases | one_sequence_28 | split_major_grid) ;;
 grid | timeline | sustained)
     if [ ! -f "${2:-}" ]; then
         echo "$1 needs a JSON file of LaunchConfig dicts (e.g. benchmarks/probe_one_block_step.json), got '${2:-}'" >&2
@@ -100,7 +96,7 @@ grid | timeline | sustained)
     fi
     ;;
 *)
-    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|reduce|remainder|small_reduce|exact_remainder|key_word_pairs|clocks|zero_padding_p|value_subnormals|value_subnormals_sustained|band_columns|value_scales_staged|counted_steps|transform_in_split|one_sequence_merge|query_in_split|one_wave|merge_pass|final26|small_bench|exact_tail_prologue|prologue_tiles|two_wave_tail|one_sequence_l2|phases|one_sequence_28|split_major_grid|split_carveout|grid FILE.json|timeline FILE.json|sustained FILE.json|stalls [tuned|keys_in_step]" >&2
+    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|reduce|remainder|small_reduce|exact_remainder|key_word_pairs|clocks|zero_padding_p|value_subnormals|value_subnormals_sustained|band_columns|value_scales_staged|counted_steps|transform_in_split|one_sequence_merge|query_in_split|one_wave|merge_pass|final26|small_bench|exact_tail_prologue|prologue_tiles|two_wave_tail|one_sequence_l2|phases|one_sequence_28|split_major_grid|grid FILE.json|timeline FILE.json|sustained FILE.json|stalls [tuned|keys_in_step]" >&2
     exit 2
     ;;
 esac
@@ -418,17 +414,6 @@ split_major_grid)
     run 120 python3 -P benchmarks/probe_attention.py phases --configs benchmarks/probe_phases_split_major.json \
         --shapes "1,32768" --out "$OUT/split_major_phases"
     probe_grid benchmarks/probe_split_major.json "8,32768;8,131072;32,32768" split_major 240
-    ;;
-split_carveout)
-    # twenty-ninth session: LaunchConfig.split_carveout (the split kernel's shared-memory carveout,
-    # so L1 keeps more of the transform words an SM's programs share). Its GPU tests, one sequence
-    # at 28% and 64% against the driver's 44% (4 rounds), the phase stamps at 28%, then the tuned
-    # config at 28% at the large shapes and (8, 32768) (4 rounds)
-    attention_tests carveout
-    probe_grid benchmarks/probe_split_carveout_one_sequence.json "1,32768" split_carveout_one_sequence 150
-    run 120 python3 -P benchmarks/probe_attention.py phases --configs benchmarks/probe_phases_split_carveout.json \
-        --shapes "1,32768" --out "$OUT/split_carveout_phases"
-    probe_grid benchmarks/probe_split_carveout.json "8,32768;8,131072;32,32768" split_carveout 200
     ;;
 sustained)
     # an A/B that alternates every few milliseconds shares one clock between both sides; at the

@@ -248,13 +248,6 @@ class LaunchConfig:
     # the same. This option sets it from the launcher (kernels/fast_launch.py). Twentieth session,
     # through the launcher: see exact_carveout_waves (tuned: 44 in one wave)
     exact_carveout: int = -1
-    # v3: the split kernel's preferred shared-memory carveout, in percent of the SM's most shared
-    # memory (-1: the driver's choice, 44% on the H200: 100 KB of shared memory, 156 KB of L1).
-    # Why: at one sequence every split program reads 64 KB of transform words (query and
-    # epilogue) that an SM's other programs of the same kv head read too; a smaller carveout that
-    # still holds a wave's programs (28%: 64 KB) leaves L1 more room for them. The exact-token
-    # kernel beside it needs the same carveout (exact_carveout) to share its SMs
-    split_carveout: int = -1
     # with exact_carveout: set it only where the split launch takes at most this many waves of
     # resident programs (0: always) and the exact-token kernel has at most exact_carveout_programs
     # programs (0: any number). Twentieth session (H200, grid, interleaved, two calls): 44% made the
@@ -327,13 +320,6 @@ class LaunchConfig:
                 "LaunchConfig.exact_carveout is a percent from 0 to 100 of the SM's most shared memory, "
                 f"or -1 for the driver's choice: got {self.exact_carveout}"
             )
-        if not -1 <= self.split_carveout <= 100:
-            raise ValueError(
-                "LaunchConfig.split_carveout is a percent from 0 to 100 of the SM's most shared memory, "
-                f"or -1 for the driver's choice: got {self.split_carveout}"
-            )
-        if self.split_carveout >= 0 and self.kernel != "v3":
-            raise ValueError(f"LaunchConfig.split_carveout is a v3 option, got kernel={self.kernel!r}")
         if self.transform_warps not in (1, 2, 4, 8, 16):
             raise ValueError(
                 f"LaunchConfig.transform_warps must be 1, 2, 4, 8 or 16, got {self.transform_warps}"
@@ -759,7 +745,7 @@ def v1_fallback(config: LaunchConfig) -> LaunchConfig:
     for key, small in SMALL_LAUNCH_CONFIGS.items():
         if config == small and key in SMALL_LAUNCH_V1_CONFIGS:
             return SMALL_LAUNCH_V1_CONFIGS[key]
-    return replace(config, kernel="v1", split_carveout=-1, **dict.fromkeys(V3_ONLY_OPTIONS, False))
+    return replace(config, kernel="v1", **dict.fromkeys(V3_ONLY_OPTIONS, False))
 
 
 # LaunchConfig fields that only v3 accepts: off when a failed v3 launch falls back to v1

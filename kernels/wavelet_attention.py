@@ -3107,7 +3107,6 @@ def _launch_v3(
         PLAIN_LOADS_L2_256B=config.plain_loads_l2_256b,
         **({"LOADS_BEFORE_WAIT": config.loads_before_pdl_wait} if config.loads_before_pdl_wait else {}),
         **({"SPLIT_MAJOR": True} if split_major else {}),
-        **({"CARVEOUT": config.split_carveout} if config.split_carveout >= 0 else {}),
         num_warps=1,
         **split_options,
         **_dependent(_pdl(config, q.device)),

@@ -1098,9 +1098,6 @@ if HAS_GLUON:
         QUERY_IN_SPLIT: gl.constexpr = False,
         # a probe: each program stamps its phases into clock_ptr (LaunchConfig.phase_clocks)
         PHASE_CLOCKS: gl.constexpr = False,
-        # >= 0: the launcher sets this preferred shared-memory carveout (percent) on the compiled
-        # function (kernels/fast_launch.py; LaunchConfig.split_carveout); unread here
-        CARVEOUT: gl.constexpr = -1,
     ):
         """One (split, sequence, kv head, row block): online softmax over a range of compressed
         tokens in the coefficient domain; grid (num_splits, programs), or (programs, num_splits)

@@ -175,7 +175,6 @@ def test_v3_falls_back_off_the_gpu():
         dict(kernel="v1", query_in_split=True),
         dict(kernel="v1", phase_clocks=True),
         dict(kernel="v1", split_major_grid=True),
-        dict(kernel="v1", split_carveout=28),
     ],
 )
 def test_v3_config_is_validated(bad):
@@ -187,13 +186,6 @@ def test_v3_config_is_validated(bad):
 def test_channel_merge_channels_must_be_a_power_of_two(bad):
     with pytest.raises(ValueError, match="channel_merge_channels must be a power of two"):
         K.LaunchConfig(kernel="v3", transform_in_split=True, **bad)
-
-
-@pytest.mark.parametrize("bad", [-2, 101])
-def test_split_carveout_is_a_percent(bad):
-    with pytest.raises(ValueError, match="split_carveout is a percent from 0 to 100"):
-        K.LaunchConfig(kernel="v3", split_carveout=bad)
-    assert K.v1_fallback(K.LaunchConfig(kernel="v3", split_carveout=28)).split_carveout == -1
 
 
 def test_query_in_split_needs_the_query_read_after_the_wait():

@@ -1185,33 +1185,6 @@ def test_gpu_exact_carveout_is_set_on_its_own_variant_and_changes_no_value():
 
 
 @pytest.mark.gpu
-def test_gpu_split_carveout_is_set_on_the_split_kernel_and_changes_no_value():
-    # LaunchConfig.split_carveout: the v3 split kernel compiled as a variant of its own with the
-    # preferred carveout set on it (read back from the driver); bit-identical output to the
-    # driver's choice, the exact-token kernel beside it at the same carveout
-    import ctypes
-
-    from wmoe_compile.kernels import fast_launch
-    from wmoe_compile.kernels.wavelet_attention_gluon import split_kernel_v3
-
-    codec, args = make_case(UNIFORM_REAL, 1, 8, 4, 1, 128, [3000], 3000, torch.bfloat16, "cuda", "full")
-    small = K.SMALL_LAUNCH_CONFIGS[(128, 4, "affine")]
-    want = _run_triton(args, codec, 128**-0.5, config=small)
-    carved = dataclasses.replace(small, split_carveout=28, exact_carveout=28)
-    for _ in range(2):
-        assert torch.equal(_run_triton(args, codec, 128**-0.5, config=carved), want)
-    kept = fast_launch.kernel_info(split_kernel_v3).compiled
-    variants = [compiled for key, (compiled, _) in kept.items() if ("CARVEOUT", 28) in key[1]]
-    assert variants, "no split-kernel variant was launched with CARVEOUT=28"
-    value = ctypes.c_int(-7)
-    status = ctypes.CDLL("libcuda.so.1").cuFuncGetAttribute(
-        ctypes.byref(value), 9, ctypes.c_void_p(variants[0].function)
-    )  # 9: CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
-    assert status == 0 and value.value == 28, (status, value.value)
-    assert not K._V3_FAILURE, K._V3_FAILURE
-
-
-@pytest.mark.gpu
 def test_gpu_repeated_calls_reuse_compiled_kernels_and_stay_correct():
     # the second call of a shape launches the kept CompiledKernels (kernels/fast_launch.py): fresh
     # inputs of the same shapes and alignment must give results as correct as the first call's
