@@ -1061,7 +1061,7 @@ def test_gpu_v3_exact_tokens_in_the_pdl_chain_equal_the_in_order_launch_also_in_
     "batch, config",
     [
         (2, attention_config.SMALL_LAUNCH_V1_CONFIGS[(128, 4, "affine")]),  # v1 split, per-row reduce
-        (1, K.SMALL_LAUNCH_CONFIGS[(128, 4, "affine")]),  # v3, 256-token splits, exact chunks
+        (1, K.SMALL_LAUNCH_CONFIGS[(128, 4, "affine")]),  # v3, 256-token splits, exact chunks in the chain
         (5, K.TUNED_CONFIGS[(128, 4, "affine")]),  # v3 (no prologue), exact kernel on the side stream
         (5, dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], query_in_split=False)),  # prologue
         (17, dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], query_in_split=False)),  # per kv head
