@@ -232,7 +232,8 @@ class LaunchConfig:
     # link of the PDL chain (prologue -> split -> exact -> reduce): the split kernel lets it launch
     # at once, it waits for the split kernel only before it ends, and the reduce keeps its PDL
     # wait (after overlap_exact's stream join it cannot). Sixteenth session, tuned splits: within
-    # 1% at one to four sequences, 0.8% slower at the large decode shapes; not tuned
+    # 1% at one to four sequences, 0.8% slower at the large decode shapes. Twenty-ninth session, at
+    # one sequence with that config: -3.4% (5 rounds): on in SMALL_LAUNCH_CONFIGS
     exact_in_chain: bool = False
     # v3 with overlap_exact: the exact-token kernel is enqueued on its stream before the split kernel
     # is launched, not after. Nineteenth session: at one sequence the exact kernel, enqueued after,
