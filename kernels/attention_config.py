@@ -726,7 +726,7 @@ SMALL_LAUNCH_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
         # twenty-ninth session (H200, 5 rounds, probe_exact_in_chain_29.json): the exact-token
         # kernel as a link of the PDL chain instead of on a side stream, so the merge keeps its
         # programmatic launch after it: -3.4% (-6.1 .. -3.2), 0.0196-0.0198 -> 0.0186-0.0190 ms
-        # (in the sixteenth session, with the reduce and splits of then, within 1%). Clusters of 2 /
+        # (in the sixteenth session, with the reduce and splits of then, within 1-2%). Clusters of 2 /
         # 4 / 8 split programs sharing the query's transform (cluster_query, removed: commit
         # 6649def) +7.3% / +44%; the split kernel's carveout at 28% / 64% (removed: ad99814) +14% /
         # +19.5%

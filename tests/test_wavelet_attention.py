@@ -328,7 +328,9 @@ def test_tuned_config_by_launch_size():
     # large shapes, twenty-third session), 16 channels a merge program (twenty-fifth session; 64 at
     # the large shapes); both transform the query in the split kernel where the launch is one wave
     # (twenty-sixth session), so no cache read goes before the PDL wait; one sequence's blocks go
-    # out split-major (its SMs' blocks then share kv heads, twenty-eighth session)
+    # out split-major (its SMs' blocks then share kv heads, twenty-eighth session) and its exact
+    # tokens run in the PDL chain, not on a side stream (the merge keeps its programmatic launch,
+    # twenty-ninth session)
     assert small == dataclasses.replace(
         large,
         min_split_tokens=256,
@@ -338,8 +340,11 @@ def test_tuned_config_by_launch_size():
         channel_merge_channels=16,
         exact_chunks=3,  # (5 at the large shapes)
         split_major_grid=True,
+        overlap_exact=False,
+        exact_in_chain=True,
     )
     assert not large.split_major_grid
+    assert large.overlap_exact and not large.exact_in_chain
     assert large.transform_in_split and large.channel_merge_channels == 64
     assert large.query_in_split and large.query_in_split_waves == 1 and not large.loads_before_pdl_wait
     assert not large.band_columns
