@@ -233,14 +233,15 @@ class LaunchConfig:
     # at once, it waits for the split kernel only before it ends, and the reduce keeps its PDL
     # wait (after overlap_exact's stream join it cannot). Sixteenth session, tuned splits: within
     # 1% at one to four sequences, 0.8% slower at the large decode shapes. Twenty-ninth session, at
-    # one sequence with that config: -3.4% (5 rounds): on in SMALL_LAUNCH_CONFIGS
+    # one sequence with the small-launch config: -3.4% (5 rounds): on in SMALL_LAUNCH_CONFIGS
     exact_in_chain: bool = False
     # v3 with overlap_exact: the exact-token kernel is enqueued on its stream before the split kernel
     # is launched, not after. Nineteenth session: at one sequence the exact kernel, enqueued after,
     # starts only at 13 of 26 us though the split kernel leaves SMs free; enqueued before, it started
     # no sooner (the op within the spread): off
     exact_before_split: bool = False
-    # v3 with overlap_exact: the exact-token kernel's preferred shared-memory carveout, in percent of
+    # v3 (overlap_exact or exact_in_chain: the exact-token kernel beside the split kernel either
+    # way): the exact-token kernel's preferred shared-memory carveout, in percent of
     # the SM's most shared memory (-1: the driver's choice). The driver picks one per kernel, and an
     # SM running split programs takes no exact program of another carveout until it drains: at one
     # sequence the exact kernel started at 13 of 26 us. Nineteenth session, set through the driver
