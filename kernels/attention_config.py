@@ -9,9 +9,7 @@ split count is pure arithmetic that tests check without a GPU; neither needs the
 
 from __future__ import annotations
 
-import functools
-from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -298,19 +296,6 @@ class LaunchConfig:
     # after the long splits, so the free slots are overloaded; counting them gives shorter short
     # splits and longer long ones (prepared, not yet timed: probe_remainder_exact.json)
     remainder_exact_steps: float = 0.0
-    # with whole_waves, where equal splits take two waves or more (v3 with transform_in_split):
-    # cut the launch's whole work, every (sequence, kv head)'s range laid end to end (each counted
-    # round(wave_program_steps) steps longer), into one wave of segments of nearly equal steps, one
-    # program each; a segment that crosses from one pair's range into the next runs both pieces,
-    # one after the other, each writing its pair's next partial, and the merge counts each pair's
-    # partials (balanced_plan). Thirtieth session (H200, grid): shapes whose equal splits already
-    # are such a wave ((11, 95776), (9, 117024): 1,584 splits of 83 steps) ran 0.2220-0.2257 ms for
-    # the bytes (8, 131072) reads in 0.2331-0.2527; but this launch was slower: +7.9% at (8,
-    # 131072), +5.9% at (8, 65536) (4 rounds; pieces computed from the program id), +5.5% / +8.8%
-    # with the pieces from a table, +23% / +19% with second pieces launched after the wave (the
-    # scheduler left single freed slots idle for up to 110 us), and with every segment one piece
-    # at (11, 95776) the kernel itself +4.3% (+13% with the table) against the equal-split grid.
-    balanced_pieces: bool = False
     # programmatic dependent launch (sm_90+): the split kernel and the reduce are launched while the
     # kernel before them finishes and wait for it in-kernel (griddepcontrol.wait), hiding the launch
     # gap; the prologue lets the split kernel launch as soon as it starts
@@ -480,15 +465,6 @@ class LaunchConfig:
             raise ValueError(
                 "LaunchConfig.prologue_precision must be 'tf32x3', 'tf32' or 'ieee', got "
                 f"{self.prologue_precision!r}"
-            )
-        if self.balanced_pieces and (
-            self.kernel != "v3" or not self.transform_in_split or not self.whole_waves
-        ):
-            raise ValueError(
-                "LaunchConfig.balanced_pieces is a v3 option for whole_waves launches with "
-                "transform_in_split (the channel merge counts each pair's pieces): got "
-                f"kernel={self.kernel!r}, transform_in_split={self.transform_in_split}, "
-                f"whole_waves={self.whole_waves}"
             )
         if self.query_in_split_waves < 0:
             raise ValueError(
@@ -811,7 +787,6 @@ V3_ONLY_OPTIONS = (
     "row_copies",
     "loads_before_pdl_wait",
     "exact_before_split",
-    "balanced_pieces",
 )
 
 
@@ -944,41 +919,12 @@ class SplitPlan:
     split_num: int = 1
     split_den: int = 0  # 0: num_splits
     split_major: bool = False
-    # a balanced plan (balanced_plan): its pieces, (program, partial, lo, hi) with lo and hi
-    # counted in tokens of a piece_span-token span (the kernel scales them to each sequence's own
-    # span); piece_counts: each program's pieces (partials 0 .. count - 1, the others up to
-    # num_splits unwritten); first_wave: the launched programs (segments), one wave; piece_slots:
-    # each piece's segment (one or two pieces a segment, run one after the other)
-    pieces: tuple[tuple[int, int, int, int], ...] = field(default=(), repr=False)
-    piece_span: int = 0
-    piece_counts: tuple[int, ...] = field(default=(), repr=False)
-    first_wave: int = 0
-    piece_slots: tuple[int, ...] = field(default=(), repr=False)
-    piece_extra: int = 0  # the steps each range counts besides its own in the cut
 
     def __post_init__(self) -> None:
         if self.split_den == 0:
             object.__setattr__(self, "split_den", self.num_splits)
         if self.num_splits < 1 or self.split_num < 1 or self.split_den < 1:
             raise ValueError(f"a split plan needs positive counts, got {self}")
-        if self.pieces and (
-            self.piece_span < 1
-            or max(self.piece_counts, default=0) != self.num_splits
-            or sum(self.piece_counts) != len(self.pieces)
-            or not 0 < self.first_wave <= len(self.pieces)
-            or len(self.piece_slots) != len(self.pieces)
-            or list(self.piece_slots) != sorted(self.piece_slots)
-            or max(Counter(self.piece_slots).values()) > 2
-            or len(set(self.piece_slots)) != self.first_wave
-        ):
-            raise ValueError(
-                "a balanced split plan needs a positive piece_span, num_splits equal to the most "
-                "pieces of a program, piece_counts summing to the pieces, and piece_slots naming "
-                "each piece's segment in order, one or two pieces to each of first_wave segments: "
-                f"got span {self.piece_span}, num_splits {self.num_splits}, {len(self.pieces)} "
-                f"pieces, counts summing to {sum(self.piece_counts)}, first_wave {self.first_wave}, "
-                f"{len(set(self.piece_slots))} segments named"
-            )
         if self.num_splits * self.split_num < self.split_den:
             raise ValueError(
                 f"{self.num_splits} splits of {self.split_num} / {self.split_den} of the span each leave "
@@ -990,62 +936,9 @@ def split_bounds(span: int, plan: SplitPlan, block_n: int) -> list[tuple[int, in
     """The [lo, hi) token ranges, counted from the first compressed position, that the split
     kernels give each split of a program whose compressed span is ``span`` tokens under ``plan``
     (the kernels compute the same from the sequence length; an empty range has lo == hi)."""
-    if plan.pieces:  # every piece, of whichever program (each program's span is cut alike)
-        return [
-            (piece_bound(span, lo, plan, block_n), piece_bound(span, hi, plan, block_n))
-            for *_, lo, hi in plan.pieces
-        ]
     share = -(-span * plan.split_num // plan.split_den)
     chunk = -(-share // block_n) * block_n
     return [(min(i * chunk, span), min((i + 1) * chunk, span)) for i in range(plan.num_splits)]
-
-
-def piece_bound(span: int, at: int, plan: SplitPlan, block_n: int) -> int:
-    """Where a balanced plan's boundary ``at`` (tokens of its piece_span) falls in a program whose
-    compressed span is ``span`` tokens: scaled to the span and rounded up to a whole step, at most
-    the span (the split kernel's arithmetic). Equal boundaries give equal positions, so a program's
-    pieces tile its span whatever its length."""
-    scaled = -(-span * at // plan.piece_span)
-    return min(-(-scaled // block_n) * block_n, span)
-
-
-@functools.lru_cache(maxsize=64)  # every call sizes its launch: build each cut once
-def balanced_plan(programs: int, tokens: int, block_n: int, wave: int, extra: int = 0) -> SplitPlan | None:
-    """LaunchConfig.balanced_pieces' cut: the programs' ranges of ``tokens`` positions (S whole
-    steps each) laid end to end, each counted ``extra`` steps longer (leading units that hold no
-    tokens: what a piece costs besides its steps, its query transform and its epilogue), and cut
-    into ``wave`` segments of nearly equal units, one launched program each (one wave). A segment
-    is one piece, or two where it crosses from one program's range into the next; its program runs
-    them one after the other, each writing its own program's next partial (a piece may be empty).
-    The split kernel computes the same cut from its program id (_segment_piece). Pieces are listed
-    segment by segment (``piece_slots``: each piece's segment). None where it does not apply: no
-    more segments than programs, or a segment longer than half a range (a piece could then cross
-    two boundaries)."""
-    steps = -(-tokens // block_n)
-    units = steps + extra
-    total = programs * units
-    if programs < 2 or wave <= programs or extra < 0 or 2 * -(-total // wave) > units:
-        return None
-    pieces, slots, counts = [], [], [0] * programs
-    for g in range(wave):  # segment g: units [total g / wave, total (g + 1) / wave) of the line
-        lo, hi = total * g // wave, total * (g + 1) // wave
-        while lo < hi:
-            program = lo // units
-            end = min(hi, (program + 1) * units)
-            a, b = (max(x - program * units - extra, 0) for x in (lo, end))
-            pieces.append((program, counts[program], min(a * block_n, tokens), min(b * block_n, tokens)))
-            slots.append(g)
-            counts[program] += 1
-            lo = end
-    return SplitPlan(
-        max(counts),
-        pieces=tuple(pieces),
-        piece_span=tokens,
-        piece_counts=tuple(counts),
-        first_wave=wave,
-        piece_slots=tuple(slots),
-        piece_extra=extra,
-    )
 
 
 def value_subnormals_apply(config: LaunchConfig, tokens: int, plan: SplitPlan) -> bool:
@@ -1072,11 +965,6 @@ def split_plan(
     split_count."""
     splits = split_count(programs, tokens, config, sms, resident_per_sm)
     equal = SplitPlan(splits)
-    if config.balanced_pieces and resident_per_sm and programs * splits > resident_per_sm * sms:
-        extra = round(config.wave_program_steps)  # a piece's own cost, in steps
-        balanced = balanced_plan(programs, tokens, config.block_n, resident_per_sm * sms, extra)
-        if balanced is not None:
-            return balanced
     wanted = config.remainder_split and config.whole_waves and config.wave_program_steps > 0
     if not wanted or not resident_per_sm or programs < config.remainder_split_min_programs:
         return equal
@@ -1145,15 +1033,7 @@ def carveout_split_programs(programs: int, plan: SplitPlan) -> int:
     """The split programs whose waves exact_carveout counts: every split's, but for a remainder
     plan (split_major) only the long splits', since its short splits run in their wave's free slots
     (beside the exact programs, which the carveout lets in too)."""
-    if plan.pieces:
-        return plan.first_wave
     return programs * (plan.num_splits - 1 if plan.split_major else plan.num_splits)
-
-
-def launched_split_programs(programs: int, plan: SplitPlan) -> int:
-    """The split programs a launch of ``programs`` (sequence, kv head, row block) programs under
-    ``plan`` launches, for query_in_split_apply: one per split, or a balanced plan's segments."""
-    return plan.first_wave if plan.pieces else programs * plan.num_splits
 
 
 def exact_carveout(

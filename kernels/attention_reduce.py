@@ -462,17 +462,12 @@ if HAS_TRITON:
         n_new,
         n_row_blocks,
         n_parts,  # partials per program, all in the channel domain (centred: x - m)
-        num_splits,  # COUNTED: the compressed partials' slots (the exact tokens' follow)
-        counts_ptr,  # COUNTED: int32 [programs], the compressed partials each program has
         D: tl.constexpr,
         BLOCK_M: tl.constexpr,
         SPLIT_CHUNK: tl.constexpr,  # partials merged per wide load
         CHANNELS: tl.constexpr,  # a row's channels per program: grid (query rows, D / CHANNELS)
         OFFSET: tl.constexpr,
         PDL: tl.constexpr = False,  # launched with programmatic dependent launch (see _pdl)
-        # a balanced plan's launch (LaunchConfig.balanced_pieces): program p wrote compressed
-        # partials 0 .. counts[p] - 1 only; its slots from there to num_splits are not read
-        COUNTED: tl.constexpr = False,
     ):
         """The reduce after a split kernel that wrote channel-domain partials
         (LaunchConfig.transform_in_split): each program merges CHANNELS of one query row's sums
@@ -493,14 +488,9 @@ if HAS_TRITON:
             m_i = tl.max(tl.full([SPLIT_CHUNK], _NEG_BIG, tl.float32), axis=0)
             l_i = tl.sum(tl.zeros([SPLIT_CHUNK], tl.float32), axis=0)
             acc = tl.zeros([CHANNELS], tl.float32)
-            written = num_splits
-            if COUNTED:
-                written = tl.load(counts_ptr + program)
             for first in range(0, n_parts, SPLIT_CHUNK):
                 split = first + tl.arange(0, SPLIT_CHUNK)
                 ok = split < n_parts
-                if COUNTED:
-                    ok = ok & ((split < written) | (split >= num_splits))
                 part = (base + split) * BLOCK_M + row_local
                 m_s = tl.load(m_ptr + part, mask=ok, other=_NEG_BIG)
                 l_s = tl.load(l_ptr + part, mask=ok, other=0.0)

@@ -1108,7 +1108,6 @@ from .attention_config import (  # noqa: E402
     choose_split_plan,
     default_config,
     exact_carveout,
-    launched_split_programs,
     query_in_split_apply,
     resident_programs_per_sm,
     split_count,
@@ -2957,22 +2956,6 @@ def _launch_exact(
     )
 
 
-_PIECE_COUNTS: dict[tuple[int, torch.device], tuple[SplitPlan, torch.Tensor]] = {}
-
-
-def _piece_counts(plan: SplitPlan, device: torch.device) -> torch.Tensor | None:
-    """A balanced plan's per-program partial counts (int32 [programs]) on ``device``, for the
-    merge, made once per plan (balanced_plan returns the same object for the same launch, and the
-    entry keeps it alive, so its id stays its key); None for other plans. A kept tensor: a CUDA
-    graph captured with it replays with the same address."""
-    if not plan.pieces:
-        return None
-    key = (id(plan), device)
-    if key not in _PIECE_COUNTS:
-        _PIECE_COUNTS[key] = (plan, torch.tensor(plan.piece_counts, dtype=torch.int32, device=device))
-    return _PIECE_COUNTS[key][1]
-
-
 def _phase_clock_buffer(config: LaunchConfig, programs: int, device: torch.device) -> torch.Tensor | None:
     """With config.phase_clocks, phase_clock_buffer checked for a launch of `programs` split
     programs (else None)."""
@@ -3049,14 +3032,9 @@ def _launch_v3(
             raise ValueError("query_in_split needs the query and its slot transform (query_args)")
     else:  # unread
         query_args = (qw, 0, 0, 0, plan2.slot_coef, 0, plan2.v_step, plan2.v_step, 1.0)
-    pieces = bool(plan.pieces)
-    if pieces:  # one program a segment, its pieces computed from its id (balanced_plan's cut)
-        grid = (plan.first_wave,)
-    else:
-        grid = (programs, num_splits) if split_major else (num_splits, programs)
     launch(
         split_kernel_v3,
-        grid,
+        (programs, num_splits) if split_major else (num_splits, programs),
         qw,
         qc,
         k_codes,
@@ -3086,11 +3064,9 @@ def _launch_v3(
         n_row_blocks,
         num_splits,
         n_parts,
-        -(-plan.piece_span // config.block_n) if pieces else plan.split_num,  # PIECES: steps a range
-        plan.piece_span if pieces else plan.split_den,
+        plan.split_num,
+        plan.split_den,
         clocks,
-        programs if pieces else 0,
-        plan.piece_extra,
         CODE_ROW=k_codes.stride(2) // 2,
         SCALE_ROW=k_scales.stride(2),
         E4=layout.band_byte_offsets[0] // 2,
@@ -3130,8 +3106,7 @@ def _launch_v3(
         VALUE_COPIES_L2_256B=config.value_copies_l2_256b,
         PLAIN_LOADS_L2_256B=config.plain_loads_l2_256b,
         **({"LOADS_BEFORE_WAIT": config.loads_before_pdl_wait} if config.loads_before_pdl_wait else {}),
-        **({"SPLIT_MAJOR": True} if split_major and not pieces else {}),
-        **({"PIECES": True} if pieces else {}),
+        **({"SPLIT_MAJOR": True} if split_major else {}),
         num_warps=1,
         **split_options,
         **_dependent(_pdl(config, q.device)),
@@ -3225,25 +3200,10 @@ def wavelet_attention_triton(
         plan = choose_split_plan(programs, capacity, layout, config, q.device)
     elif isinstance(num_splits, SplitPlan):
         plan = num_splits
-        if plan.pieces and not (use_v3 and config.transform_in_split):
-            raise ValueError(
-                "a balanced split plan (pieces) runs on v3 with transform_in_split only, got the "
-                f"{kernel} kernel with transform_in_split={config.transform_in_split}"
-            )
-        if plan.pieces and len(plan.piece_counts) != programs:
-            raise ValueError(
-                f"a balanced split plan for {len(plan.piece_counts)} programs given to a launch of "
-                f"{programs} (sequence, kv head, row block) programs"
-            )
     else:  # equal splits, as given
         plan = SplitPlan(num_splits)
     num_splits, split_num, split_den = plan.num_splits, plan.split_num, plan.split_den
-    launch_plan = plan  # (plan is the v1 kernel's table below)
-    if (
-        use_v3
-        and config.query_in_split
-        and not query_in_split_apply(config, launched_split_programs(programs, plan), q.device)
-    ):
+    if use_v3 and config.query_in_split and not query_in_split_apply(config, programs * num_splits, q.device):
         # a launch of more waves than config.query_in_split_waves: the prologue transforms the query
         config = replace(config, query_in_split=False)
     if config.value_subnormals and not value_subnormals_apply(config, capacity - layout.n_exact, plan):
@@ -3444,7 +3404,7 @@ def wavelet_attention_triton(
                 layout,
                 sm_scale,
                 v1_fallback(config),
-                None if plan.pieces else plan,  # v1 cuts by its own plan (no pieces)
+                plan,
                 validate=False,
             )
     elif use_v2:
@@ -3583,7 +3543,6 @@ def wavelet_attention_triton(
     if value_channels is not None:
         # every partial in the channel domain: one merge, no transform (LaunchConfig.transform_in_split)
         channels = min(config.channel_merge_channels, d)
-        piece_counts = _piece_counts(launch_plan, device)  # a balanced plan: each program's own count
         launch(
             _merge_channel_rows_kernel,
             (programs * block_m, d // channels),
@@ -3596,14 +3555,11 @@ def wavelet_attention_triton(
             tq,
             n_row_blocks,
             n_parts,
-            num_splits,
-            m_part if piece_counts is None else piece_counts,  # unread without COUNTED
             D=d,
             BLOCK_M=block_m,
             SPLIT_CHUNK=reduce_split_chunk(config, n_parts),
             CHANNELS=channels,
             num_warps=config.channel_merge_warps,
-            **({"COUNTED": True} if piece_counts is not None else {}),
             **channel_flags,
             **_dependent(pdl and side is None),
         )

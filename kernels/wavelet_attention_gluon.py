@@ -954,45 +954,7 @@ if HAS_GLUON:
         return state
 
     @gluon.jit
-    def _segment_piece(programs, range_steps, extra, SECOND: gl.constexpr):
-        """A balanced plan's piece for this program (attention_config.balanced_plan, the same
-        arithmetic): the programs' ranges laid end to end, each range_steps + extra units (extra
-        leading units hold no tokens: a piece's own cost), cut into one segment a program; segment g
-        is units [T g / W, T (g + 1) / W), T = programs x (range_steps + extra). Returns (program,
-        partial, first step, end step, whether the segment has this piece): its first piece, or
-        with SECOND the one in the next program's range (partial 0)."""
-        g = gl.inline_asm_elementwise(  # not CSE'd with an earlier read: no live range across a piece
-            "mov.u32 $0, %ctaid.x;", "=r", [], dtype=gl.int32, is_pure=False, pack=1
-        ).to(gl.int64)
-        segments = gl.inline_asm_elementwise(
-            "mov.u32 $0, %nctaid.x;", "=r", [], dtype=gl.int32, is_pure=False, pack=1
-        ).to(gl.int64)
-        units = range_steps.to(gl.int64) + extra
-        total = programs * units
-        lo = total * g // segments
-        hi = total * (g + 1) // segments
-        pid = lo // units
-        end = gl.minimum(hi, (pid + 1) * units)
-        if SECOND:
-            return (
-                (pid + 1).to(gl.int32),
-                0,
-                0,
-                gl.maximum(hi - (pid + 1) * units - extra, 0).to(gl.int32),
-                end < hi,
-            )
-        # its partial: one for each segment since the first to reach its program's range
-        first_segment = ((pid * units + 1) * segments + total - 1) // total - 1
-        return (
-            pid.to(gl.int32),
-            (g - first_segment).to(gl.int32),
-            gl.maximum(lo - pid * units - extra, 0).to(gl.int32),
-            gl.maximum(end - pid * units - extra, 0).to(gl.int32),
-            end < hi,
-        )
-
-    @gluon.jit
-    def _split_program(
+    def split_kernel_v3(
         qw_ptr,  # fp16 [programs, BLOCK_M, 128]: transformed query in v3 slot order (prologue)
         qc_ptr,  # fp32 [programs, N_QC, BLOCK_M, 4]: chunk shares of each band's score offset
         kc_ptr,  # uint8 codes [B, Hkv, capacity, CODE_ROW bytes]
@@ -1045,15 +1007,6 @@ if HAS_GLUON:
         split_den,
         # PHASE_CLOCKS: int64 [programs * num_splits, PHASE_SLOTS] globaltimer stamps (see _stamp)
         clock_ptr,
-        # PIECES: the programs whose ranges (split_num whole steps each, of a split_den-token span)
-        # are laid end to end and cut into one segment a launched program (balanced_plan), each
-        # range counted piece_extra steps longer (a piece's own cost, its query and epilogue)
-        piece_programs,
-        piece_extra,
-        pid,  # this piece's (sequence, kv head, row block) program
-        split,  # the partial it writes
-        piece_lo,  # PIECES: its range, in steps of the split_den-token span
-        piece_hi,
         CODE_ROW: gl.constexpr,  # int16 elements per code row (token stride)
         SCALE_ROW: gl.constexpr,  # fp16 scales per row (token stride)
         E4: gl.constexpr,  # first int16 element of the 4-bit band
@@ -1145,13 +1098,31 @@ if HAS_GLUON:
         QUERY_IN_SPLIT: gl.constexpr = False,
         # a probe: each program stamps its phases into clock_ptr (LaunchConfig.phase_clocks)
         PHASE_CLOCKS: gl.constexpr = False,
-        # a balanced plan: a 1-D grid of segments, each program's one or two pieces computed from
-        # its id (LaunchConfig.balanced_pieces)
-        PIECES: gl.constexpr = False,
     ):
-        """split_kernel_v3's work for one range of one program: its query, its steps, its
-        partial (pid, split). Its own function so the balanced plan's programs can run it for
-        each piece of their segment."""
+        """One (split, sequence, kv head, row block): online softmax over a range of compressed
+        tokens in the coefficient domain; grid (num_splits, programs), or (programs, num_splits)
+        with SPLIT_MAJOR."""
+        if PDL and LOADS_BEFORE_WAIT == 0:
+            _wait_for_prologue()
+        if TRIGGER_DEPENDENTS:
+            gl.inline_asm_elementwise(
+                "griddepcontrol.launch_dependents; // dummy $0",
+                "=r",
+                [],
+                dtype=gl.int32,
+                is_pure=False,
+                pack=1,
+            )
+        if VALUE_COPIES_L2_256B:
+            gl.inline_asm_elementwise(_MARK_COPIES_L2_256B, "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+        if PLAIN_LOADS_L2_256B:
+            gl.inline_asm_elementwise(_MARK_LOADS_L2_256B, "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+        if SPLIT_MAJOR:
+            pid = gl.program_id(0)
+            split = gl.program_id(1)
+        else:
+            split = gl.program_id(0)
+            pid = gl.program_id(1)
         stamps = clock_ptr + (pid * num_splits + split) * _PHASE_SLOTS
         if PHASE_CLOCKS:
             _stamp(stamps, 0, split)
@@ -1181,17 +1152,9 @@ if HAS_GLUON:
         limit = gl.where(row_ok, seq_len - n_new + token + 1, 0)
         comp_hi = gl.minimum(gl.maximum(seq_len - WINDOW, SINKS), gl.max(limit, axis=0))
         span = gl.maximum(comp_hi - SINKS, 0).to(gl.int64)  # (x split_num may pass 2^31)
-        if PIECES:  # the piece's bounds scaled to this span, up to whole steps (piece_bound)
-            lo_tok = gl.minimum(piece_lo * BLOCK_N, split_den)
-            hi_tok = gl.minimum(piece_hi * BLOCK_N, split_den)
-            lo_at = gl.cdiv(gl.cdiv(span * lo_tok, split_den).to(gl.int32), BLOCK_N) * BLOCK_N
-            hi_at = gl.cdiv(gl.cdiv(span * hi_tok, split_den).to(gl.int32), BLOCK_N) * BLOCK_N
-            lo = SINKS + gl.minimum(lo_at, span.to(gl.int32))
-            hi = gl.minimum(SINKS + hi_at, comp_hi)
-        else:
-            chunk = gl.cdiv(gl.cdiv(span * split_num, split_den).to(gl.int32), BLOCK_N) * BLOCK_N
-            lo = SINKS + split * chunk
-            hi = gl.minimum(lo + chunk, comp_hi)
+        chunk = gl.cdiv(gl.cdiv(span * split_num, split_den).to(gl.int32), BLOCK_N) * BLOCK_N
+        lo = SINKS + split * chunk
+        hi = gl.minimum(lo + chunk, comp_hi)
         row_hi = gl.minimum(limit, hi)
         # steps below every real row's limit need no score mask
         all_hi = gl.min(gl.where(row_ok, row_hi, hi), axis=0)
@@ -1521,472 +1484,3 @@ if HAS_GLUON:
             _store_operand(a5, wsb_or_a, acc_out, *store, 80, D, sub, _C2_2, _C2_3, BAND_COLUMNS, True)
             _store_operand(a6, wsb_or_a, acc_out, *store, 96, D, sub, _C2_4, _C2_5, BAND_COLUMNS, True)
             _store_operand(a7, wsb_or_a, acc_out, *store, 112, D, sub, _C2_6, _C2_7, BAND_COLUMNS, True)
-
-    @gluon.jit
-    def split_kernel_v3(
-        qw_ptr,  # fp16 [programs, BLOCK_M, 128]: transformed query in v3 slot order (prologue)
-        qc_ptr,  # fp32 [programs, N_QC, BLOCK_M, 4]: chunk shares of each band's score offset
-        kc_ptr,  # uint8 codes [B, Hkv, capacity, CODE_ROW bytes]
-        kc_stride_b,
-        kc_stride_h,  # bytes
-        ks_ptr,  # fp16 scales [B, Hkv, capacity, SCALE_ROW]
-        ks_stride_b,
-        ks_stride_h,  # elements
-        vc_ptr,
-        vc_stride_b,
-        vc_stride_h,
-        vs_ptr,
-        vs_stride_b,
-        vs_stride_h,
-        seq_lens_ptr,  # int [B]: positions in the cache per sequence
-        v_step_ptr,  # fp32 [128] per value slot (see _plan_v3)
-        v_shift_ptr,  # fp32 [128]
-        slot_coef_ptr,  # int32 [128]: coefficient held by each value slot
-        # TRANSFORM_IN_SPLIT: T [128 channels, 128 slots] per kv head, T[c, j] = (W R_h)[coefficient of
-        # value slot j, c] in fp16, as int32 words in fragment order (value_slot_transform_words:
-        # [Hkv, 8 operands, 8 row tiles, 32 lanes, 4 words]); head stride 0: one T for every kv head
-        vt_ptr,
-        vt_stride_h,
-        v_scale_ptr,  # TRANSFORM_IN_SPLIT: fp32 [Hkv, 128] value channel scale s
-        v_scale_stride_h,
-        # QUERY_IN_SPLIT (no prologue): the query [B, Hq, n_new, 128], M_h s_k [128 slots, 128
-        # channels] per kv head as fragment-ordered words (query_slot_transform_words), the key
-        # slots' factors and shifts (the prologue's tables), and sm_scale * log2(e)
-        q_ptr,
-        q_stride_b,
-        q_stride_h,
-        q_stride_t,
-        qt_ptr,
-        qt_stride_h,
-        k_factor_ptr,
-        k_shift_ptr,
-        qk_scale,
-        m_ptr,  # fp32 [programs, n_parts, BLOCK_M]: running max (log2 domain)
-        l_ptr,  # fp32 [programs, n_parts, BLOCK_M]: softmax denominator
-        acc_ptr,  # fp32 [programs, n_parts, BLOCK_M, D]: coefficient sums (TRANSFORM_IN_SPLIT: channels)
-        n_kv_heads,
-        group,  # q heads per kv head
-        n_new,  # new tokens per sequence (1 for decode)
-        n_row_blocks,
-        num_splits,  # compressed splits; partials num_splits onwards (the exact tokens) are not written here
-        n_parts,  # partials per program (the compressed splits, then the exact tokens' chunks)
-        # each split takes span * split_num / split_den of its program's compressed span, in whole
-        # steps, the last one what is left (1 / num_splits: equal splits; see attention_config.SplitPlan)
-        split_num,
-        split_den,
-        # PHASE_CLOCKS: int64 [programs * num_splits, PHASE_SLOTS] globaltimer stamps (see _stamp)
-        clock_ptr,
-        # PIECES: the programs whose ranges (split_num whole steps each, of a split_den-token span)
-        # are laid end to end and cut into one segment a launched program (balanced_plan), each
-        # range counted piece_extra steps longer (a piece's own cost, its query and epilogue)
-        piece_programs,
-        piece_extra,
-        CODE_ROW: gl.constexpr,  # int16 elements per code row (token stride)
-        SCALE_ROW: gl.constexpr,  # fp16 scales per row (token stride)
-        E4: gl.constexpr,  # first int16 element of the 4-bit band
-        E2: gl.constexpr,  # first int16 element of the 2-bit band
-        D: gl.constexpr,
-        BLOCK_M: gl.constexpr,  # query rows per program (<= 8)
-        N_QC: gl.constexpr,
-        BLOCK_N: gl.constexpr,  # tokens per step
-        SINKS: gl.constexpr,
-        WINDOW: gl.constexpr,
-        STAGES: gl.constexpr,  # code-tile ring stages: the tiles of STAGES - 1 steps ahead in flight
-        KEYS_VIA_SMEM: gl.constexpr,  # keys through the ring too (else loaded at their step, no smem)
-        KEYS_AHEAD: gl.constexpr,  # the next step's key words loaded into registers before this step's values
-        CACHE_TILES: gl.constexpr,  # the ring's copies through L1 (see _issue_stage)
-        P_ONCE: gl.constexpr,  # one layout conversion of p (scales applied in fp16 after it)
-        LAZY_RESCALE: gl.constexpr,
-        PDL: gl.constexpr = False,  # launched with programmatic dependent launch: wait for the prologue
-        # the value tiles' token indices made in the layout of their 8-byte copies (CACHE_TILES), not
-        # converted to it each step by shuffles (912 loop instructions instead of 928, no BRA.DIV)
-        COPY_LAYOUT_TOKENS: gl.constexpr = False,
-        # the value scales split straight into the value MMAs' K layout in fp16 (one conversion,
-        # not one to the scores' rows and another to the B layout; needs P_ONCE)
-        VALUE_SCALES_IN_B: gl.constexpr = False,
-        # each band's score offset as its first key MMA's accumulator input (no add per score)
-        SCORE_OFFSET_IN_MMA: gl.constexpr = False,
-        # p to the value MMAs' B layout by one movmatrix.trans per 8 x 8 block (needs P_ONCE)
-        P_MOVMATRIX: gl.constexpr = False,
-        # full steps address their code rows from a scalar pointer to the step's first row (per-lane
-        # offsets are then loop-invariant; offline 876 loop instructions instead of 904, but ptxas
-        # then uses the key words sooner after their loads: 7-9% slower, sixteenth session)
-        STEP_ROW_BASE: gl.constexpr = False,
-        # let the next kernel in the stream launch now (PDL): the exact-token kernel of
-        # LaunchConfig.exact_in_chain, which needs nothing from this one until it ends
-        TRIGGER_DEPENDENTS: gl.constexpr = False,
-        # the key and value code rows through one [tokens, 32] ring each, by 16-byte copies that
-        # cover whole sectors (needs KEYS_VIA_SMEM: the keys come from the ring too)
-        ROW_COPIES: gl.constexpr = False,
-        # the full steps' key-word loads ask L2 for 256-byte blocks on a miss (ld.global.L2::256B)
-        KEY_LOADS_L2_256B: gl.constexpr = False,
-        # each step prefetches the next step's value rows into L2 (one prefetch a lane)
-        PREFETCH_VALUE_ROWS: gl.constexpr = False,
-        # each step loads one word per 256-byte block of the next step's value rows with the
-        # L2::256B hint, and folds the previous step's words into a sink (prepared, not timed)
-        FILL_VALUE_ROWS_L2: gl.constexpr = False,
-        # every cp.async copy (the code tiles) asks L2 for 256-byte blocks on a miss: PTX patched
-        # after Triton writes it (kernels/ptx_patches.py)
-        VALUE_COPIES_L2_256B: gl.constexpr = False,
-        # every plain global load (in the loop: the scale pairs) the same, by the same patch
-        PLAIN_LOADS_L2_256B: gl.constexpr = False,
-        # with PDL: the first full steps' cache reads issued before the wait for the prologue (they
-        # need nothing from it): this many steps' key, value and scale rows prefetched into L2, and
-        # the first step's key words and scale pairs loaded into registers; the query after the
-        # wait. 0: every load after the wait
-        LOADS_BEFORE_WAIT: gl.constexpr = 0,
-        # grid (programs, num_splits) instead of (num_splits, programs): blocks go out split by
-        # split, so a plan's short last splits come after every long one (SplitPlan.split_major)
-        SPLIT_MAJOR: gl.constexpr = False,
-        # each lane's two 4-bit-band key words by one 8-byte load (the plan's key slots ordered
-        # for it: _plan_v3(key_word_pairs=True)); keys from global memory only
-        KEY_WORD_PAIRS: gl.constexpr = False,
-        # the padding rows of the MMAs' N get p = 0 (see the state's initial running max)
-        ZERO_PADDING_P: gl.constexpr = False,
-        # the value fields as fp16 subnormals summed uncentred, centred once at the store (no
-        # per-step centring: LaunchConfig.value_subnormals says when the split is short enough)
-        VALUE_SUBNORMALS: gl.constexpr = False,
-        # p times the value scales by one packed fp16 multiply per register and band (needs
-        # VALUE_SCALES_IN_B; bit-identical)
-        PACKED_P_SCALING: gl.constexpr = False,
-        # a GQA group of at most 4 rows: the MMAs' N columns 4-7 repeat the query rows, and the
-        # value MMAs' B operand is p times the 4-bit band's scales in columns 0-3 and the 2-bit
-        # band's in 4-7: one B operand and one p * scale token sum for both bands (needs P_ONCE,
-        # BLOCK_M <= 4 and rows of two scales)
-        BAND_COLUMNS: gl.constexpr = False,
-        # the full steps' value scales reach the B layout through shared memory in the order of its
-        # lanes' token pairs (no PRMTs after the loads; needs VALUE_SCALES_IN_B, 64-token steps;
-        # nothing under BAND_COLUMNS)
-        VALUE_SCALES_STAGED: gl.constexpr = False,
-        # the full-step loop counts steps (start = lo + step * BLOCK_N) instead of stepping over
-        # token positions up to full_hi, and its scale pairs come from a scalar pointer per step:
-        # ptxas then recomputes fewer loop bounds and addresses per step at the register cap
-        # (offline: 732 -> 721 loop instructions on Triton 3.6; the same loads, bit for bit)
-        COUNTED_STEPS: gl.constexpr = False,
-        # the partial's sums leave in the channel domain, centred (x - m: T x (sums / l) on the
-        # tensor cores, times s and l), so the reduce merges every partial under one softmax and
-        # maps nothing back (LaunchConfig.transform_in_split)
-        TRANSFORM_IN_SPLIT: gl.constexpr = False,
-        # the query's transform to slots computed here from the query (_query_in_split), so no
-        # prologue runs before this kernel (LaunchConfig.query_in_split; needs LOADS_BEFORE_WAIT 0)
-        QUERY_IN_SPLIT: gl.constexpr = False,
-        # a probe: each program stamps its phases into clock_ptr (LaunchConfig.phase_clocks)
-        PHASE_CLOCKS: gl.constexpr = False,
-        # a balanced plan: a 1-D grid of segments, each program's one or two pieces computed from
-        # its id (LaunchConfig.balanced_pieces)
-        PIECES: gl.constexpr = False,
-    ):
-        """One (split, sequence, kv head, row block): online softmax over a range of compressed
-        tokens in the coefficient domain; grid (num_splits, programs), or (programs, num_splits)
-        with SPLIT_MAJOR, or (segments,) with PIECES (each program runs its segment's one or two
-        pieces)."""
-        if PDL and LOADS_BEFORE_WAIT == 0:
-            _wait_for_prologue()
-        if TRIGGER_DEPENDENTS:
-            gl.inline_asm_elementwise(
-                "griddepcontrol.launch_dependents; // dummy $0",
-                "=r",
-                [],
-                dtype=gl.int32,
-                is_pure=False,
-                pack=1,
-            )
-        if VALUE_COPIES_L2_256B:
-            gl.inline_asm_elementwise(_MARK_COPIES_L2_256B, "=r", [], dtype=gl.int32, is_pure=False, pack=1)
-        if PLAIN_LOADS_L2_256B:
-            gl.inline_asm_elementwise(_MARK_LOADS_L2_256B, "=r", [], dtype=gl.int32, is_pure=False, pack=1)
-        if PIECES:  # a balanced plan's segment: its first piece, then a second one if it has one
-            # (each computed from the program id and the launch's sizes, read afresh, so every
-            # bound is warp-uniform and nothing of the cut stays live through a piece: a table of
-            # pieces loaded per program, and a loop over them, measured 13% slower)
-            pid, split, lo_step, hi_step, _ = _segment_piece(piece_programs, split_num, piece_extra, False)
-            _split_program(
-                qw_ptr,
-                qc_ptr,
-                kc_ptr,
-                kc_stride_b,
-                kc_stride_h,
-                ks_ptr,
-                ks_stride_b,
-                ks_stride_h,
-                vc_ptr,
-                vc_stride_b,
-                vc_stride_h,
-                vs_ptr,
-                vs_stride_b,
-                vs_stride_h,
-                seq_lens_ptr,
-                v_step_ptr,
-                v_shift_ptr,
-                slot_coef_ptr,
-                vt_ptr,
-                vt_stride_h,
-                v_scale_ptr,
-                v_scale_stride_h,
-                q_ptr,
-                q_stride_b,
-                q_stride_h,
-                q_stride_t,
-                qt_ptr,
-                qt_stride_h,
-                k_factor_ptr,
-                k_shift_ptr,
-                qk_scale,
-                m_ptr,
-                l_ptr,
-                acc_ptr,
-                n_kv_heads,
-                group,
-                n_new,
-                n_row_blocks,
-                num_splits,
-                n_parts,
-                split_num,
-                split_den,
-                clock_ptr,
-                piece_programs,
-                piece_extra,
-                pid,
-                split,
-                lo_step,
-                hi_step,
-                CODE_ROW,
-                SCALE_ROW,
-                E4,
-                E2,
-                D,
-                BLOCK_M,
-                N_QC,
-                BLOCK_N,
-                SINKS,
-                WINDOW,
-                STAGES,
-                KEYS_VIA_SMEM,
-                KEYS_AHEAD,
-                CACHE_TILES,
-                P_ONCE,
-                LAZY_RESCALE,
-                PDL,
-                COPY_LAYOUT_TOKENS,
-                VALUE_SCALES_IN_B,
-                SCORE_OFFSET_IN_MMA,
-                P_MOVMATRIX,
-                STEP_ROW_BASE,
-                TRIGGER_DEPENDENTS,
-                ROW_COPIES,
-                KEY_LOADS_L2_256B,
-                PREFETCH_VALUE_ROWS,
-                FILL_VALUE_ROWS_L2,
-                VALUE_COPIES_L2_256B,
-                PLAIN_LOADS_L2_256B,
-                LOADS_BEFORE_WAIT,
-                SPLIT_MAJOR,
-                KEY_WORD_PAIRS,
-                ZERO_PADDING_P,
-                VALUE_SUBNORMALS,
-                PACKED_P_SCALING,
-                BAND_COLUMNS,
-                VALUE_SCALES_STAGED,
-                COUNTED_STEPS,
-                TRANSFORM_IN_SPLIT,
-                QUERY_IN_SPLIT,
-                PHASE_CLOCKS,
-                PIECES,
-            )
-            pid, split, lo_step, hi_step, crosses = _segment_piece(
-                piece_programs, split_num, piece_extra, True
-            )
-            if crosses:  # the segment crosses into the next program's range
-                _split_program(
-                    qw_ptr,
-                    qc_ptr,
-                    kc_ptr,
-                    kc_stride_b,
-                    kc_stride_h,
-                    ks_ptr,
-                    ks_stride_b,
-                    ks_stride_h,
-                    vc_ptr,
-                    vc_stride_b,
-                    vc_stride_h,
-                    vs_ptr,
-                    vs_stride_b,
-                    vs_stride_h,
-                    seq_lens_ptr,
-                    v_step_ptr,
-                    v_shift_ptr,
-                    slot_coef_ptr,
-                    vt_ptr,
-                    vt_stride_h,
-                    v_scale_ptr,
-                    v_scale_stride_h,
-                    q_ptr,
-                    q_stride_b,
-                    q_stride_h,
-                    q_stride_t,
-                    qt_ptr,
-                    qt_stride_h,
-                    k_factor_ptr,
-                    k_shift_ptr,
-                    qk_scale,
-                    m_ptr,
-                    l_ptr,
-                    acc_ptr,
-                    n_kv_heads,
-                    group,
-                    n_new,
-                    n_row_blocks,
-                    num_splits,
-                    n_parts,
-                    split_num,
-                    split_den,
-                    clock_ptr,
-                    piece_programs,
-                    piece_extra,
-                    pid,
-                    split,
-                    lo_step,
-                    hi_step,
-                    CODE_ROW,
-                    SCALE_ROW,
-                    E4,
-                    E2,
-                    D,
-                    BLOCK_M,
-                    N_QC,
-                    BLOCK_N,
-                    SINKS,
-                    WINDOW,
-                    STAGES,
-                    KEYS_VIA_SMEM,
-                    KEYS_AHEAD,
-                    CACHE_TILES,
-                    P_ONCE,
-                    LAZY_RESCALE,
-                    PDL,
-                    COPY_LAYOUT_TOKENS,
-                    VALUE_SCALES_IN_B,
-                    SCORE_OFFSET_IN_MMA,
-                    P_MOVMATRIX,
-                    STEP_ROW_BASE,
-                    TRIGGER_DEPENDENTS,
-                    ROW_COPIES,
-                    KEY_LOADS_L2_256B,
-                    PREFETCH_VALUE_ROWS,
-                    FILL_VALUE_ROWS_L2,
-                    VALUE_COPIES_L2_256B,
-                    PLAIN_LOADS_L2_256B,
-                    LOADS_BEFORE_WAIT,
-                    SPLIT_MAJOR,
-                    KEY_WORD_PAIRS,
-                    ZERO_PADDING_P,
-                    VALUE_SUBNORMALS,
-                    PACKED_P_SCALING,
-                    BAND_COLUMNS,
-                    VALUE_SCALES_STAGED,
-                    COUNTED_STEPS,
-                    TRANSFORM_IN_SPLIT,
-                    QUERY_IN_SPLIT,
-                    PHASE_CLOCKS,
-                    PIECES,
-                )
-        else:
-            if SPLIT_MAJOR:
-                pid = gl.program_id(0)
-                split = gl.program_id(1)
-            else:
-                split = gl.program_id(0)
-                pid = gl.program_id(1)
-            _split_program(
-                qw_ptr,
-                qc_ptr,
-                kc_ptr,
-                kc_stride_b,
-                kc_stride_h,
-                ks_ptr,
-                ks_stride_b,
-                ks_stride_h,
-                vc_ptr,
-                vc_stride_b,
-                vc_stride_h,
-                vs_ptr,
-                vs_stride_b,
-                vs_stride_h,
-                seq_lens_ptr,
-                v_step_ptr,
-                v_shift_ptr,
-                slot_coef_ptr,
-                vt_ptr,
-                vt_stride_h,
-                v_scale_ptr,
-                v_scale_stride_h,
-                q_ptr,
-                q_stride_b,
-                q_stride_h,
-                q_stride_t,
-                qt_ptr,
-                qt_stride_h,
-                k_factor_ptr,
-                k_shift_ptr,
-                qk_scale,
-                m_ptr,
-                l_ptr,
-                acc_ptr,
-                n_kv_heads,
-                group,
-                n_new,
-                n_row_blocks,
-                num_splits,
-                n_parts,
-                split_num,
-                split_den,
-                clock_ptr,
-                piece_programs,
-                piece_extra,
-                pid,
-                split,
-                0,
-                0,
-                CODE_ROW,
-                SCALE_ROW,
-                E4,
-                E2,
-                D,
-                BLOCK_M,
-                N_QC,
-                BLOCK_N,
-                SINKS,
-                WINDOW,
-                STAGES,
-                KEYS_VIA_SMEM,
-                KEYS_AHEAD,
-                CACHE_TILES,
-                P_ONCE,
-                LAZY_RESCALE,
-                PDL,
-                COPY_LAYOUT_TOKENS,
-                VALUE_SCALES_IN_B,
-                SCORE_OFFSET_IN_MMA,
-                P_MOVMATRIX,
-                STEP_ROW_BASE,
-                TRIGGER_DEPENDENTS,
-                ROW_COPIES,
-                KEY_LOADS_L2_256B,
-                PREFETCH_VALUE_ROWS,
-                FILL_VALUE_ROWS_L2,
-                VALUE_COPIES_L2_256B,
-                PLAIN_LOADS_L2_256B,
-                LOADS_BEFORE_WAIT,
-                SPLIT_MAJOR,
-                KEY_WORD_PAIRS,
-                ZERO_PADDING_P,
-                VALUE_SUBNORMALS,
-                PACKED_P_SCALING,
-                BAND_COLUMNS,
-                VALUE_SCALES_STAGED,
-                COUNTED_STEPS,
-                TRANSFORM_IN_SPLIT,
-                QUERY_IN_SPLIT,
-                PHASE_CLOCKS,
-                PIECES,
-            )

@@ -347,10 +347,9 @@ def test_channel_merge_matches_the_two_group_reduce(split_chunk, channels, offse
         SPLIT_CHUNK=16, **flags,
     )  # fmt: skip
     got = torch.full_like(want, float("nan"))
-    unused = torch.zeros(programs, dtype=torch.int32)  # the counts, read only when COUNTED
     K._merge_channel_rows_kernel[(programs * block_m, d // channels)](
         m, den, channels_acc, v_offset, v_offset.stride(0), got, *got.stride()[:3], hkv, group, 1, 1, n_parts,
-        num_splits, unused, SPLIT_CHUNK=split_chunk, CHANNELS=channels, **flags,
+        SPLIT_CHUNK=split_chunk, CHANNELS=channels, **flags,
     )  # fmt: skip
     assert not got.isnan().any() and not want.isnan().any()
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
@@ -358,36 +357,9 @@ def test_channel_merge_matches_the_two_group_reduce(split_chunk, channels, offse
     fewer = torch.full_like(want, float("nan"))
     K._merge_channel_rows_kernel[(programs * block_m, d // channels)](
         m, den, channels_acc, v_offset, v_offset.stride(0), fewer, *fewer.stride()[:3], hkv, group, 1, 1,
-        num_splits, num_splits, unused, SPLIT_CHUNK=split_chunk, CHANNELS=channels, **flags,
+        num_splits, SPLIT_CHUNK=split_chunk, CHANNELS=channels, **flags,
     )  # fmt: skip
     assert (fewer - want).abs().max() > 1e-2
-    # a balanced plan's counts (LaunchConfig.balanced_pieces): program p wrote compressed partials
-    # 0 .. counts[p] - 1; the slots after them hold garbage (NaN here) that must not be read, and the
-    # exact partials past num_splits still count. Against the reduce over the same partials with the
-    # unwritten ones made empty
-    counts = torch.tensor([num_splits, 4, 5, num_splits][:programs], dtype=torch.int32)
-    stale_m, stale_den, stale_acc = m.clone(), den.clone(), channels_acc.clone()
-    empty_m, empty_den, empty_acc = m.clone(), den.clone(), acc.clone()
-    for p, count in enumerate(counts.tolist()):
-        stale_m[p, count:num_splits] = float("nan")
-        stale_den[p, count:num_splits] = float("nan")
-        stale_acc[p, count:num_splits] = float("nan")
-        empty_m[p, count:num_splits] = -1.0e30
-        empty_den[p, count:num_splits], empty_acc[p, count:num_splits] = 0.0, 0.0
-    want_counted = torch.full_like(want, float("nan"))
-    K._reduce_rows_kernel[(programs * block_m,)](
-        empty_m, empty_den, empty_acc, *output_args, want_counted, *want_counted.stride()[:3], hkv, group, 1,
-        1, num_splits, n_parts, SPLIT_CHUNK=16, **flags,
-    )  # fmt: skip
-    counted = torch.full_like(want, float("nan"))
-    K._merge_channel_rows_kernel[(programs * block_m, d // channels)](
-        stale_m, stale_den, stale_acc, v_offset, v_offset.stride(0), counted, *counted.stride()[:3], hkv,
-        group, 1, 1, n_parts, num_splits, counts, SPLIT_CHUNK=split_chunk, CHANNELS=channels, COUNTED=True,
-        **flags,
-    )  # fmt: skip
-    assert not counted.isnan().any() and not want_counted.isnan().any()
-    torch.testing.assert_close(counted, want_counted, rtol=1e-4, atol=1e-4)
-    assert (want_counted - want).abs().max() > 1e-2  # the dropped partials mattered
 
 
 def test_value_subnormals_hold_to_short_splits():

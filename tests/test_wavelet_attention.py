@@ -1164,48 +1164,6 @@ def test_gpu_v3_takes_a_split_plan_launched_split_major(plan):
 
 
 @pytest.mark.gpu
-def test_gpu_v3_balanced_pieces_cover_every_token():
-    # LaunchConfig.balanced_pieces (thirtieth session): where equal splits take two waves, the
-    # launch is one wave of segments cut from every program's range laid end to end, a segment
-    # crossing into the next program's range running both pieces one after the other, and the
-    # merge reading each program's own partial count. Ragged lengths: each program's pieces are
-    # scaled to its own span. Against fp32 SDPA, equal splits, and its own CUDA graph replay
-    lens = [65536, 1, 40000, 65535, 133, 64, 30001, 65536]
-    codec, args = make_case(UNIFORM_REAL, 8, 8, 4, 1, 128, lens, 65536, torch.bfloat16, "cuda", "full")
-    layout = ops.compressed_layout(codec.spec, 128)
-    config = dataclasses.replace(TUNED_V3, balanced_pieces=True)
-    plan = K.choose_split_plan(64, 65536, layout, config, args[0].device)
-    assert plan.pieces and plan.first_wave < len(plan.pieces), plan  # the package's choice here
-    want = dense_reference(codec, args, 128**-0.5)
-    got = _run_triton(args, codec, 128**-0.5, config=config)
-    assert not K._V3_FAILURE, K._V3_FAILURE
-    assert torch.isfinite(got).all()
-    assert rel_err(got, want) <= 1e-2
-    equal = _run_triton(args, codec, 128**-0.5, config=TUNED_V3)
-    assert rel_err(got, equal) <= 2e-3  # the same sums cut elsewhere (bf16 outputs)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = _run_triton(args, codec, 128**-0.5, config=config)
-    for round_ in range(2):
-        args[0].copy_(torch.randn_like(args[0]))
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(captured, _run_triton(args, codec, 128**-0.5, config=config)), round_
-    # a hand-made cut of a small launch: 40 programs in 100 segments of about 24 steps (most
-    # segments cross a boundary of a 62-step range); one sequence of length 1, one under a step
-    lens = [4096, 1, 1000, 2049, 40]
-    codec, args = make_case(UNIFORM_REAL, 5, 8, 4, 1, 128, lens, 4096, torch.bfloat16, "cuda", "full")
-    layout = ops.compressed_layout(codec.spec, 128)
-    plan = K.balanced_plan(40, 4096 - layout.n_exact, 64, 100)
-    assert plan is not None and len(plan.pieces) > plan.first_wave == 100
-    got = _run_triton(args, codec, 128**-0.5, config=config, num_splits=plan)
-    assert not K._V3_FAILURE, K._V3_FAILURE
-    assert torch.isfinite(got).all()
-    assert rel_err(got, dense_reference(codec, args, 128**-0.5)) <= 1e-2
-    assert rel_err(got, _run_triton(args, codec, 128**-0.5, config=TUNED_V3, num_splits=4)) <= 2e-3
-
-
-@pytest.mark.gpu
 def test_gpu_exact_carveout_is_set_on_its_own_variant_and_changes_no_value():
     # LaunchConfig.exact_carveout compiles the exact-token kernel as a variant of its own and sets
     # the preferred shared-memory carveout on it (read back from the driver here); the output must be
