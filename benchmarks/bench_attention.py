@@ -133,7 +133,21 @@ class Setup:
     every codec of the same bytes per vector: `use_codec` switches the layout) and of the dense
     bf16 cache."""
 
-    def __init__(self, batch: int, seq_len: int, hq: int, hkv: int, device: str, smoke: bool):
+    def __init__(
+        self,
+        batch: int,
+        seq_len: int,
+        hq: int,
+        hkv: int,
+        device: str,
+        smoke: bool,
+        capacity: int | None = None,
+    ):
+        # capacity: the caches' positions (default seq_len); longer caches change their strides,
+        # not the bytes a call reads
+        if capacity is not None and capacity < seq_len:
+            raise ValueError(f"a cache of capacity {capacity} cannot hold {seq_len} positions")
+        capacity = seq_len if capacity is None else capacity
         self.batch, self.seq_len, self.hq, self.hkv = batch, seq_len, hq, hkv
         self.use_codec(next(iter(CODECS.values())))
         lay = self.layout
@@ -149,11 +163,11 @@ class Setup:
 
         # any bytes are valid codes: random codes and scales give a representative cache
         def codes() -> torch.Tensor:
-            shape = (batch, hkv, seq_len, lay.n_code_bytes)
+            shape = (batch, hkv, capacity, lay.n_code_bytes)
             return torch.randint(0, 256, shape, dtype=torch.uint8, device=device)
 
         def scales() -> torch.Tensor:
-            return (torch.rand(batch, hkv, seq_len, lay.n_bands, device=device) + 0.5).half()
+            return (torch.rand(batch, hkv, capacity, lay.n_bands, device=device) + 0.5).half()
 
         def exact() -> torch.Tensor:
             return torch.randn(batch, hkv, lay.n_exact, HEAD_DIM, device=device, dtype=torch.bfloat16)

@@ -206,7 +206,7 @@ def config_label(config: dict, base: dict) -> str:
     return ", ".join(changed) or "base"
 
 
-def same_round_summary(rows: list[dict], shapes: list[tuple[int, int]]) -> str:
+def same_round_summary(rows: list[dict], shapes: list[tuple[int, ...]]) -> str:
     """A markdown table of each config's change against the grid's first config measured in the same
     round (the i-th time a config appears is round i): the median and the range of its per-round
     ratios, per shape. Ratios within a round cancel what drifts between rounds (this machine's
@@ -218,7 +218,7 @@ def same_round_summary(rows: list[dict], shapes: list[tuple[int, int]]) -> str:
     for row in rows:
         by_label.setdefault(config_label(row["config"], base), []).append(row["ms"])
     base_runs = by_label.pop("base")
-    header = " | ".join(f"({b}, {n})" for b, n in shapes)
+    header = " | ".join("(" + ", ".join(map(str, shape)) + ")" for shape in shapes)
     lines = [f"| against base, same round | {header} |", "|---|" + "---|" * len(shapes)]
     for label, runs in by_label.items():
         cells = []
@@ -255,7 +255,12 @@ def main() -> None:
         print("ok", cfg, flush=True)
         return
     configs = json.loads(pathlib.Path(a.configs).read_text())
-    shapes = [tuple(map(int, x.split(","))) for x in a.shapes.split(";")]
+    parsed = [tuple(map(int, x.split(","))) for x in a.shapes.split(";")]
+    if any(len(t) not in (2, 3) for t in parsed) or (a.mode != "grid" and any(len(t) == 3 for t in parsed)):
+        raise SystemExit(
+            f"--shapes takes B,N pairs (grid: also B,N,CAPACITY, a cache longer than N), got {a.shapes!r}"
+        )
+    shapes = [t[:2] for t in parsed]
     if a.mode == "kernels":  # torch.profiler: mean us per call of each kernel, per shape and config
         for b, n in shapes:
             s = ba.Setup(b, n, ba.HQ, ba.HKV, "cuda", smoke=False)
@@ -308,8 +313,8 @@ def main() -> None:
         return
     precompile(configs)
     setups = []
-    for b, n in shapes:
-        s = ba.Setup(b, n, ba.HQ, ba.HKV, "cuda", smoke=False)
+    for b, n, *capacity in parsed:  # a third number: the caches' capacity, past the length
+        s = ba.Setup(b, n, ba.HQ, ba.HKV, "cuda", smoke=False, capacity=capacity[0] if capacity else None)
         s.use_codec(UNIFORM)
         s.dense.clear()
         setups.append(s)
@@ -330,9 +335,9 @@ def main() -> None:
         print(f"[{config_label(c, configs[0])}]: {times}  x floor {ratios}  err {err:.1e}", flush=True)
     out = pathlib.Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "probe_grid.json").write_text(json.dumps(dict(shapes=shapes, rows=rows), indent=1))
+    (out / "probe_grid.json").write_text(json.dumps(dict(shapes=parsed, rows=rows), indent=1))
     if len(rows) > 1 and rows[0]["config"] == configs[0]:
-        print(same_round_summary(rows, shapes), flush=True)
+        print(same_round_summary(rows, parsed), flush=True)
 
 
 if __name__ == "__main__":
