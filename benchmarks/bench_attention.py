@@ -117,6 +117,7 @@ import triton.testing  # noqa: E402
 from wmoe_compile.kernels import wavelet_attention as wa  # noqa: E402
 
 import wmoe_compile.ops  # noqa: E402,F401  (registers wmoe::wavelet_attention)
+from wmoe_compile.codec import cache_row_positions  # noqa: E402
 from wmoe_compile.ops.attention import compressed_layout  # noqa: E402
 
 
@@ -161,13 +162,17 @@ class Setup:
         self.v_cs = _channel_params(hkv, device)
         self.copies = []
 
-        # any bytes are valid codes: random codes and scales give a representative cache
+        # any bytes are valid codes: random codes and scales give a representative cache, laid out
+        # as ops.allocate_cache lays it out (views of the capacity into rows of
+        # cache_row_positions(capacity) positions)
+        rows = cache_row_positions(capacity)
+
         def codes() -> torch.Tensor:
-            shape = (batch, hkv, capacity, lay.n_code_bytes)
-            return torch.randint(0, 256, shape, dtype=torch.uint8, device=device)
+            shape = (batch, hkv, rows, lay.n_code_bytes)
+            return torch.randint(0, 256, shape, dtype=torch.uint8, device=device)[:, :, :capacity]
 
         def scales() -> torch.Tensor:
-            return (torch.rand(batch, hkv, capacity, lay.n_bands, device=device) + 0.5).half()
+            return (torch.rand(batch, hkv, rows, lay.n_bands, device=device) + 0.5).half()[:, :, :capacity]
 
         def exact() -> torch.Tensor:
             return torch.randn(batch, hkv, lay.n_exact, HEAD_DIM, device=device, dtype=torch.bfloat16)

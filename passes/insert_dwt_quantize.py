@@ -36,7 +36,7 @@ aten = torch.ops.aten
 
 
 def run(ctx: PassContext) -> PassResult:
-    from wmoe_compile.codec import WaveletKVCodec, get_codec
+    from wmoe_compile.codec import WaveletKVCodec, allocate_compressed_cache, get_codec
 
     result = PassResult(changed=False)
     candidates = [kv for kv in ctx.sites.kv if kv.report.status == "found"]
@@ -95,11 +95,13 @@ def run(ctx: PassContext) -> PassResult:
         device = dense.device if dense is not None else m.val(kv.buffer).device
         dtype = m.dtype(kv.buffer)
         window_slots = codec_config.sinks + codec_config.window
+        # rows a little longer than the capacity where it is a multiple of 4,096 (views of it)
+        codes, scales = allocate_compressed_cache(
+            batch, heads, capacity, codec.n_code_bytes, codec.n_bands, device
+        )
         tensors = {
-            "codes": torch.zeros(
-                batch, heads, capacity, codec.n_code_bytes, dtype=torch.uint8, device=device
-            ),
-            "scales": torch.zeros(batch, heads, capacity, codec.n_bands, dtype=torch.float16, device=device),
+            "codes": codes,
+            "scales": scales,
             "exact": torch.zeros(batch, heads, window_slots, head_dim, dtype=dtype, device=device),
             "channel_scale": channel_scale.to(device),
         }

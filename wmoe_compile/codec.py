@@ -412,6 +412,40 @@ def get_layout(spec: str, head_dim: int) -> CodecLayout:
     return codec_layout(WaveletKVConfig.from_spec(spec), head_dim)
 
 
+def cache_row_positions(capacity: int) -> int:
+    """Positions allocated per (sequence, kv head) row of a compressed cache of ``capacity``
+    positions: a little more than asked where the capacity is a multiple of 4,096 (a power of two
+    in practice), so that rows do not start a large power of two of bytes apart. Every (sequence,
+    kv head) of a decode step reads its row at once; at a 131,072-position capacity (scales rows
+    2^19 bytes apart) the attention op ran at two speeds, 0.230-0.236 or 0.248-0.253 ms at (8,
+    131072) on an H200 (slow in 20 of 40 rounds), and never slow with rows 64 or 1,024 positions
+    longer (the latter 1-2% faster still; benchmarks/RESULTS.md, thirtieth session). The caches are
+    views of the asked capacity into these rows (allocate_compressed_cache); readers and writers
+    take their strides. Costs at most 1/128 of the cache."""
+    if capacity < 1:
+        raise ValueError(f"a cache needs a capacity of at least 1 position, got {capacity}")
+    if capacity % 4096:
+        return capacity
+    return capacity + min(1024, capacity // 128)
+
+
+def allocate_compressed_cache(
+    batch: int,
+    num_kv_heads: int,
+    capacity: int,
+    n_code_bytes: int,
+    n_bands: int,
+    device: torch.device | str = "cpu",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Zeroed (codes uint8 [B, Hkv, capacity, n_code_bytes], scales fp16 [B, Hkv, capacity,
+    n_bands]) of a compressed cache, each a view into rows of cache_row_positions(capacity)
+    positions (so not contiguous where those are longer: the write and read ops take strides)."""
+    rows = cache_row_positions(capacity)
+    codes = torch.zeros(batch, num_kv_heads, rows, n_code_bytes, dtype=torch.uint8, device=device)
+    scales = torch.zeros(batch, num_kv_heads, rows, n_bands, dtype=torch.float16, device=device)
+    return codes[:, :, :capacity], scales[:, :, :capacity]
+
+
 class WaveletKVCodec:
     """The packed format for one head dimension, and the PyTorch reference encode/decode.
 

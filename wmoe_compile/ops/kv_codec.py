@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from ..codec import get_codec, get_layout
+from ..codec import allocate_compressed_cache, get_codec, get_layout
 from ..kernels import kv_codec as _k
 from ..kernels import side_stream as _side
 
@@ -192,10 +192,13 @@ def allocate_cache(
     dtype: torch.dtype,
     device: torch.device | str = "cpu",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Empty (codes, scales, exact) caches at compressed size for one of K or V of one layer."""
+    """Empty (codes, scales, exact) caches at compressed size for one of K or V of one layer (codes
+    and scales as views into slightly longer rows at capacities that are multiples of 4,096:
+    codec.cache_row_positions)."""
     c = get_codec(codec, head_dim)
-    codes = torch.zeros(batch, num_kv_heads, max_seq_len, c.n_code_bytes, dtype=torch.uint8, device=device)
-    scales = torch.zeros(batch, num_kv_heads, max_seq_len, c.n_bands, dtype=torch.float16, device=device)
+    codes, scales = allocate_compressed_cache(
+        batch, num_kv_heads, max_seq_len, c.n_code_bytes, c.n_bands, device
+    )
     exact = torch.zeros(
         batch, num_kv_heads, c.config.sinks + c.config.window, head_dim, dtype=dtype, device=device
     )

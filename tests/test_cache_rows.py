@@ -1,0 +1,99 @@
+"""Compressed caches whose rows are longer than their capacity (codec.cache_row_positions).
+
+At capacities that are multiples of 4,096 the caches are views into slightly longer rows, so that
+(sequence, kv head) rows do not start a large power of two of bytes apart (the attention op ran
+at two speeds at 131,072 positions on an H200: benchmarks/RESULTS.md, thirtieth session). Every
+reader and writer must then follow the views' strides: a write into a silent contiguous copy, or
+a read that assumes rows of `capacity` positions, would be wrong without an error. These tests
+compare each op on the padded views with the same op on contiguous caches holding the same values.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from wmoe_compile.kernels import wavelet_attention as wa
+
+import wmoe_compile.ops  # noqa: F401  registers the ops
+from wmoe_compile.codec import allocate_compressed_cache, cache_row_positions, get_codec
+from wmoe_compile.ops import attention as attention_ops
+from wmoe_compile.ops import kv_codec as ops
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+SPEC = "default;window=16;sinks=4"
+
+
+def test_row_positions_pad_multiples_of_4096_only():
+    assert cache_row_positions(131072) == 132096  # 1,024 more (measured on the H200)
+    assert cache_row_positions(32768) == 33024  # capacity / 128
+    assert cache_row_positions(4096) == 4128
+    for capacity in (1, 160, 1000, 4095, 4097, 131136):
+        assert cache_row_positions(capacity) == capacity
+    with pytest.raises(ValueError, match="at least 1 position"):
+        cache_row_positions(0)
+
+
+def test_allocated_caches_are_views_of_the_capacity_into_longer_rows():
+    codes, scales, exact = ops.allocate_cache(SPEC, 2, 3, 4096, 64, torch.float16, DEVICE)
+    n_code_bytes, n_bands = get_codec(SPEC, 64).n_code_bytes, get_codec(SPEC, 64).n_bands
+    assert codes.shape == (2, 3, 4096, n_code_bytes) and scales.shape == (2, 3, 4096, n_bands)
+    assert codes.stride() == (3 * 4128 * n_code_bytes, 4128 * n_code_bytes, n_code_bytes, 1)
+    assert scales.stride() == (3 * 4128 * n_bands, 4128 * n_bands, n_bands, 1)
+    assert not codes.is_contiguous() and exact.is_contiguous()
+    assert not codes.any() and not scales.any()
+    small = allocate_compressed_cache(1, 2, 1000, n_code_bytes, n_bands, DEVICE)
+    assert all(t.is_contiguous() for t in small)
+
+
+def _filled_caches(batch: int, hkv: int, capacity: int, head_dim: int, step_backend: str):
+    """(padded, contiguous) caches written by the same wmoe::kv_compress_into_cache calls: a
+    prefill of all but the last 3 positions (reference backend: the interpreter is slow), then
+    two decode-sized writes at the rows' ends by ``step_backend``."""
+    torch.manual_seed(0)
+    padded = ops.allocate_cache(SPEC, batch, hkv, capacity, head_dim, torch.float16, DEVICE)
+    assert not padded[0].is_contiguous()
+    plain = tuple(t.contiguous().clone() for t in padded)
+    cs = torch.rand(hkv, head_dim, device=DEVICE) + 0.5
+    for backend, start, stop in (
+        ("reference", 0, capacity - 3),
+        (step_backend, capacity - 3, capacity - 1),
+        (step_backend, capacity - 1, capacity),
+    ):
+        x = torch.randn(batch, hkv, stop - start, head_dim, device=DEVICE, dtype=torch.float16)
+        positions = torch.arange(start, stop, device=DEVICE)
+        previous = ops.set_backend(backend)
+        try:
+            for cache in (padded, plain):
+                torch.ops.wmoe.kv_compress_into_cache(x, *cache, positions, cs, SPEC)
+        finally:
+            ops.set_backend(previous)
+    return padded, plain, cs
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_cache_writes_follow_the_padded_rows(backend):
+    padded, plain, _ = _filled_caches(2, 2, 4096, 64, backend)
+    for got, want in zip(padded, plain, strict=True):
+        assert torch.equal(got, want)
+    # the padding itself is untouched: writes went through the views' strides
+    rows = padded[0].as_strided((2, 2, 4128, padded[0].shape[-1]), padded[0].stride())
+    assert rows[:, :, 4096:].eq(0).all() and rows[:, :, :4096].ne(0).any()
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_attention_reads_the_padded_rows(backend):
+    # decode attention over ragged lengths up to the full capacity: the padded views and the
+    # contiguous copies give the same output, bit for bit (same kernel, same values)
+    batch, hkv, group, capacity, head_dim = 2, 2, 4, 4096, 64
+    padded, plain, cs = _filled_caches(batch, hkv, capacity, head_dim, "triton")
+    q = torch.randn(batch, hkv * group, 1, head_dim, device=DEVICE, dtype=torch.float16)
+    seq_lens = torch.tensor([capacity, 2500], device=DEVICE, dtype=torch.int32)
+    layout = attention_ops.compressed_layout(SPEC, head_dim)
+    run = wa.wavelet_attention_reference if backend == "reference" else wa.wavelet_attention_triton
+    outs = []
+    for codes, scales, exact in (padded, plain):
+        # K and V share the caches here: what matters is where each op reads them
+        args = (q, codes, scales, codes, scales, exact, exact, seq_lens, cs, cs)
+        outs.append(run(*args, layout, head_dim**-0.5))
+    assert torch.isfinite(outs[0]).all() and outs[0].abs().sum() > 0
+    assert torch.equal(outs[0], outs[1])
