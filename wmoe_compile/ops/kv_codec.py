@@ -193,7 +193,7 @@ def allocate_cache(
     device: torch.device | str = "cpu",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Empty (codes, scales, exact) caches at compressed size for one of K or V of one layer (codes
-    and scales as views into slightly longer rows at capacities that are multiples of 4,096:
+    and scales as views into slightly longer rows at capacities that are multiples of 65,536:
     codec.cache_row_positions)."""
     c = get_codec(codec, head_dim)
     codes, scales = allocate_compressed_cache(
