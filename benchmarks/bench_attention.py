@@ -117,7 +117,7 @@ import triton.testing  # noqa: E402
 from wmoe_compile.kernels import wavelet_attention as wa  # noqa: E402
 
 import wmoe_compile.ops  # noqa: E402,F401  (registers wmoe::wavelet_attention)
-from wmoe_compile.codec import cache_row_positions  # noqa: E402
+from wmoe_compile.codec import allocate_compressed_cache  # noqa: E402
 from wmoe_compile.ops.attention import compressed_layout  # noqa: E402
 
 
@@ -163,23 +163,18 @@ class Setup:
         self.copies = []
 
         # any bytes are valid codes: random codes and scales give a representative cache, laid out
-        # as ops.allocate_cache lays it out (views of the capacity into rows of
-        # cache_row_positions(capacity) positions)
-        rows = cache_row_positions(capacity)
-
-        def codes() -> torch.Tensor:
-            shape = (batch, hkv, rows, lay.n_code_bytes)
-            return torch.randint(0, 256, shape, dtype=torch.uint8, device=device)[:, :, :capacity]
-
-        def scales() -> torch.Tensor:
-            return (torch.rand(batch, hkv, rows, lay.n_bands, device=device) + 0.5).half()[:, :, :capacity]
+        # as ops.allocate_cache lays it out (allocate_compressed_cache: padded rows, strided views)
+        def caches() -> tuple[torch.Tensor, torch.Tensor]:
+            width, bands = lay.n_code_bytes, lay.n_bands
+            codes, scales = allocate_compressed_cache(batch, hkv, capacity, width, bands, device)
+            return codes.random_(0, 256), scales.uniform_(0.5, 1.5)
 
         def exact() -> torch.Tensor:
             return torch.randn(batch, hkv, lay.n_exact, HEAD_DIM, device=device, dtype=torch.bfloat16)
 
         for _ in range(n_comp):
             q = torch.randn(batch, hq, 1, HEAD_DIM, device=device, dtype=torch.bfloat16)
-            self.copies.append((q, codes(), scales(), codes(), scales(), exact(), exact(), self.lens))
+            self.copies.append((q, *caches(), *caches(), exact(), exact(), self.lens))
         self.dense = []
         for _ in range(n_dense):
             q = torch.randn(batch, hq, 1, HEAD_DIM, device=device, dtype=torch.bfloat16)
