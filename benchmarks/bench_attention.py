@@ -329,11 +329,7 @@ def copy_bandwidth(smoke: bool) -> float | None:
 
 
 def rel_error(setup: Setup, config: wa.LaunchConfig | None) -> float:
-    args = setup.args(0)
-    if config is not None and config.value_pair_rows:  # the same cache in the pair rows it reads
-        args = (*args[:3], wa.pair_value_rows(args[3], setup.layout), *args[4:])
-    got = wa.wavelet_attention_triton(*args, setup.layout, setup.sm_scale, config=config, validate=True)
-    got = got.float()
+    got = setup.call(0, config, validate=True).float()
     want = wa.wavelet_attention_reference(*setup.args(0), setup.layout, setup.sm_scale).float()
     if torch.isnan(got).any():
         return float("nan")

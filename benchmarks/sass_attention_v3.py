@@ -127,8 +127,6 @@ def compile_v3(args: argparse.Namespace) -> tuple[str, str, int, str]:
         VALUE_SUBNORMALS=args.value_subnormals,
         PACKED_P_SCALING=args.packed_p_scaling,
         BAND_COLUMNS=args.band_columns,
-        VALUE_PAIR_ROWS=args.value_pair_rows,
-        VALUES_AHEAD=args.values_ahead,
         VALUE_SCALES_STAGED=args.value_scales_staged,
         COUNTED_STEPS=args.counted_steps,
         TRANSFORM_IN_SPLIT=args.transform_in_split,
@@ -301,12 +299,6 @@ def main() -> None:
         metavar="OPTION",
         help="with --tuned: leave this LaunchConfig option of the tuned config off (repeatable)",
     )
-    p.add_argument(
-        "--value-pair-rows",
-        action="store_true",
-        help="value words straight from pair rows into the A fragments (no ring)",
-    )
-    p.add_argument("--values-ahead", action="store_true", help="with --value-pair-rows: a step ahead")
     p.add_argument("--out", default="build/sass_v3")
     p.add_argument(
         "--tuned",

@@ -147,14 +147,6 @@ class LaunchConfig:
     # loop instructions with the tuned options; 739 -> 728 on 3.9); the same loads, bit for bit.
     # Prepared in the twenty-fourth session after its device budget was spent: not yet timed
     counted_steps: bool = False
-    # v3: the value codes come in pair rows (pair_value_rows in wavelet_attention.py: each int32 word
-    # one element of two adjacent tokens, the 4-bit band's slots g and g + 8 side by side), so the
-    # value words load straight into the A fragments like the keys' (16 loads a lane a step, whole
-    # sectors) and the step has no shared-memory ring, copies, ldmatrix or ring waits. The caller's
-    # v_codes must be laid out so: the package's caches are not (a probe of the layout, thirty-first
-    # session). values_ahead: the next step's value words loaded once this step's are spent
-    value_pair_rows: bool = False
-    values_ahead: bool = False
     # v3: the split kernel maps each partial's coefficient sums to centred channels itself (T x
     # (sums / l) on the tensor cores in fp16, T = W R_h at the value slots, then times s and l),
     # so the reduce is one merge of channel-domain partials under one softmax
@@ -397,24 +389,6 @@ class LaunchConfig:
                 "LaunchConfig.value_scales_staged stages v3's value scales for the B layout of 64-token "
                 "steps: it needs kernel='v3', value_scales_in_b=True and block_n=64, got "
                 f"kernel={self.kernel!r}, value_scales_in_b={self.value_scales_in_b}, block_n={self.block_n}"
-            )
-        if self.value_pair_rows and not (
-            self.kernel == "v3" and self.block_n == 64 and not self.keys_via_smem and not self.row_copies
-        ):
-            raise ValueError(
-                "LaunchConfig.value_pair_rows loads v3's value words from pair rows in 64-token steps: "
-                "it needs kernel='v3', block_n=64, keys_via_smem=False and row_copies=False, got "
-                f"kernel={self.kernel!r}, block_n={self.block_n}, keys_via_smem={self.keys_via_smem}, "
-                f"row_copies={self.row_copies}"
-            )
-        if self.values_ahead and not self.value_pair_rows:
-            raise ValueError(
-                "LaunchConfig.values_ahead loads pair-row value words ahead: it needs value_pair_rows=True"
-            )
-        if self.value_pair_rows and self.loads_before_pdl_wait:
-            raise ValueError(
-                "LaunchConfig.value_pair_rows has no ring to fill before the PDL wait: it needs "
-                f"loads_before_pdl_wait=0, got {self.loads_before_pdl_wait}"
             )
         if self.value_subnormals_max_split_tokens < self.block_n:
             raise ValueError(
@@ -778,14 +752,7 @@ SMALL_LAUNCH_V1_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
 
 def v1_fallback(config: LaunchConfig) -> LaunchConfig:
     """What runs where `config` asks for v3 and v3 cannot run: for a small-launch config, the v1
-    settings tuned for small launches; else the same settings on v1, without v3's options. A config
-    that reads pair-row value caches has no fallback: v1 would read them as token rows."""
-    if config.value_pair_rows:
-        raise ValueError(
-            "LaunchConfig.value_pair_rows: the value cache is in pair rows, which only v3 reads, and v3 "
-            "cannot run this call (no Gluon, the interpreter, or another layout); pass token-row caches "
-            "and a config without value_pair_rows"
-        )
+    settings tuned for small launches; else the same settings on v1, without v3's options."""
     for key, small in SMALL_LAUNCH_CONFIGS.items():
         if config == small and key in SMALL_LAUNCH_V1_CONFIGS:
             return SMALL_LAUNCH_V1_CONFIGS[key]

@@ -926,27 +926,6 @@ def _v3_coefficient(start: int, bits: int, offset: int, element: int) -> int:
     return start + byte * (8 // bits) + (offset % 8) // bits
 
 
-def pair_value_rows(v_codes: torch.Tensor, layout: CompressedLayout) -> torch.Tensor:
-    """The value codes [B, Hkv, capacity, 48] uint8 (token rows) in the pair rows that
-    LaunchConfig.value_pair_rows reads, same shape and bytes: positions 2P and 2P + 1 become one
-    96-byte row of 24 int32 words, word w holding one int16 code element of both tokens (token 2P in
-    the low half). Words 0-15 hold the 4-bit band's elements in the order 0, 8, 1, 9, ..., 7, 15
-    (a lane's A-fragment slots g and g + 8 side by side), words 16-23 the 2-bit band's."""
-    *lead, capacity, width = v_codes.shape
-    if v_codes.dtype != torch.uint8 or width != 48 or len(layout.band_byte_offsets) != 2:
-        raise ValueError(
-            "pair_value_rows takes uint8 value codes of the default layout family (48-byte rows, "
-            f"two bands), got {v_codes.dtype} rows of {width} bytes and {len(layout.band_byte_offsets)} bands"
-        )
-    if capacity % 2:
-        raise ValueError(f"pair_value_rows pairs positions: the capacity must be even, got {capacity}")
-    e4, e2 = (offset // 2 for offset in layout.band_byte_offsets)
-    order = [e4 + w // 2 + 8 * (w % 2) for w in range(16)] + [e2 + g for g in range(8)]
-    elements = v_codes.contiguous().view(torch.int16).reshape(*lead, capacity // 2, 2, 24)
-    words = elements[..., torch.tensor(order, device=v_codes.device)]  # [.., pairs, 2 tokens, 24]
-    return words.transpose(-1, -2).contiguous().view(torch.uint8).reshape(*lead, capacity, width)
-
-
 def _plan_v3(layout: CompressedLayout, device: torch.device, key_word_pairs: bool = False) -> _PlanV2:
     """v3's slot maps in _PlanV2's form (the prologue and reduce read them alike; v3 has no
     chunk constexprs: its two bands are fixed). key_word_pairs: the 4-bit band's key slots in
@@ -3122,8 +3101,6 @@ def _launch_v3(
         TRANSFORM_IN_SPLIT=config.transform_in_split,
         QUERY_IN_SPLIT=config.query_in_split,
         PHASE_CLOCKS=config.phase_clocks,
-        VALUE_PAIR_ROWS=config.value_pair_rows,
-        VALUES_AHEAD=config.values_ahead,
         PREFETCH_VALUE_ROWS=config.prefetch_value_rows,
         FILL_VALUE_ROWS_L2=config.fill_value_rows_l2,
         VALUE_COPIES_L2_256B=config.value_copies_l2_256b,
@@ -3208,13 +3185,6 @@ def wavelet_attention_triton(
     if config.kernel == "v3" and kernel != "v3":
         config = v1_fallback(config)
     use_v3, use_v2 = kernel == "v3", kernel == "v2"
-    if use_v3 and config.value_pair_rows:
-        if layout.sinks % 2 or v_codes.shape[2] % 2 or v_codes.data_ptr() % 16:
-            raise ValueError(
-                "LaunchConfig.value_pair_rows reads whole token pairs from a 16-byte-aligned value cache: "
-                f"it needs an even sink count and capacity, got sinks={layout.sinks}, "
-                f"capacity={v_codes.shape[2]}, v_codes at byte {v_codes.data_ptr() % 16} past 16"
-            )
     if use_v3 and config.key_word_pairs and not _key_pairs_aligned(k_codes, layout):
         # the paired loads read 8 bytes at once: rows that are not 8-byte aligned take the same
         # kernel with one 4-byte load per word

@@ -95,28 +95,6 @@ if HAS_GLUON:
         # KEY_WORD_PAIRS: [tokens, 8] int32 words of the 4-bit band, two adjacent words a lane
         # (lane (g, t): words 2t, 2t + 1 of rows g, g + 8, ...), so each pair is one 8-byte load
         _KEY_PAIRS = gl.constexpr(gl.BlockedLayout([1, 2], [8, 4], [1, 1], [1, 0]))
-        # VALUE_PAIR_ROWS: one step's value code words, [16 slots, 32 token pairs] int32 (4-bit
-        # band) and [8 slots, 32 pairs] (2-bit band), each word in the register of the value A
-        # fragment ([16 slots, 64 tokens] int16) that holds its two tokens: lane (g, t) slot g, pair
-        # t; registers slot + 8 (4-bit band only), then pair + 4, + 8, + 16
-        _VALUE_WORDS4 = gl.constexpr(
-            gl.DistributedLinearLayout(
-                reg_bases=[[8, 0], [0, 4], [0, 8], [0, 16]],
-                lane_bases=[[0, 1], [0, 2], [1, 0], [2, 0], [4, 0]],
-                warp_bases=[],
-                block_bases=[],
-                shape=[16, 32],
-            )
-        )
-        _VALUE_WORDS2 = gl.constexpr(
-            gl.DistributedLinearLayout(
-                reg_bases=[[0, 4], [0, 8], [0, 16]],
-                lane_bases=[[0, 1], [0, 2], [1, 0], [2, 0], [4, 0]],
-                warp_bases=[],
-                block_bases=[],
-                shape=[8, 32],
-            )
-        )
         # TRANSFORM_IN_SPLIT, QUERY_IN_SPLIT: [row tiles, 32 lanes, 4 words] of a matrix in MMA
         # fragment order, a lane's 4 words of a tile contiguous (one 16-byte load)
         _T_WORDS = gl.constexpr(gl.BlockedLayout([1, 1, 4], [1, 32, 1], [1, 1, 1], [2, 1, 0]))
@@ -375,68 +353,6 @@ if HAS_GLUON:
         return gl.convert_layout(gl.reshape(pairs, [BLOCK_N, 16]), _A, assert_trivial=True)
 
     @gluon.jit
-    def _value_word_offsets(pair4, slot4, pair2, slot2, PAIR_WORDS: gl.constexpr):
-        """VALUE_PAIR_ROWS: int64 word offsets, from a pair row, of the 4-bit band's words ([16, 32]:
-        slot s at word 2 (s % 8) + s // 8, so a lane's slots g and g + 8 are one 8-byte load) and of
-        the 2-bit band's ([8, 32]: word 16 + s). Pairs and slots are split into each register's
-        constant part and the lane's own (as _row_offsets does) so that ptxas can address a
-        lane's words from one register plus immediates."""
-        o4 = ((pair4 & -4).to(gl.int64) * PAIR_WORDS)[None, :] + (slot4 >> 3).to(gl.int64)[:, None]
-        o4 = o4 + ((pair4 & 3).to(gl.int64) * PAIR_WORDS)[None, :] + ((slot4 & 7).to(gl.int64) * 2)[:, None]
-        o2 = ((pair2 & -4).to(gl.int64) * PAIR_WORDS + 16)[None, :]
-        o2 = o2 + ((pair2 & 3).to(gl.int64) * PAIR_WORDS)[None, :] + slot2.to(gl.int64)[:, None]
-        return o4, o2
-
-    @gluon.jit
-    def _load_value_words(step_words, L2_256B: gl.constexpr, PAIR_WORDS: gl.constexpr):
-        """VALUE_PAIR_ROWS: one 64-token step's value code words from pair rows (step_words: int32
-        pointer to the step's first pair row; see pair_value_rows in wavelet_attention.py), in the
-        registers of the value A fragments: 8 loads of 8 bytes (4-bit band) and 8 of 4 (2-bit band)
-        a lane, each covering whole 32-byte sectors across the warp. L2_256B: with the L2::256B
-        prefetch-size hint, as the key words."""
-        slot4 = gl.arange(0, 16, layout=gl.SliceLayout(1, _VALUE_WORDS4))
-        pair4 = gl.arange(0, 32, layout=gl.SliceLayout(0, _VALUE_WORDS4))
-        slot2 = gl.arange(0, 8, layout=gl.SliceLayout(1, _VALUE_WORDS2))
-        pair2 = gl.arange(0, 32, layout=gl.SliceLayout(0, _VALUE_WORDS2))
-        o4, o2 = _value_word_offsets(pair4, slot4, pair2, slot2, PAIR_WORDS)
-        if L2_256B:
-            asm2: gl.constexpr = "ld.global.L2::256B.v2.b32 {$0, $1}, [$2];"
-            asm1: gl.constexpr = "ld.global.L2::256B.b32 $0, [$1];"
-        else:
-            asm2: gl.constexpr = "ld.global.v2.b32 {$0, $1}, [$2];"
-            asm1: gl.constexpr = "ld.global.b32 $0, [$1];"
-        # register pairs are slots g, g + 8: adjacent words, one load from the first one's address
-        w4 = gl.inline_asm_elementwise(
-            asm2, "=r,=r,l,l", [step_words + o4], dtype=gl.int32, is_pure=True, pack=2
-        )
-        w2 = gl.inline_asm_elementwise(asm1, "=r,l", [step_words + o2], dtype=gl.int32, is_pure=True, pack=1)
-        return w4, w2
-
-    @gluon.jit
-    def _load_value_words_clamped(words, first_pair, last_pair, PAIR_WORDS: gl.constexpr):
-        """VALUE_PAIR_ROWS, masked steps: the words of pairs first_pair + 0..31, clamped to
-        last_pair (plain loads; the loads stay in bounds, the clamped tokens' p is 0)."""
-        slot4 = gl.arange(0, 16, layout=gl.SliceLayout(1, _VALUE_WORDS4))
-        pair4 = gl.minimum(first_pair + gl.arange(0, 32, layout=gl.SliceLayout(0, _VALUE_WORDS4)), last_pair)
-        slot2 = gl.arange(0, 8, layout=gl.SliceLayout(1, _VALUE_WORDS2))
-        pair2 = gl.minimum(first_pair + gl.arange(0, 32, layout=gl.SliceLayout(0, _VALUE_WORDS2)), last_pair)
-        o4 = (pair4.to(gl.int64) * PAIR_WORDS)[None, :] + ((slot4 & 7) * 2 + (slot4 >> 3)).to(gl.int64)[
-            :, None
-        ]
-        o2 = (pair2.to(gl.int64) * PAIR_WORDS + 16)[None, :] + slot2.to(gl.int64)[:, None]
-        return gl.load(words + o4), gl.load(words + o2)
-
-    @gluon.jit
-    def _value_elements(w4, w2):
-        """VALUE_PAIR_ROWS: the step's value words -> the int16 elements [16 slots, 64 tokens] of both
-        bands in the A fragments (the words' own registers; the 2-bit band's slots 8-15 repeat 0-7,
-        as its shared-memory tiles did). assert_trivial proves no data moves."""
-        r4 = gl.reshape(gl.join(w4.to(gl.int16), (w4 >> 16).to(gl.int16)), [16, 64])
-        d2 = gl.reshape(gl.permute(gl.join(w2, w2), [2, 0, 1]), [16, 32])
-        r2 = gl.reshape(gl.join(d2.to(gl.int16), (d2 >> 16).to(gl.int16)), [16, 64])
-        return gl.convert_layout(r4, _A, assert_trivial=True), gl.convert_layout(r2, _A, assert_trivial=True)
-
-    @gluon.jit
     def _fetch_rows_into_l2(codes, ROW: gl.constexpr, BLOCK_N: gl.constexpr):
         """Prefetch BLOCK_N code rows from `codes` (int16 pointer to the first row) into L2: one
         `prefetch.global.L2` a lane, lane i at byte 128 i (the range's last byte for lanes past
@@ -628,7 +544,6 @@ if HAS_GLUON:
         SUBNORMALS: gl.constexpr = False,
         PACKED_SCALING: gl.constexpr = False,
         BAND_COLUMNS: gl.constexpr = False,
-        RAW_VALUES: gl.constexpr = False,
     ):
         """Online-softmax update of one step: rescale when a running max grows, p = exp2(s - m),
         then the value fields of both bands against p * scale, centred through the accumulator
@@ -640,9 +555,7 @@ if HAS_GLUON:
         takes the centres off once (_store_operand). BAND_COLUMNS (needs P_ONCE): columns 4-7
         repeat the query rows, w0 holds the tokens' scale words and w1 the per-column PRMT
         selectors; one B operand p * scale serves both bands (4-bit fields read columns 0-3, 2-bit
-        fields 4-7), its token sums accumulate in wsa (columns as the bands) and wsb stays.
-        RAW_VALUES: tile4/tile2 are the step's value elements in the A layout already
-        (VALUE_PAIR_ROWS), not shared-memory tiles."""
+        fields 4-7), its token sums accumulate in wsa (columns as the bands) and wsb stays."""
         m_i, a0, a1, a2, a3, a4, a5, a6, a7, l_acc, wsa, wsb = state
         m_new = gl.maximum(m_i, gl.max(s, axis=0))
         if (not LAZY_RESCALE) or gl.max(m_new - m_i, axis=0) > 0:
@@ -684,12 +597,8 @@ if HAS_GLUON:
         l_acc = mma_v2(ones, p16, l_acc)
         slot = gl.arange(0, 16, layout=gl.SliceLayout(1, _A))
         upper = (slot >= 8)[:, None]
-        if RAW_VALUES:  # VALUE_PAIR_ROWS: the elements themselves, from registers
-            r4 = tile4
-            r2 = tile2
-        else:
-            r4 = tile4.permute([1, 0]).load(_A)  # [16 elements, BLOCK_N tokens]
-            r2 = tile2.permute([1, 0]).load(_A)
+        r4 = tile4.permute([1, 0]).load(_A)  # [16 elements, BLOCK_N tokens]
+        r2 = tile2.permute([1, 0]).load(_A)
         o0, o1, o2, o3, o4, o5, o6, o7 = _band_operands(r4, r2, upper, SUBNORMALS)
         if SUBNORMALS:
             # the sums of p * scale straight in their accumulators, the fields' sums uncentred
@@ -987,7 +896,6 @@ if HAS_GLUON:
         PACKED_P_SCALING: gl.constexpr = False,
         BAND_COLUMNS: gl.constexpr = False,
         select=None,
-        VALUE_PAIR_ROWS: gl.constexpr = False,
     ):
         """split_kernel_v3's steps after its full ones (rest: the ring, the caches, the range
         full_hi .. hi, the rows' limits, the token index vectors and the ones operand): tokens
@@ -998,15 +906,10 @@ if HAS_GLUON:
         BLOCK_N: gl.constexpr = ones.shape[1]
         last = hi - 1
         for start in range(full_hi, hi, BLOCK_N):
-            if VALUE_PAIR_ROWS:  # (start is even: lo is, and steps are whole)
-                vw4, vw2 = _load_value_words_clamped(
-                    vcodes.to(gl.pointer_type(gl.int32), bitcast=True), start // 2, last // 2, CODE_ROW
-                )
-            else:
-                tok = gl.minimum(start + vt, last)
-                _issue_stage(
-                    ring, 0, kcodes, vcodes, tok, CODE_ROW, E4, E2, KEYS_VIA_SMEM, CACHE_TILES, ROW_COPIES
-                )
+            tok = gl.minimum(start + vt, last)
+            _issue_stage(
+                ring, 0, kcodes, vcodes, tok, CODE_ROW, E4, E2, KEYS_VIA_SMEM, CACHE_TILES, ROW_COPIES
+            )
             k0, k1 = _split_scales(_load_scale_pairs(kscales, gl.minimum(start + st, last), SCALE_ROW))
             if BAND_COLUMNS:
                 words = _load_scale_words(vscales, gl.minimum(start + st, last), SCALE_ROW)
@@ -1019,8 +922,6 @@ if HAS_GLUON:
                 else:
                     w0, w1 = _split_scales(w_pair)
             k4t, k2t, v4t, v2t = _stage_tiles(ring, 0, ROW_COPIES)
-            if VALUE_PAIR_ROWS:
-                v4t, v2t = _value_elements(vw4, vw2)
             if KEYS_VIA_SMEM:
                 async_copy.wait_group(0)
                 raw4 = k4t.load(_A)
@@ -1029,8 +930,7 @@ if HAS_GLUON:
                 raw4, raw2 = _load_keys(
                     kcodes, gl.minimum(start + kt, last), CODE_ROW, E4, E2, False, KEY_WORD_PAIRS
                 )
-                if not VALUE_PAIR_ROWS:
-                    async_copy.wait_group(0)
+                async_copy.wait_group(0)
             s = _scores(
                 raw4, raw2, k0, k1, q0, q1, q2, q3, q4, q5, q6, q7, qc0, qc1, BLOCK_N, SCORE_OFFSET_IN_MMA
             )
@@ -1050,7 +950,6 @@ if HAS_GLUON:
                 VALUE_SUBNORMALS,
                 PACKED_P_SCALING,
                 BAND_COLUMNS,
-                VALUE_PAIR_ROWS,
             )
         return state
 
@@ -1199,23 +1098,10 @@ if HAS_GLUON:
         QUERY_IN_SPLIT: gl.constexpr = False,
         # a probe: each program stamps its phases into clock_ptr (LaunchConfig.phase_clocks)
         PHASE_CLOCKS: gl.constexpr = False,
-        # the value cache in pair rows (wavelet_attention.pair_value_rows): each word holds one
-        # element of two adjacent tokens, so the value words load straight into the A fragments
-        # like the keys' (no shared-memory ring, copies or ldmatrix); VALUES_AHEAD: the next step's
-        # value words loaded into registers once this step's are spent (else at the step's start)
-        VALUE_PAIR_ROWS: gl.constexpr = False,
-        VALUES_AHEAD: gl.constexpr = False,
     ):
         """One (split, sequence, kv head, row block): online softmax over a range of compressed
         tokens in the coefficient domain; grid (num_splits, programs), or (programs, num_splits)
         with SPLIT_MAJOR."""
-        if VALUE_PAIR_ROWS:
-            gl.static_assert(SINKS % 2 == 0, "VALUE_PAIR_ROWS: every step starts on a token pair")
-            gl.static_assert(BLOCK_N == 64, "VALUE_PAIR_ROWS loads 64-token steps")
-            gl.static_assert(CODE_ROW == 24, "VALUE_PAIR_ROWS reads rows of 16 + 8 int16 elements")
-            gl.static_assert(not KEYS_VIA_SMEM, "VALUE_PAIR_ROWS leaves no ring for the keys")
-            gl.static_assert(not ROW_COPIES, "VALUE_PAIR_ROWS copies no rows")
-            gl.static_assert(LOADS_BEFORE_WAIT == 0, "VALUE_PAIR_ROWS: no early ring loads")
         if PDL and LOADS_BEFORE_WAIT == 0:
             _wait_for_prologue()
         if TRIGGER_DEPENDENTS:
@@ -1351,10 +1237,7 @@ if HAS_GLUON:
         # step i + STAGES - 1 are in flight while step i computes; scales one step ahead.
         if full_hi > lo:
             last_full = full_hi - BLOCK_N
-            vwords = vcodes.to(gl.pointer_type(gl.int32), bitcast=True)  # VALUE_PAIR_ROWS
-            if VALUE_PAIR_ROWS and VALUES_AHEAD:
-                nv4, nv2 = _load_value_words(vwords + lo * (CODE_ROW // 2), KEY_LOADS_L2_256B, CODE_ROW)
-            for i in gl.static_range(0 if VALUE_PAIR_ROWS else STAGES - 1):
+            for i in gl.static_range(STAGES - 1):
                 ahead = gl.minimum(lo + i * BLOCK_N, last_full)  # past the end: a harmless repeat
                 _issue_stage(
                     ring,
@@ -1411,26 +1294,20 @@ if HAS_GLUON:
                 slot = (step + STAGES - 1) % STAGES  # the stage the previous step read
                 k_base, ahead_tok = _step_rows(kcodes, ahead, vt, CODE_ROW, STEP_ROW_BASE)
                 v_base, _ = _step_rows(vcodes, ahead, vt, CODE_ROW, STEP_ROW_BASE)
-                if VALUE_PAIR_ROWS:
-                    if not VALUES_AHEAD:  # this step's value words, used after its scores
-                        cv4, cv2 = _load_value_words(
-                            vwords + start * (CODE_ROW // 2), KEY_LOADS_L2_256B, CODE_ROW
-                        )
-                else:
-                    _issue_stage(
-                        ring,
-                        slot,
-                        k_base,
-                        v_base,
-                        ahead_tok,
-                        CODE_ROW,
-                        E4,
-                        E2,
-                        KEYS_VIA_SMEM,
-                        CACHE_TILES,
-                        ROW_COPIES,
-                        STEP_ROW_BASE,
-                    )
+                _issue_stage(
+                    ring,
+                    slot,
+                    k_base,
+                    v_base,
+                    ahead_tok,
+                    CODE_ROW,
+                    E4,
+                    E2,
+                    KEYS_VIA_SMEM,
+                    CACHE_TILES,
+                    ROW_COPIES,
+                    STEP_ROW_BASE,
+                )
                 k0, k1 = _split_scales(k_pair)
                 if BAND_COLUMNS:
                     w0 = gl.convert_layout(v_pair, gl.SliceLayout(1, _B))
@@ -1488,12 +1365,7 @@ if HAS_GLUON:
                     next4, next2 = _load_key_words(
                         k_rows, k_tok, CODE_ROW, E4, E2, STEP_ROW_BASE, KEY_LOADS_L2_256B, KEY_WORD_PAIRS
                     )
-                if VALUE_PAIR_ROWS:
-                    if VALUES_AHEAD:
-                        v4t, v2t = _value_elements(nv4, nv2)
-                    else:
-                        v4t, v2t = _value_elements(cv4, cv2)
-                elif not KEYS_VIA_SMEM:
+                if not KEYS_VIA_SMEM:
                     async_copy.wait_group(STAGES - 1)
                 state = _accumulate_values(
                     s,
@@ -1510,10 +1382,7 @@ if HAS_GLUON:
                     VALUE_SUBNORMALS,
                     PACKED_P_SCALING,
                     BAND_COLUMNS,
-                    VALUE_PAIR_ROWS,
                 )
-                if VALUE_PAIR_ROWS and VALUES_AHEAD:  # this step's words are spent
-                    nv4, nv2 = _load_value_words(vwords + nxt * (CODE_ROW // 2), KEY_LOADS_L2_256B, CODE_ROW)
                 if PHASE_CLOCKS:  # after the step's last value MMA
                     _stamp(stamps, 2 + gl.minimum(step, 3), gl.max(gl.max(state[8], axis=1), axis=0))
             async_copy.wait_group(0)
@@ -1554,7 +1423,6 @@ if HAS_GLUON:
                 PACKED_P_SCALING,
                 BAND_COLUMNS,
                 select,
-                VALUE_PAIR_ROWS,
             )
         # ---- partials in the reduce's format
         m_i, a0, a1, a2, a3, a4, a5, a6, a7, l_acc, wsa, wsb = state

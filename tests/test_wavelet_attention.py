@@ -971,33 +971,6 @@ def test_gpu_v3_layout_options_leave_the_result_bit_identical():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("sub", [False, True])
-def test_gpu_v3_value_pair_rows_read_the_same_values(sub):
-    # value_pair_rows loads the value words straight into the A fragments from the cache in pair
-    # rows: the fragments hold the same elements as the shared-memory tiles did, so the output is
-    # the token-row launch's bit for bit, loaded in-step or a step ahead, with splits of one full
-    # step and of many, masked tails (lengths 1000, 2049, 133 end mid-pair and mid-step) and a
-    # sequence with no compressed token at all
-    codec, args = make_case(
-        UNIFORM_REAL, 5, 2, 4, 1, 128, [4096, 1, 1000, 2049, 133], 4096, torch.bfloat16, "cuda", "full"
-    )
-    layout = ops.compressed_layout(codec.spec, 128)
-    paired_args = (*args[:3], K.pair_value_rows(args[3], layout), *args[4:])
-    tuned = dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], value_subnormals=sub)
-    for splits in (7, 70):
-        want = _run_triton(args, codec, 128**-0.5, config=tuned, num_splits=splits)
-        assert rel_err(want, dense_reference(codec, args, 128**-0.5)) <= 1e-2
-        for ahead in (False, True):
-            config = dataclasses.replace(tuned, value_pair_rows=True, values_ahead=ahead)
-            got = _run_triton(paired_args, codec, 128**-0.5, config=config, num_splits=splits)
-            assert torch.equal(got, want), (sub, splits, ahead)
-            # the token-row cache read as pair rows is a different cache: the test can fail
-            wrong = _run_triton(args, codec, 128**-0.5, config=config, num_splits=splits)
-            assert not torch.equal(wrong, want)
-    assert not K._V3_FAILURE, K._V3_FAILURE
-
-
-@pytest.mark.gpu
 @pytest.mark.parametrize("before_split", [False, True])
 def test_gpu_exact_tokens_on_a_side_stream_equal_the_in_order_launch_also_in_a_cuda_graph(before_split):
     # overlap_exact forks the exact-token kernel onto a second stream and joins it before the
