@@ -143,12 +143,16 @@ class Setup:
         device: str,
         smoke: bool,
         capacity: int | None = None,
+        row_positions: int | None = None,
     ):
         # capacity: the caches' positions (default seq_len); longer caches change their strides,
-        # not the bytes a call reads
+        # not the bytes a call reads. row_positions: the positions allocated per (sequence, kv head)
+        # row (default: as the package allocates, codec.cache_row_positions), to compare layouts
         if capacity is not None and capacity < seq_len:
             raise ValueError(f"a cache of capacity {capacity} cannot hold {seq_len} positions")
         capacity = seq_len if capacity is None else capacity
+        if row_positions is not None and row_positions < capacity:
+            raise ValueError(f"rows of {row_positions} positions cannot hold a capacity of {capacity}")
         self.batch, self.seq_len, self.hq, self.hkv = batch, seq_len, hq, hkv
         self.use_codec(next(iter(CODECS.values())))
         lay = self.layout
@@ -166,7 +170,12 @@ class Setup:
         # as ops.allocate_cache lays it out (allocate_compressed_cache: padded rows, strided views)
         def caches() -> tuple[torch.Tensor, torch.Tensor]:
             width, bands = lay.n_code_bytes, lay.n_bands
-            codes, scales = allocate_compressed_cache(batch, hkv, capacity, width, bands, device)
+            if row_positions is None:
+                codes, scales = allocate_compressed_cache(batch, hkv, capacity, width, bands, device)
+            else:  # rows of exactly row_positions positions (the same view of `capacity`)
+                codes = torch.empty(batch, hkv, row_positions, width, dtype=torch.uint8, device=device)
+                scales = torch.empty(batch, hkv, row_positions, bands, dtype=torch.float16, device=device)
+                codes, scales = codes[:, :, :capacity], scales[:, :, :capacity]
             return codes.random_(0, 256), scales.uniform_(0.5, 1.5)
 
         def exact() -> torch.Tensor:

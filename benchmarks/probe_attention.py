@@ -256,9 +256,10 @@ def main() -> None:
         return
     configs = json.loads(pathlib.Path(a.configs).read_text())
     parsed = [tuple(map(int, x.split(","))) for x in a.shapes.split(";")]
-    if any(len(t) not in (2, 3) for t in parsed) or (a.mode != "grid" and any(len(t) == 3 for t in parsed)):
+    if any(len(t) not in (2, 3, 4) for t in parsed) or (a.mode != "grid" and any(len(t) > 2 for t in parsed)):
         raise SystemExit(
-            f"--shapes takes B,N pairs (grid: also B,N,CAPACITY, a cache longer than N), got {a.shapes!r}"
+            "--shapes takes B,N pairs (grid: also B,N,CAPACITY, a cache longer than N, and "
+            f"B,N,CAPACITY,ROWS, caches allocated in rows of ROWS positions), got {a.shapes!r}"
         )
     shapes = [t[:2] for t in parsed]
     if a.mode == "kernels":  # torch.profiler: mean us per call of each kernel, per shape and config
@@ -313,8 +314,9 @@ def main() -> None:
         return
     precompile(configs)
     setups = []
-    for b, n, *capacity in parsed:  # a third number: the caches' capacity, past the length
-        s = ba.Setup(b, n, ba.HQ, ba.HKV, "cuda", smoke=False, capacity=capacity[0] if capacity else None)
+    for b, n, *more in parsed:  # the caches' capacity, past the length; the positions of their rows
+        capacity, rows = (more + [None, None])[:2]
+        s = ba.Setup(b, n, ba.HQ, ba.HKV, "cuda", smoke=False, capacity=capacity, row_positions=rows)
         s.use_codec(UNIFORM)
         s.dense.clear()
         setups.append(s)
