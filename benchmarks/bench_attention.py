@@ -147,7 +147,7 @@ class Setup:
     ):
         # capacity: the caches' positions (default seq_len); longer caches change their strides,
         # not the bytes a call reads. row_positions: the positions allocated per (sequence, kv head)
-        # row (default: as the package allocates, codec.cache_row_positions), to compare layouts
+        # row (default: the capacity, as the package allocates), to compare layouts
         if capacity is not None and capacity < seq_len:
             raise ValueError(f"a cache of capacity {capacity} cannot hold {seq_len} positions")
         capacity = seq_len if capacity is None else capacity
@@ -167,15 +167,12 @@ class Setup:
         self.copies = []
 
         # any bytes are valid codes: random codes and scales give a representative cache, laid out
-        # as ops.allocate_cache lays it out (allocate_compressed_cache: padded rows, strided views)
+        # as ops.allocate_cache lays it out (allocate_compressed_cache; rows of row_positions if asked)
         def caches() -> tuple[torch.Tensor, torch.Tensor]:
             width, bands = lay.n_code_bytes, lay.n_bands
-            if row_positions is None:
-                codes, scales = allocate_compressed_cache(batch, hkv, capacity, width, bands, device)
-            else:  # rows of exactly row_positions positions (the same view of `capacity`)
-                codes = torch.empty(batch, hkv, row_positions, width, dtype=torch.uint8, device=device)
-                scales = torch.empty(batch, hkv, row_positions, bands, dtype=torch.float16, device=device)
-                codes, scales = codes[:, :, :capacity], scales[:, :, :capacity]
+            codes, scales = allocate_compressed_cache(
+                batch, hkv, capacity, width, bands, device, row_positions
+            )
             return codes.random_(0, 256), scales.uniform_(0.5, 1.5)
 
         def exact() -> torch.Tensor:

@@ -95,7 +95,6 @@ def run(ctx: PassContext) -> PassResult:
         device = dense.device if dense is not None else m.val(kv.buffer).device
         dtype = m.dtype(kv.buffer)
         window_slots = codec_config.sinks + codec_config.window
-        # rows a little longer than the capacity where it is a multiple of 65,536 (views of it)
         codes, scales = allocate_compressed_cache(
             batch, heads, capacity, codec.n_code_bytes, codec.n_bands, device
         )

@@ -1,11 +1,12 @@
-"""Compressed caches whose rows are longer than their capacity (codec.cache_row_positions).
+"""Compressed caches as views into rows longer than their capacity.
 
-At capacities that are multiples of 65,536 the caches are views into slightly longer rows, so that
-(sequence, kv head) rows do not start a large power of two of bytes apart (the attention op ran
-at two speeds at 131,072 positions on an H200: benchmarks/RESULTS.md, thirtieth session). Every
-reader and writer must then follow the views' strides: a write into a silent contiguous copy, or
-a read that assumes rows of `capacity` positions, would be wrong without an error. These tests
-compare each op on the padded views with the same op on contiguous caches holding the same values.
+The ops take the caches' strides: a cache may be a view into longer rows (e.g.
+codec.allocate_compressed_cache(row_positions=...), or a slice of a larger buffer). A write into a
+silent contiguous copy, or a read that assumes rows of `capacity` positions, would be wrong without
+an error. These tests compare each op on such views with the same op on contiguous caches holding
+the same values. (The thirtieth session padded the package's caches at multiples of 65,536
+positions for speed; the thirty-first measured that padding no faster and removed it:
+benchmarks/RESULTS.md.)
 """
 
 from __future__ import annotations
@@ -15,12 +16,7 @@ import torch
 from wmoe_compile.kernels import wavelet_attention as wa
 
 import wmoe_compile.ops  # noqa: F401  registers the ops
-from wmoe_compile.codec import (
-    PADDED_CAPACITY_MULTIPLE,
-    allocate_compressed_cache,
-    cache_row_positions,
-    get_codec,
-)
+from wmoe_compile.codec import allocate_compressed_cache, get_codec
 from wmoe_compile.ops import attention as attention_ops
 from wmoe_compile.ops import kv_codec as ops
 
@@ -28,35 +24,22 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SPEC = "default;window=16;sinks=4"
 
 
-def test_row_positions_pad_multiples_of_65536_only():
-    assert PADDED_CAPACITY_MULTIPLE == 65536
-    assert cache_row_positions(131072) == 132096  # 1,024 more (measured on the H200)
-    assert cache_row_positions(65536) == 66048  # capacity / 128
-    assert cache_row_positions(262144) == 263168  # at most 1,024
-    for capacity in (1, 160, 1000, 4096, 32768, 131136):  # 32,768: measured unpadded, kept so
-        assert cache_row_positions(capacity) == capacity
-    assert cache_row_positions(4096, multiple=4096) == 4128  # what the tests below pad with
-    with pytest.raises(ValueError, match="at least 1"):
-        cache_row_positions(0)
-
-
-def test_allocated_caches_are_views_of_the_capacity_into_longer_rows():
+def test_allocated_caches_are_contiguous_unless_rows_are_asked_for():
     codec = get_codec(SPEC, 64)
-    codes, scales, exact = ops.allocate_cache(SPEC, 1, 2, 65536, 64, torch.float16, DEVICE)
-    assert codes.shape == (1, 2, 65536, codec.n_code_bytes) and scales.shape == (1, 2, 65536, codec.n_bands)
-    assert codes.stride() == (
-        2 * 66048 * codec.n_code_bytes,
-        66048 * codec.n_code_bytes,
-        codec.n_code_bytes,
-        1,
-    )
-    assert scales.stride() == (2 * 66048 * codec.n_bands, 66048 * codec.n_bands, codec.n_bands, 1)
-    assert not codes.is_contiguous() and exact.is_contiguous()
+    for capacity in (1000, 4096, 65536):
+        codes, scales, exact = ops.allocate_cache(SPEC, 1, 2, capacity, 64, torch.float16, DEVICE)
+        assert codes.shape == (1, 2, capacity, codec.n_code_bytes)
+        assert scales.shape == (1, 2, capacity, codec.n_bands)
+        assert codes.is_contiguous() and scales.is_contiguous() and exact.is_contiguous()
+    codes, scales = allocate_compressed_cache(1, 2, 4096, codec.n_code_bytes, codec.n_bands, DEVICE, 4128)
+    assert codes.shape == (1, 2, 4096, codec.n_code_bytes) and not codes.is_contiguous()
+    assert codes.stride() == (2 * 4128 * codec.n_code_bytes, 4128 * codec.n_code_bytes, codec.n_code_bytes, 1)
+    assert scales.stride() == (2 * 4128 * codec.n_bands, 4128 * codec.n_bands, codec.n_bands, 1)
     assert not codes.any() and not scales.any()
-    for capacity in (1000, 4096, 32768):
-        assert all(
-            t.is_contiguous() for t in ops.allocate_cache(SPEC, 1, 2, capacity, 64, torch.float16, DEVICE)
-        )
+    with pytest.raises(ValueError, match="cannot hold a capacity of 4096"):
+        allocate_compressed_cache(1, 2, 4096, codec.n_code_bytes, codec.n_bands, DEVICE, 4000)
+    with pytest.raises(ValueError, match="at least 1 position"):
+        allocate_compressed_cache(1, 2, 0, codec.n_code_bytes, codec.n_bands, DEVICE)
 
 
 def _filled_caches(batch: int, hkv: int, capacity: int, head_dim: int, step_backend: str):
@@ -64,10 +47,10 @@ def _filled_caches(batch: int, hkv: int, capacity: int, head_dim: int, step_back
     prefill of all but the last 3 positions (reference backend: the interpreter is slow), then
     two decode-sized writes at the rows' ends by ``step_backend``."""
     torch.manual_seed(0)
-    # padded as allocate_cache pads multiples of 65,536, at a size the interpreter runs quickly
+    # rows 1/128 longer than the capacity, at a size the interpreter runs quickly
     codec = get_codec(SPEC, head_dim)
     rows = allocate_compressed_cache(
-        batch, hkv, capacity, codec.n_code_bytes, codec.n_bands, DEVICE, multiple=4096
+        batch, hkv, capacity, codec.n_code_bytes, codec.n_bands, DEVICE, capacity + capacity // 128
     )
     exact = ops.allocate_cache(SPEC, batch, hkv, 1, head_dim, torch.float16, DEVICE)[2]
     padded = (*rows, exact)

@@ -412,27 +412,6 @@ def get_layout(spec: str, head_dim: int) -> CodecLayout:
     return codec_layout(WaveletKVConfig.from_spec(spec), head_dim)
 
 
-# capacities padded by cache_row_positions: multiples of this many positions (2^16)
-PADDED_CAPACITY_MULTIPLE = 65536
-
-
-def cache_row_positions(capacity: int, multiple: int = PADDED_CAPACITY_MULTIPLE) -> int:
-    """Positions allocated per (sequence, kv head) row of a compressed cache of ``capacity``
-    positions: 1/128 more (at most 1,024) where the capacity is a multiple of ``multiple``, so that
-    rows do not start a large power of two of bytes apart. Every (sequence, kv head) of a decode
-    step reads its row at once; at a 131,072-position capacity (scales rows 2^19 bytes apart) the
-    attention op ran at two speeds, 0.230-0.236 or 0.248-0.253 ms at (8, 131072) on an H200 (slow
-    in 20 of 40 rounds), and never slow with rows 64 or 1,024 positions longer (the latter 1-2%
-    faster still; benchmarks/RESULTS.md, thirtieth session). Capacities of 32,768 were not seen to
-    switch and keep their rows (not measured padded against unpadded). The caches are views of the
-    asked capacity into these rows (allocate_compressed_cache); readers and writers take strides."""
-    if capacity < 1 or multiple < 1:
-        raise ValueError(f"a cache needs a capacity and a multiple of at least 1, got {capacity}, {multiple}")
-    if capacity % multiple:
-        return capacity
-    return capacity + min(1024, max(capacity // 128, 1))
-
-
 def allocate_compressed_cache(
     batch: int,
     num_kv_heads: int,
@@ -440,13 +419,18 @@ def allocate_compressed_cache(
     n_code_bytes: int,
     n_bands: int,
     device: torch.device | str = "cpu",
-    multiple: int = PADDED_CAPACITY_MULTIPLE,
+    row_positions: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Zeroed (codes uint8 [B, Hkv, capacity, n_code_bytes], scales fp16 [B, Hkv, capacity,
-    n_bands]) of a compressed cache, each a view into rows of cache_row_positions(capacity)
-    positions (so not contiguous where those are longer: the write and read ops take strides).
-    ``multiple``: cache_row_positions' (tests pad small caches with it)."""
-    rows = cache_row_positions(capacity, multiple)
+    n_bands]) of a compressed cache: contiguous, or with ``row_positions`` (>= capacity) views of
+    the capacity into rows of that many positions (the write and read ops take strides; the tests
+    check them on such views). The package allocates contiguous caches: padded rows at 131,072
+    positions were measured no faster (benchmarks/RESULTS.md, thirty-first session)."""
+    if capacity < 1:
+        raise ValueError(f"a compressed cache needs a capacity of at least 1 position, got {capacity}")
+    rows = capacity if row_positions is None else row_positions
+    if rows < capacity:
+        raise ValueError(f"rows of {rows} positions cannot hold a capacity of {capacity}")
     codes = torch.zeros(batch, num_kv_heads, rows, n_code_bytes, dtype=torch.uint8, device=device)
     scales = torch.zeros(batch, num_kv_heads, rows, n_bands, dtype=torch.float16, device=device)
     return codes[:, :, :capacity], scales[:, :, :capacity]

@@ -192,9 +192,7 @@ def allocate_cache(
     dtype: torch.dtype,
     device: torch.device | str = "cpu",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Empty (codes, scales, exact) caches at compressed size for one of K or V of one layer (codes
-    and scales as views into slightly longer rows at capacities that are multiples of 65,536:
-    codec.cache_row_positions)."""
+    """Empty (codes, scales, exact) caches at compressed size for one of K or V of one layer."""
     c = get_codec(codec, head_dim)
     codes, scales = allocate_compressed_cache(
         batch, num_kv_heads, max_seq_len, c.n_code_bytes, c.n_bands, device
