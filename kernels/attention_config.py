@@ -171,6 +171,10 @@ class LaunchConfig:
     # 4.4-4.6 us for what is one round of loads and a small dot. Twenty-seventh session (4 rounds) at
     # (32, 32768): 1 / 2 / 8 warps +14.4% (the prologue 30.8 us) / +2.5% / +0.3%: 4
     prologue_warps: int = 4
+    # with pdl: the prologue itself launched as a programmatic dependent of the kernel before it in
+    # the stream (the previous op, or the previous call's merge), waiting in-kernel before it reads
+    # the query, so its launch overlaps that kernel's end instead of following it
+    prologue_waits: bool = False
     # _prologue_heads_kernel's query rows a program (the dot's M: 16 sequences' 4-row blocks at
     # 64). Measured 2026-12-01 (H200, torch.profiler): one program per sequence took 12.8 us at
     # (32, 32768), 64-row tiles 4.8 us (the op 0.3150 -> 0.3064 ms). Twenty-seventh session (4
@@ -396,6 +400,11 @@ class LaunchConfig:
                 f"(block_n={self.block_n}), got {self.value_subnormals_max_split_tokens}"
             )
         hints = ("value_copies_l2_256b", "plain_loads_l2_256b")
+        if self.prologue_waits and not self.pdl:
+            raise ValueError(
+                "LaunchConfig.prologue_waits launches the prologue with programmatic dependent launch: "
+                "it needs pdl=True"
+            )
         if self.query_in_split and self.loads_before_pdl_wait:
             raise ValueError(
                 "LaunchConfig.query_in_split reads the query after the PDL wait: it needs "

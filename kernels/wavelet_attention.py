@@ -1370,6 +1370,7 @@ if HAS_TRITON:
         D_CHUNK: tl.constexpr,
         PRECISION: tl.constexpr = "tf32x3",  # LaunchConfig.prologue_precision
         PDL: tl.constexpr = False,  # launched with programmatic dependent launch (see _pdl)
+        WAIT: tl.constexpr = False,  # itself a programmatic dependent (LaunchConfig.prologue_waits)
     ):
         """q_w = M_h (q * s_k) * qk_scale * step in fp16 for D_CHUNK of the S kernel slots (D for
         v1, padded field planes for v2) per program, and that chunk's share of each band's score
@@ -1377,6 +1378,8 @@ if HAS_TRITON:
         short batch still spreads over many programs. The split kernels add the chunk shares."""
         if PDL:  # the split kernel may launch now: it waits for this kernel before reading qw/qc
             tl.extra.cuda.gdc_launch_dependents()
+        if WAIT:  # the kernel before this one (it may write q, or read qw/qc) has finished
+            tl.extra.cuda.gdc_wait()
         pid = tl.program_id(0)
         chunk = tl.program_id(1)
         row_block = pid % n_row_blocks
@@ -1436,6 +1439,7 @@ if HAS_TRITON:
         ROWS: tl.constexpr,
         PRECISION: tl.constexpr = "tf32x3",  # LaunchConfig.prologue_precision
         PDL: tl.constexpr = False,  # launched with programmatic dependent launch (see _pdl)
+        WAIT: tl.constexpr = False,  # itself a programmatic dependent (LaunchConfig.prologue_waits)
     ):
         """_prologue_kernel for one row block per (sequence, kv head) (decode): the query rows of
         ROWS / BLOCK_M sequences that share a kv head's M go through one [ROWS, D] x [D, D_CHUNK]
@@ -1444,6 +1448,8 @@ if HAS_TRITON:
         multiply-adds; at B = 32 that was 13 us of issue (ncu, H200) for a kernel that reads 1 MB."""
         if PDL:  # the split kernel may launch now: it waits for this kernel before reading qw/qc
             tl.extra.cuda.gdc_launch_dependents()
+        if WAIT:  # the kernel before this one (it may write q, or read qw/qc) has finished
+            tl.extra.cuda.gdc_wait()
         kv_head = tl.program_id(0)
         tile = tl.program_id(1)
         chunk = tl.program_id(2)
@@ -2903,6 +2909,14 @@ def _dependent(pdl: bool) -> dict:
     return {"PDL": True, "launch_pdl": True} if pdl else {}
 
 
+def _prologue_pdl(pdl: bool, config: LaunchConfig) -> dict:
+    """Launch keywords of the prologue: with PDL it lets the split kernel launch at once, and with
+    LaunchConfig.prologue_waits it is itself launched early and waits for the kernel before it."""
+    if not pdl:
+        return {}
+    return {"PDL": True, "WAIT": True, "launch_pdl": True} if config.prologue_waits else {"PDL": True}
+
+
 _SIDE_STREAMS = _side.STREAMS  # the shared second stream (kernels/side_stream.py)
 _side_stream = _side.side_stream
 
@@ -3305,7 +3319,7 @@ def wavelet_attention_triton(
             ROWS=config.prologue_tile_rows,
             PRECISION=config.prologue_precision,
             num_warps=config.prologue_warps,
-            **({"PDL": True} if pdl else {}),
+            **_prologue_pdl(pdl, config),
         )
     else:
         launch(
@@ -3335,7 +3349,7 @@ def wavelet_attention_triton(
             D_CHUNK=d_chunk,
             PRECISION=config.prologue_precision,
             num_warps=config.prologue_warps,
-            **({"PDL": True} if pdl else {}),
+            **_prologue_pdl(pdl, config),
         )
     # overlap_exact: the exact-token kernel's stream forks after the prologue and joins back
     # before the reduce; the kernel is enqueued after the split kernel, so the split's programs

@@ -1137,6 +1137,33 @@ def test_gpu_programmatic_dependent_launch_equals_the_ordinary_launch_also_in_a_
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("batch", [5, 17])  # the per-sequence prologue; the per-kv-head one (68 rows)
+def test_gpu_prologue_waits_for_the_kernel_that_writes_the_query_also_in_a_cuda_graph(batch):
+    # LaunchConfig.prologue_waits launches the prologue before the kernel ahead of it has finished;
+    # it waits in-kernel before reading the query. In a graph whose first kernel writes the query,
+    # a missing wait would transform an old query: every replay must equal a plain launch on the new one
+    lens = ([4096, 1, 1000, 2049, 133] * 4)[:batch]
+    codec, args = make_case(UNIFORM_REAL, batch, 2, 4, 1, 128, lens, 4096, torch.bfloat16, "cuda", "full")
+    tuned = dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], query_in_split=False)  # a prologue
+    waits = dataclasses.replace(tuned, prologue_waits=True)
+    want = _run_triton(args, codec, 128**-0.5, config=tuned)
+    assert torch.equal(_run_triton(args, codec, 128**-0.5, config=waits), want)
+    assert rel_err(want, dense_reference(codec, args, 128**-0.5)) <= 1e-2
+    source = torch.randn_like(args[0])
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        args[0].copy_(source)  # the kernel before the prologue writes the query
+        captured = _run_triton(args, codec, 128**-0.5, config=waits)
+    for round_ in range(3):
+        source.copy_(torch.randn_like(source))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(args[0], source)
+        assert torch.equal(captured, _run_triton(args, codec, 128**-0.5, config=tuned)), round_
+    assert not K._V3_FAILURE, K._V3_FAILURE
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize(
     "plan", [K.SplitPlan(7, 83, 510, split_major=True), K.SplitPlan(3, 5, 12, split_major=True)]
 )
