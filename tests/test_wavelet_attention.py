@@ -1108,8 +1108,11 @@ def test_gpu_programmatic_dependent_launch_equals_the_ordinary_launch_also_in_a_
     codec, args = make_case(
         UNIFORM_REAL, batch, 2, 4, 1, 128, lens[:batch], 4096, torch.bfloat16, "cuda", "full"
     )
-    config = dataclasses.replace(config, pdl=False)  # the tuned configs launch with PDL
-    pdl = dataclasses.replace(config, pdl=True)
+    # the tuned configs launch with PDL; the one-sequence config chains its exact-token kernel with
+    # it (exact_in_chain), which without PDL runs in order after the split kernel
+    chain = config.exact_in_chain
+    config = dataclasses.replace(config, pdl=False, exact_in_chain=False, prologue_waits=False)
+    pdl = dataclasses.replace(config, pdl=True, exact_in_chain=chain)
     assert K._pdl(pdl, args[0].device), "the H200 has programmatic dependent launch"
     ordinary = _run_triton(args, codec, 128**-0.5, config=config)
     assert torch.equal(_run_triton(args, codec, 128**-0.5, config=pdl), ordinary)
