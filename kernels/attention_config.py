@@ -174,9 +174,10 @@ class LaunchConfig:
     # with pdl: the prologue itself launched as a programmatic dependent of the kernel before it in
     # the stream (the previous op, or the previous call's merge), waiting in-kernel before it reads
     # the query, so its launch overlaps that kernel's end instead of following it. Thirty-first
-    # session (H200, probe_prologue_waits_31.json, 4 grid rounds against the tuned config): -0.9%
-    # (-1.7 .. +0.5) / -0.4% (-1.8 .. +3.4) / -1.6% (-2.4 .. +3.6) at (8, 131072) / (32, 32768) / (8,
-    # 32768): tuned on
+    # session (H200, probe_prologue_waits_31.json, 4 grid rounds against the tuned config, two
+    # machines): -0.9% (-1.7 .. +0.5) / -0.4% (-1.8 .. +3.4) / -1.6% (-2.4 .. +3.6) at (8, 131072) /
+    # (32, 32768) / (8, 32768), then +0.1% / +0.0% / -0.3% on a steadier machine: no measurable
+    # gain, off
     prologue_waits: bool = False
     # _prologue_heads_kernel's query rows a program (the dot's M: 16 sequences' 4-row blocks at
     # 64). Measured 2026-12-01 (H200, torch.profiler): one program per sequence took 12.8 us at
@@ -673,7 +674,6 @@ TUNED_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
         channel_merge_channels=64,
         query_in_split=True,  # no prologue where the split launch is one wave
         query_in_split_waves=1,
-        prologue_waits=True,  # where a prologue runs, it launches early (thirty-first session)
     ),
     (128, 4, "table"): LaunchConfig(
         block_n=32, num_stages=3, ctas_per_sm=32.0, min_split_tokens=512, kernel="v1"
