@@ -151,8 +151,6 @@ class Setup:
         if capacity is not None and capacity < seq_len:
             raise ValueError(f"a cache of capacity {capacity} cannot hold {seq_len} positions")
         capacity = seq_len if capacity is None else capacity
-        if row_positions is not None and row_positions < capacity:
-            raise ValueError(f"rows of {row_positions} positions cannot hold a capacity of {capacity}")
         self.batch, self.seq_len, self.hq, self.hkv = batch, seq_len, hq, hkv
         self.use_codec(next(iter(CODECS.values())))
         lay = self.layout
