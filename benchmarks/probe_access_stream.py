@@ -39,10 +39,14 @@ from triton.experimental import gluon  # noqa: E402
 from triton.experimental.gluon import language as gl  # noqa: E402
 from triton.experimental.gluon.language.nvidia.ampere import async_copy  # noqa: E402
 
+_async_load = G._async_load
+
 _A = G._A
 _TOKEN_ROWS_8B = G._TOKEN_ROWS_8B
 _TILE = G._TILE
 _SCALE_PAIRS = G._SCALE_PAIRS
+_ROW_COPY = G._ROW_COPY  # [tokens, 32 int16]: 16 bytes a lane, 4 lanes a row
+_ROW_TILE = G._ROW_TILE
 _LANES = G._LANES
 
 
@@ -66,9 +70,10 @@ def _stream_item(
     KEYS: gl.constexpr,
     VALUES: gl.constexpr,
     SCALES: gl.constexpr,
+    ROWS16: gl.constexpr,
 ):
     """One (split, pair) of _stream_kernel: the XOR of what it read."""
-    _, _, v4s, v2s = ring
+    _, vrows, v4s, v2s = ring
     pair = pair.to(gl.int64)
     kcodes = (kc_ptr + pair * n_tokens * CODE_ROW * 2).to(gl.pointer_type(gl.int16), bitcast=True)
     vcodes = (vc_ptr + pair * n_tokens * CODE_ROW * 2).to(gl.pointer_type(gl.int16), bitcast=True)
@@ -79,15 +84,29 @@ def _stream_item(
     last = hi - BLOCK_N
     kt = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, _A))
     vt = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, _TOKEN_ROWS_8B))
+    rt = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, _ROW_COPY))
+    rc = gl.arange(0, 32, layout=gl.SliceLayout(0, _ROW_COPY))
+    rc = gl.max_contiguous(gl.multiple_of(rc, 8), 8)
+    in_row = (rc < 2 * CODE_ROW)[None, :] & (rt >= 0)[:, None]  # a 48-byte row is 3 of 4 lanes' chunks
     st = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, _SCALE_PAIRS))
     total = split * 0
     if VALUES:
         for i in gl.static_range(STAGES - 1):
-            ahead = gl.minimum(lo + i * BLOCK_N, last)
-            G._issue_stage(
-                ring, i, vcodes, vcodes + ahead * CODE_ROW, vt, CODE_ROW, E4, E2, False, True, False, True
+            _issue_values(
+                ring,
+                i,
+                vcodes + gl.minimum(lo + i * BLOCK_N, last) * CODE_ROW,
+                vt,
+                rt,
+                rc,
+                in_row,
+                CODE_ROW,
+                E4,
+                E2,
+                ROWS16,
             )
         xv = gl.zeros([BLOCK_N, 16], gl.int16, layout=_TOKEN_ROWS_8B)
+        xr = gl.zeros([BLOCK_N, 32], gl.int16, layout=_ROW_COPY)
     if KEYS:
         k4, k2 = G._load_key_words(kcodes + lo * CODE_ROW, kt, CODE_ROW, E4, E2, True, True, True)
         xk4 = k4 ^ k4
@@ -102,9 +121,7 @@ def _stream_item(
         if VALUES:  # (the op issues its copies at the step's start too)
             ahead = gl.minimum(start + (STAGES - 1) * BLOCK_N, last)
             slot = (step + STAGES - 1) % STAGES
-            G._issue_stage(
-                ring, slot, vcodes, vcodes + ahead * CODE_ROW, vt, CODE_ROW, E4, E2, False, True, False, True
-            )
+            _issue_values(ring, slot, vcodes + ahead * CODE_ROW, vt, rt, rc, in_row, CODE_ROW, E4, E2, ROWS16)
         if SCALES:  # this step's pairs are folded, the next step's loaded
             xs = xs ^ kp.to(gl.int16, bitcast=True) ^ vp.to(gl.int16, bitcast=True)
             kp = G._load_scale_pairs(kscales, nxt + st, SCALE_ROW)
@@ -116,15 +133,52 @@ def _stream_item(
         if VALUES:
             async_copy.wait_group(STAGES - 1)
             cur = step % STAGES
-            xv = xv ^ v4s.index(cur).load(_TOKEN_ROWS_8B) ^ v2s.index(cur).load(_TOKEN_ROWS_8B)
+            if ROWS16:
+                xr = xr ^ vrows.index(cur).load(_ROW_COPY)
+            else:
+                xv = xv ^ v4s.index(cur).load(_TOKEN_ROWS_8B) ^ v2s.index(cur).load(_TOKEN_ROWS_8B)
     async_copy.wait_group(0)
     if KEYS:
         total += gl.sum(gl.sum(xk4 ^ k4, axis=1), axis=0) + gl.sum(gl.sum(xk2 ^ k2, axis=1), axis=0)
     if SCALES:
         total += gl.sum(gl.sum((xs ^ kp.to(gl.int16, bitcast=True)).to(gl.int32), axis=1), axis=0)
     if VALUES:
-        total += gl.sum(gl.sum(xv.to(gl.int32), axis=1), axis=0)
+        total += gl.sum(gl.sum(xv.to(gl.int32), axis=1), axis=0) + gl.sum(
+            gl.sum(xr.to(gl.int32), axis=1), axis=0
+        )
     return total
+
+
+@gluon.jit
+def _issue_values(
+    ring,
+    stage,
+    first,
+    vt,
+    rt,
+    rc,
+    in_row,
+    CODE_ROW: gl.constexpr,
+    E4: gl.constexpr,
+    E2: gl.constexpr,
+    ROWS16: gl.constexpr,
+):
+    """The value rows of the step at `first` into ring stage `stage`: by _copy_rows (ROWS16) or as
+    the op issues them (G._issue_stage: 8-byte cp.async.ca band copies)."""
+    if ROWS16:
+        _copy_rows(ring[1], stage, first, rt, rc, in_row, CODE_ROW)
+    else:
+        G._issue_stage(ring, stage, first, first, vt, CODE_ROW, E4, E2, False, True, False, True)
+
+
+@gluon.jit
+def _copy_rows(vrows, stage, first, rt, rc, in_row, CODE_ROW: gl.constexpr):
+    """ROWS16: BLOCK_N whole code rows from `first` into stage `stage` of vrows ([STAGES, tokens, 32]
+    int16) by 16-byte cp.async (L2 only), lanes along (row, 16-byte chunk): each warp instruction
+    covers 8 contiguous rows, every sector requested once; the fourth chunk of a 64-byte smem row
+    has no source (masked)."""
+    _async_load(vrows.index(stage), first + rt[:, None] * CODE_ROW + rc[None, :], mask=in_row)
+    async_copy.commit_group()
 
 
 @gluon.jit
@@ -147,17 +201,24 @@ def _stream_kernel(
     KEYS: gl.constexpr,  # the key words, a step ahead (as KEYS_AHEAD, with pairs and the hint)
     VALUES: gl.constexpr,  # the value rows by 8-byte cp.async.ca into the ring
     SCALES: gl.constexpr,  # both scale pairs, a step ahead
+    ROWS16: gl.constexpr,  # the value rows by 16-byte copies of whole rows instead (no L1)
 ):
     unused = gl.allocate_shared_memory(gl.int16, [1, BLOCK_N, 16], _TILE)  # the ring's key slots
-    v4s = gl.allocate_shared_memory(gl.int16, [STAGES, BLOCK_N, 16], _TILE)
-    v2s = gl.allocate_shared_memory(gl.int16, [STAGES, BLOCK_N, 16], _TILE)
+    if ROWS16:
+        vrows = gl.allocate_shared_memory(gl.int16, [STAGES, BLOCK_N, 32], _ROW_TILE)
+        v4s = unused
+        v2s = unused
+    else:
+        vrows = unused
+        v4s = gl.allocate_shared_memory(gl.int16, [STAGES, BLOCK_N, 16], _TILE)
+        v2s = gl.allocate_shared_memory(gl.int16, [STAGES, BLOCK_N, 16], _TILE)
     # the op's blocks in its order (consecutive blocks: consecutive splits of a pair), taken in
     # turn by a grid of as many programs as the launch keeps resident
     for item in range(gl.program_id(0), n_items, gl.num_programs(0)):
         split = item % splits
         pair = item // splits
         total = _stream_item(
-            (unused, unused, v4s, v2s),
+            (unused, vrows, v4s, v2s),
             kc_ptr,
             ks_ptr,
             vc_ptr,
@@ -175,12 +236,20 @@ def _stream_kernel(
             KEYS,
             VALUES,
             SCALES,
+            ROWS16,
         )
         gl.store(out_ptr + item, total)
 
 
 def stream_calls(
-    setup: ba.Setup, splits: int, stages: int, keys: bool, values: bool, scales: bool, per_sm: int
+    setup: ba.Setup,
+    splits: int,
+    stages: int,
+    keys: bool,
+    values: bool,
+    scales: bool,
+    per_sm: int,
+    rows16: bool = False,
 ) -> tuple[list, int]:
     """One closure per cache copy of setup (rotated, as the op's timing does), each streaming
     whole 64-token steps of every (sequence, kv head) over `splits` splits, with per_sm programs an
@@ -223,6 +292,7 @@ def stream_calls(
                 KEYS=keys,
                 VALUES=values,
                 SCALES=scales,
+                ROWS16=rows16,
                 num_warps=1,
             )
 
@@ -231,16 +301,18 @@ def stream_calls(
 
 
 # (name, stages, keys, values, scales, programs per SM: 12 is the op's count at 168 registers, 0 as
-# many as fit; a value stage takes 4 KB of shared memory)
+# many as fit, value rows by 16-byte copies of whole rows instead of the op's 8-byte band copies; a
+# value stage takes 4 KB of shared memory)
 VARIANTS = [
-    ("op's loads, values 1 step ahead", 2, True, True, True, 12),
-    ("op's loads, values 3 steps ahead", 4, True, True, True, 12),
-    ("op's loads, values 1 step ahead", 2, True, True, True, 0),
-    ("keys + scales", 2, True, False, True, 12),
-    ("values + scales, 1 step ahead", 2, False, True, True, 12),
-    ("values + scales, 3 steps ahead", 4, False, True, True, 12),
-    ("values, 1 step ahead", 2, False, True, False, 0),
-    ("keys", 2, True, False, False, 0),
+    ("op's loads, values 1 step ahead", 2, True, True, True, 12, False),
+    ("op's loads, 16-byte value rows 1 step ahead", 2, True, True, True, 12, True),
+    ("op's loads, 16-byte value rows 3 steps ahead", 4, True, True, True, 12, True),
+    ("values + scales, 1 step ahead", 2, False, True, True, 12, False),
+    ("values + scales, 16-byte rows 1 step ahead", 2, False, True, True, 12, True),
+    ("values + scales, 16-byte rows 3 steps ahead", 4, False, True, True, 12, True),
+    ("values, 1 step ahead", 2, False, True, False, 0, False),
+    ("values, 16-byte rows 1 step ahead", 2, False, True, False, 0, True),
+    ("keys", 2, True, False, False, 0, False),
 ]
 
 
@@ -264,8 +336,8 @@ def main() -> None:
         whole = k_codes.shape[0] * k_codes.shape[1] * k_codes.shape[2] * 2 * (k_codes.shape[3] + 4)
         floor_calls = read_floor.read_calls(s, splits, 1, 512)  # every token of both caches
         measured[f"coalesced read, {splits} splits"] = (lambda c=floor_calls: ba.time_calls(c, False), whole)
-        for name, stages, keys, values, scales, per_sm in VARIANTS:
-            calls, nbytes = stream_calls(s, splits, stages, keys, values, scales, per_sm)
+        for name, stages, keys, values, scales, per_sm, rows16 in VARIANTS:
+            calls, nbytes = stream_calls(s, splits, stages, keys, values, scales, per_sm, rows16)
             name = f"{name}, {per_sm}/SM" if per_sm else f"{name}, every block launched"
             measured[name] = (lambda calls=calls: ba.time_calls(calls, False), nbytes)
         for rnd in range(2):  # two rounds, the order unchanged: the spread between them shows
