@@ -135,6 +135,7 @@ def compile_v3(args: argparse.Namespace) -> tuple[str, str, int, str]:
         STEP_LOAD_FENCES=args.step_load_fences,
         KEY_PREFETCH_STEPS=args.key_rows_l2_prefetch_steps,
         VALUE_PREFETCH_STEPS=args.value_rows_l2_prefetch_steps,
+        START_STAGGER_NS=args.start_stagger_ns,
     )
     pointer_types = dict(qw_ptr="*fp16", kc_ptr="*u8", vc_ptr="*u8", ks_ptr="*fp16", vs_ptr="*fp16")
     pointer_types.update(seq_lens_ptr="*i32", slot_coef_ptr="*i32", vt_ptr="*i32", qt_ptr="*i32")
@@ -302,6 +303,7 @@ def main() -> None:
     )
     p.add_argument("--key-rows-l2-prefetch-steps", type=int, default=0, help="key_rows_l2_prefetch_steps")
     p.add_argument("--value-rows-l2-prefetch-steps", type=int, default=0, help="value_rows_l2_prefetch_steps")
+    p.add_argument("--start-stagger-ns", type=int, default=0, help="start_stagger_ns")
     p.add_argument(
         "--without",
         action="append",

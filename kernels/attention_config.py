@@ -220,6 +220,10 @@ class LaunchConfig:
     # so that ptxas issues those loads where the source does (before the key MMAs, before the
     # softmax) rather than later in the step
     step_load_fences: bool = False
+    # v3: each split program sleeps 0, 1/3, 2/3 or all of this many ns (by a hash of its block
+    # index) before its first step, so that programs which start together (a wave) do not issue
+    # their steps' loads and MMAs in lockstep. 0: none
+    start_stagger_ns: int = 0
     # v3: each step loads one word per 256-byte block of the next step's value rows with the
     # L2::256B hint (so a miss fills the block for the next step's copies) and folds the previous
     # step's words into a sink kept alive by a store no run makes (prepared in the seventeenth
@@ -425,11 +429,11 @@ class LaunchConfig:
                 "LaunchConfig.query_in_split reads the query after the PDL wait: it needs "
                 f"loads_before_pdl_wait=0, got {self.loads_before_pdl_wait}"
             )
-        for name in ("key_rows_l2_prefetch_steps", "value_rows_l2_prefetch_steps"):
+        for name in ("key_rows_l2_prefetch_steps", "value_rows_l2_prefetch_steps", "start_stagger_ns"):
             steps = getattr(self, name)
             if steps < 0 or (steps and self.kernel != "v3"):
                 raise ValueError(
-                    f"LaunchConfig.{name} is a v3 option taking a step count >= 0 (0: off), got "
+                    f"LaunchConfig.{name} is a v3 option taking a count >= 0 (0: off), got "
                     f"{steps} with kernel={self.kernel!r}"
                 )
         extras = ("zero_padding_p", "value_subnormals", "counted_steps", "step_load_fences")
@@ -809,6 +813,7 @@ V3_ONLY_OPTIONS = (
     "key_rows_l2_prefetch_steps",
     "value_rows_l2_prefetch_steps",
     "step_load_fences",
+    "start_stagger_ns",
     "fill_value_rows_l2",
     "value_copies_l2_256b",
     "plain_loads_l2_256b",

@@ -3119,6 +3119,7 @@ def _launch_v3(
         KEY_PREFETCH_STEPS=config.key_rows_l2_prefetch_steps,
         VALUE_PREFETCH_STEPS=config.value_rows_l2_prefetch_steps,
         STEP_LOAD_FENCES=config.step_load_fences,
+        START_STAGGER_NS=config.start_stagger_ns,
         FILL_VALUE_ROWS_L2=config.fill_value_rows_l2,
         VALUE_COPIES_L2_256B=config.value_copies_l2_256b,
         PLAIN_LOADS_L2_256B=config.plain_loads_l2_256b,

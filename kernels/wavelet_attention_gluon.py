@@ -379,6 +379,17 @@ if HAS_GLUON:
         )
 
     @gluon.jit
+    def _stagger(block, MAX_NS: gl.constexpr):
+        """START_STAGGER_NS: sleep 0, 1/3, 2/3 or all of MAX_NS ns (nanosleep: about that long),
+        chosen by a multiplicative hash of the block index, so that both the blocks of one SM
+        (indices 132 apart on the H200) and neighbouring blocks get different delays."""
+        quarter = ((block * 40503) >> 10) & 3
+        ns = gl.full([32], 0, gl.int32, layout=_LANES) + quarter * (MAX_NS // 3)
+        gl.inline_asm_elementwise(
+            "nanosleep.u32 $1; mov.b32 $0, 0;", "=r,r", [ns], dtype=gl.int32, is_pure=False, pack=1
+        )
+
+    @gluon.jit
     def _warp_fence():
         """STEP_LOAD_FENCES: a bar.sync (one warp a program: no wait), which ptxas does not move
         loads across: the loads before it are issued before it, and nothing waits for their data.
@@ -1149,6 +1160,8 @@ if HAS_GLUON:
         # ahead (LaunchConfig.key_rows_l2_prefetch_steps, value_rows_l2_prefetch_steps; 0: none)
         KEY_PREFETCH_STEPS: gl.constexpr = 0,
         VALUE_PREFETCH_STEPS: gl.constexpr = 0,
+        # each program sleeps up to this many ns before its first step (LaunchConfig.start_stagger_ns)
+        START_STAGGER_NS: gl.constexpr = 0,
     ):
         """One (split, sequence, kv head, row block): online softmax over a range of compressed
         tokens in the coefficient domain; grid (num_splits, programs), or (programs, num_splits)
@@ -1286,6 +1299,8 @@ if HAS_GLUON:
         state = (m0,) + (acc0,) * 11
         # ---- full steps: every token below every row's limit, no masks or clamps. The tiles of
         # step i + STAGES - 1 are in flight while step i computes; scales one step ahead.
+        if START_STAGGER_NS > 0:
+            _stagger(split * gl.num_programs(1) + pid, START_STAGGER_NS)
         if full_hi > lo:
             last_full = full_hi - BLOCK_N
             for i in gl.static_range(STAGES - 1):

@@ -974,6 +974,7 @@ def test_gpu_v3_layout_options_leave_the_result_bit_identical():
         {"key_rows_l2_prefetch_steps": 1},
         {"value_rows_l2_prefetch_steps": 2},
         {"key_rows_l2_prefetch_steps": 2, "value_rows_l2_prefetch_steps": 1, "step_load_fences": True},
+        {"start_stagger_ns": 2000},  # (a sleep before the first step)
     )
     for stages in (1, 2):
         ring = dataclasses.replace(tuned, num_stages=stages)
