@@ -132,10 +132,6 @@ def compile_v3(args: argparse.Namespace) -> tuple[str, str, int, str]:
         TRANSFORM_IN_SPLIT=args.transform_in_split,
         QUERY_IN_SPLIT=args.query_in_split,
         PHASE_CLOCKS=args.phase_clocks,
-        STEP_LOAD_FENCES=args.step_load_fences,
-        KEY_PREFETCH_STEPS=args.key_rows_l2_prefetch_steps,
-        VALUE_PREFETCH_STEPS=args.value_rows_l2_prefetch_steps,
-        START_STAGGER_NS=args.start_stagger_ns,
     )
     pointer_types = dict(qw_ptr="*fp16", kc_ptr="*u8", vc_ptr="*u8", ks_ptr="*fp16", vs_ptr="*fp16")
     pointer_types.update(seq_lens_ptr="*i32", slot_coef_ptr="*i32", vt_ptr="*i32", qt_ptr="*i32")
@@ -296,14 +292,6 @@ def main() -> None:
         action="store_true",
         help="the probe's globaltimer stamps (LaunchConfig.phase_clocks): what they add to the step",
     )
-    p.add_argument(
-        "--step-load-fences",
-        action="store_true",
-        help="bar.warp.sync fences holding the value copies and the next key loads early (step_load_fences)",
-    )
-    p.add_argument("--key-rows-l2-prefetch-steps", type=int, default=0, help="key_rows_l2_prefetch_steps")
-    p.add_argument("--value-rows-l2-prefetch-steps", type=int, default=0, help="value_rows_l2_prefetch_steps")
-    p.add_argument("--start-stagger-ns", type=int, default=0, help="start_stagger_ns")
     p.add_argument(
         "--without",
         action="append",

@@ -209,21 +209,6 @@ class LaunchConfig:
     # v3: each step prefetches the next step's value rows into L2 (prefetch.global.L2, one 128-byte
     # line a lane), so the next step's copies find them there
     prefetch_value_rows: bool = False
-    # v3: each full step bulk-prefetches into L2 the key (value) code rows of the step this many
-    # steps ahead (cp.async.bulk.prefetch.L2: one instruction a cache, issued by one lane; no
-    # register waits for it), so that the step's own loads, issued late in the step before
-    # (thirty-second session's SASS: the next step's key words about 270 instructions before their
-    # use, the value copies about 250), find them in L2. 0: none
-    key_rows_l2_prefetch_steps: int = 0
-    value_rows_l2_prefetch_steps: int = 0
-    # v3: bar.sync fences after the full step's value copies and after the next step's key loads,
-    # so that ptxas issues those loads where the source does (before the key MMAs, before the
-    # softmax) rather than later in the step
-    step_load_fences: bool = False
-    # v3: each split program sleeps 0, 1/3, 2/3 or all of this many ns (by a hash of its block
-    # index) before its first step, so that programs which start together (a wave) do not issue
-    # their steps' loads and MMAs in lockstep. 0: none
-    start_stagger_ns: int = 0
     # v3: each step loads one word per 256-byte block of the next step's value rows with the
     # L2::256B hint (so a miss fills the block for the next step's copies) and folds the previous
     # step's words into a sink kept alive by a store no run makes (prepared in the seventeenth
@@ -429,14 +414,7 @@ class LaunchConfig:
                 "LaunchConfig.query_in_split reads the query after the PDL wait: it needs "
                 f"loads_before_pdl_wait=0, got {self.loads_before_pdl_wait}"
             )
-        for name in ("key_rows_l2_prefetch_steps", "value_rows_l2_prefetch_steps", "start_stagger_ns"):
-            steps = getattr(self, name)
-            if steps < 0 or (steps and self.kernel != "v3"):
-                raise ValueError(
-                    f"LaunchConfig.{name} is a v3 option taking a count >= 0 (0: off), got "
-                    f"{steps} with kernel={self.kernel!r}"
-                )
-        extras = ("zero_padding_p", "value_subnormals", "counted_steps", "step_load_fences")
+        extras = ("zero_padding_p", "value_subnormals", "counted_steps")
         extras += ("transform_in_split", "query_in_split", "phase_clocks", "split_major_grid")
         for name in ("prefetch_value_rows", "fill_value_rows_l2", *extras, *hints):
             if getattr(self, name) and self.kernel != "v3":
@@ -810,10 +788,6 @@ V3_ONLY_OPTIONS = (
     "phase_clocks",
     "split_major_grid",
     "prefetch_value_rows",
-    "key_rows_l2_prefetch_steps",
-    "value_rows_l2_prefetch_steps",
-    "step_load_fences",
-    "start_stagger_ns",
     "fill_value_rows_l2",
     "value_copies_l2_256b",
     "plain_loads_l2_256b",

@@ -302,7 +302,6 @@ if HAS_GLUON:
         RELATIVE: gl.constexpr = False,
         L2_256B: gl.constexpr = False,
         PAIRS: gl.constexpr = False,
-        PURE: gl.constexpr = True,
     ):
         """_load_keys as int32 words, [tokens, 8] per band (the element pairs a lane's fragment
         registers hold). PAIRS (KEY_WORD_PAIRS): the 4-bit band's two words of a lane and row come
@@ -330,12 +329,12 @@ if HAS_GLUON:
             w4 = w4.to(word, bitcast=True)
         if L2_256B:  # a miss fetches the 256-byte block around the word into L2
             asm: gl.constexpr = "ld.global.L2::256B.b32 $0, [$1];"
-            k2 = gl.inline_asm_elementwise(asm, "=r,l", [w2], dtype=gl.int32, is_pure=PURE, pack=1)
+            k2 = gl.inline_asm_elementwise(asm, "=r,l", [w2], dtype=gl.int32, is_pure=True, pack=1)
             if PAIRS:  # both words of a lane's pair from the first one's address
                 asm2: gl.constexpr = "ld.global.L2::256B.v2.b32 {$0, $1}, [$2];"
-                k4 = gl.inline_asm_elementwise(asm2, "=r,=r,l,l", [w4], dtype=gl.int32, is_pure=PURE, pack=2)
+                k4 = gl.inline_asm_elementwise(asm2, "=r,=r,l,l", [w4], dtype=gl.int32, is_pure=True, pack=2)
             else:
-                k4 = gl.inline_asm_elementwise(asm, "=r,l", [w4], dtype=gl.int32, is_pure=PURE, pack=1)
+                k4 = gl.inline_asm_elementwise(asm, "=r,l", [w4], dtype=gl.int32, is_pure=True, pack=1)
         else:
             if PAIRS:  # 8-byte aligned pairs (48-byte rows, even words): one vector load
                 w4 = gl.max_contiguous(gl.multiple_of(w4, [1, 8]), [1, 2])
@@ -344,60 +343,6 @@ if HAS_GLUON:
         if PAIRS:  # memory word 2t -> fragment word t, 2t + 1 -> t + 4
             k4 = gl.reshape(gl.permute(gl.reshape(k4, [BLOCK_N, 4, 2]), [0, 2, 1]), [BLOCK_N, 8])
         return k4, k2
-
-    @gluon.jit
-    def _prefetch_step_rows_l2(
-        kcodes,
-        vcodes,
-        start,
-        last_full,
-        KEY_STEPS: gl.constexpr,
-        VALUE_STEPS: gl.constexpr,
-        ROW: gl.constexpr,
-        BLOCK_N: gl.constexpr,
-    ):
-        """KEY_PREFETCH_STEPS / VALUE_PREFETCH_STEPS: the code rows of the full step KEY_STEPS
-        (VALUE_STEPS) after the one at `start` (the last full step past the end) into L2, one
-        cp.async.bulk.prefetch.L2 of BLOCK_N rows by lane 0 (keys) and lane 1 (values). A step's
-        rows are one contiguous range at a multiple of BLOCK_N * ROW * 2 bytes (16-byte aligned, as
-        the instruction needs); no register or barrier waits for it."""
-        lane = gl.arange(0, 32, layout=_LANES)
-        key_first = gl.minimum(start + KEY_STEPS * BLOCK_N, last_full)
-        value_first = gl.minimum(start + VALUE_STEPS * BLOCK_N, last_full)
-        key_rows = (kcodes + key_first * ROW).to(gl.pointer_type(gl.int8), bitcast=True) + lane * 0
-        value_rows = (vcodes + value_first * ROW).to(gl.pointer_type(gl.int8), bitcast=True) + lane * 0
-        rows = gl.where(lane == 0, key_rows, value_rows)
-        issue = ((lane == 0) & (KEY_STEPS > 0)) | ((lane == 1) & (VALUE_STEPS > 0))
-        gl.inline_asm_elementwise(
-            "{ .reg .pred p; setp.ne.s32 p, $1, 0; "
-            "@p cp.async.bulk.prefetch.L2.global [$2], $3; } mov.b32 $0, 0;",
-            "=r,r,l,r",
-            [issue.to(gl.int32), rows, gl.full([32], BLOCK_N * ROW * 2, gl.int32, layout=_LANES)],
-            dtype=gl.int32,
-            is_pure=False,
-            pack=1,
-        )
-
-    @gluon.jit
-    def _stagger(block, MAX_NS: gl.constexpr):
-        """START_STAGGER_NS: sleep 0, 1/3, 2/3 or all of MAX_NS ns (nanosleep: about that long),
-        chosen by a multiplicative hash of the block index, so that both the blocks of one SM
-        (indices 132 apart on the H200) and neighbouring blocks get different delays."""
-        quarter = ((block * 40503) >> 10) & 3
-        ns = gl.full([32], 0, gl.int32, layout=_LANES) + quarter * (MAX_NS // 3)
-        gl.inline_asm_elementwise(
-            "nanosleep.u32 $1; mov.b32 $0, 0;", "=r,r", [ns], dtype=gl.int32, is_pure=False, pack=1
-        )
-
-    @gluon.jit
-    def _warp_fence():
-        """STEP_LOAD_FENCES: a bar.sync (one warp a program: no wait), which ptxas does not move
-        loads across: the loads before it are issued before it, and nothing waits for their data.
-        (bar.warp.sync compiled to nothing in the loop.) Pure arithmetic still moves across it in
-        LLVM."""
-        gl.inline_asm_elementwise(
-            "bar.sync 0; mov.b32 $0, 0;", "=r", [], dtype=gl.int32, is_pure=False, pack=1
-        )
 
     @gluon.jit
     def _key_elements(words):
@@ -1153,15 +1098,6 @@ if HAS_GLUON:
         QUERY_IN_SPLIT: gl.constexpr = False,
         # a probe: each program stamps its phases into clock_ptr (LaunchConfig.phase_clocks)
         PHASE_CLOCKS: gl.constexpr = False,
-        # full steps issue their value copies before the key MMAs and the next step's key loads
-        # before the softmax, held there by bar.sync fences (LaunchConfig.step_load_fences)
-        STEP_LOAD_FENCES: gl.constexpr = False,
-        # each full step bulk-prefetches into L2 the key / value code rows of the step this many
-        # ahead (LaunchConfig.key_rows_l2_prefetch_steps, value_rows_l2_prefetch_steps; 0: none)
-        KEY_PREFETCH_STEPS: gl.constexpr = 0,
-        VALUE_PREFETCH_STEPS: gl.constexpr = 0,
-        # each program sleeps up to this many ns before its first step (LaunchConfig.start_stagger_ns)
-        START_STAGGER_NS: gl.constexpr = 0,
     ):
         """One (split, sequence, kv head, row block): online softmax over a range of compressed
         tokens in the coefficient domain; grid (num_splits, programs), or (programs, num_splits)
@@ -1299,8 +1235,6 @@ if HAS_GLUON:
         state = (m0,) + (acc0,) * 11
         # ---- full steps: every token below every row's limit, no masks or clamps. The tiles of
         # step i + STAGES - 1 are in flight while step i computes; scales one step ahead.
-        if START_STAGGER_NS > 0:
-            _stagger(split * gl.num_programs(1) + pid, START_STAGGER_NS)
         if full_hi > lo:
             last_full = full_hi - BLOCK_N
             for i in gl.static_range(STAGES - 1):
@@ -1356,17 +1290,6 @@ if HAS_GLUON:
                 else:
                     start = step_or_start
                     step = (start - lo) // BLOCK_N
-                if KEY_PREFETCH_STEPS > 0 or VALUE_PREFETCH_STEPS > 0:
-                    _prefetch_step_rows_l2(
-                        kcodes,
-                        vcodes,
-                        start,
-                        last_full,
-                        KEY_PREFETCH_STEPS,
-                        VALUE_PREFETCH_STEPS,
-                        CODE_ROW,
-                        BLOCK_N,
-                    )
                 ahead = gl.minimum(start + (STAGES - 1) * BLOCK_N, last_full)
                 slot = (step + STAGES - 1) % STAGES  # the stage the previous step read
                 k_base, ahead_tok = _step_rows(kcodes, ahead, vt, CODE_ROW, STEP_ROW_BASE)
@@ -1385,8 +1308,6 @@ if HAS_GLUON:
                     ROW_COPIES,
                     STEP_ROW_BASE,
                 )
-                if STEP_LOAD_FENCES:  # the copies go out before the step's key MMAs
-                    _warp_fence()
                 k0, k1 = _split_scales(k_pair)
                 if BAND_COLUMNS:
                     w0 = gl.convert_layout(v_pair, gl.SliceLayout(1, _B))
@@ -1442,18 +1363,8 @@ if HAS_GLUON:
                     # global latency then hides behind this step's value work
                     k_rows, k_tok = _step_rows(kcodes, nxt, kt, CODE_ROW, STEP_ROW_BASE)
                     next4, next2 = _load_key_words(
-                        k_rows,
-                        k_tok,
-                        CODE_ROW,
-                        E4,
-                        E2,
-                        STEP_ROW_BASE,
-                        KEY_LOADS_L2_256B,
-                        KEY_WORD_PAIRS,
-                        not STEP_LOAD_FENCES,
+                        k_rows, k_tok, CODE_ROW, E4, E2, STEP_ROW_BASE, KEY_LOADS_L2_256B, KEY_WORD_PAIRS
                     )
-                    if STEP_LOAD_FENCES:  # the next step's key loads go out before the softmax
-                        _warp_fence()
                 if not KEYS_VIA_SMEM:
                     async_copy.wait_group(STAGES - 1)
                 state = _accumulate_values(

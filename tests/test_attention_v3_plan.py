@@ -175,11 +175,6 @@ def test_v3_falls_back_off_the_gpu():
         dict(kernel="v1", query_in_split=True),
         dict(kernel="v1", phase_clocks=True),
         dict(kernel="v1", split_major_grid=True),
-        dict(kernel="v1", key_rows_l2_prefetch_steps=1),
-        dict(kernel="v2", value_rows_l2_prefetch_steps=2),
-        dict(kernel="v3", key_rows_l2_prefetch_steps=-1),
-        dict(kernel="v1", step_load_fences=True),
-        dict(kernel="v3", start_stagger_ns=-5),
     ],
 )
 def test_v3_config_is_validated(bad):
