@@ -132,7 +132,6 @@ def compile_v3(args: argparse.Namespace) -> tuple[str, str, int, str]:
         TRANSFORM_IN_SPLIT=args.transform_in_split,
         QUERY_IN_SPLIT=args.query_in_split,
         PHASE_CLOCKS=args.phase_clocks,
-        VALUE_TILE_SWIZZLE=args.value_tile_swizzle,
     )
     pointer_types = dict(qw_ptr="*fp16", kc_ptr="*u8", vc_ptr="*u8", ks_ptr="*fp16", vs_ptr="*fp16")
     pointer_types.update(seq_lens_ptr="*i32", slot_coef_ptr="*i32", vt_ptr="*i32", qt_ptr="*i32")
@@ -292,9 +291,6 @@ def main() -> None:
         "--phase-clocks",
         action="store_true",
         help="the probe's globaltimer stamps (LaunchConfig.phase_clocks): what they add to the step",
-    )
-    p.add_argument(
-        "--value-tile-swizzle", action="store_true", help="value tiles XOR-swizzled (value_tile_swizzle)"
     )
     p.add_argument(
         "--without",

@@ -209,11 +209,6 @@ class LaunchConfig:
     # v3: each step prefetches the next step's value rows into L2 (prefetch.global.L2, one 128-byte
     # line a lane), so the next step's copies find them there
     prefetch_value_rows: bool = False
-    # v3: the value tiles in shared memory with their two 16-byte halves swapped on rows 4-7 of
-    # every 8 (an XOR swizzle), so that ldmatrix's 8 rows of 32-byte stride fall on distinct banks:
-    # Nsight Compute (thirty-second session) counts each of the step's 8 ldmatrix twice the ideal
-    # shared-memory wavefronts without it
-    value_tile_swizzle: bool = False
     # v3: each step loads one word per 256-byte block of the next step's value rows with the
     # L2::256B hint (so a miss fills the block for the next step's copies) and folds the previous
     # step's words into a sink kept alive by a store no run makes (prepared in the seventeenth
@@ -419,7 +414,7 @@ class LaunchConfig:
                 "LaunchConfig.query_in_split reads the query after the PDL wait: it needs "
                 f"loads_before_pdl_wait=0, got {self.loads_before_pdl_wait}"
             )
-        extras = ("zero_padding_p", "value_subnormals", "counted_steps", "value_tile_swizzle")
+        extras = ("zero_padding_p", "value_subnormals", "counted_steps")
         extras += ("transform_in_split", "query_in_split", "phase_clocks", "split_major_grid")
         for name in ("prefetch_value_rows", "fill_value_rows_l2", *extras, *hints):
             if getattr(self, name) and self.kernel != "v3":
@@ -793,7 +788,6 @@ V3_ONLY_OPTIONS = (
     "phase_clocks",
     "split_major_grid",
     "prefetch_value_rows",
-    "value_tile_swizzle",
     "fill_value_rows_l2",
     "value_copies_l2_256b",
     "plain_loads_l2_256b",

@@ -3116,7 +3116,6 @@ def _launch_v3(
         QUERY_IN_SPLIT=config.query_in_split,
         PHASE_CLOCKS=config.phase_clocks,
         PREFETCH_VALUE_ROWS=config.prefetch_value_rows,
-        VALUE_TILE_SWIZZLE=config.value_tile_swizzle,
         FILL_VALUE_ROWS_L2=config.fill_value_rows_l2,
         VALUE_COPIES_L2_256B=config.value_copies_l2_256b,
         PLAIN_LOADS_L2_256B=config.plain_loads_l2_256b,

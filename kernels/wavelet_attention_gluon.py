@@ -81,8 +81,6 @@ if HAS_GLUON:
         _TOKEN_ROWS = gl.constexpr(gl.BlockedLayout([1, 8], [16, 2], [1, 1], [1, 0]))
         _TOKEN_ROWS_8B = gl.constexpr(gl.BlockedLayout([1, 4], [8, 4], [1, 1], [1, 0]))  # 8-byte copies
         _TILE = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0]))
-        # VALUE_TILE_SWIZZLE: the 16-byte halves of a 32-byte tile row swapped on rows 4-7 of every 8
-        _TILE_SWIZZLED = gl.constexpr(gl.SwizzledSharedLayout(vec=8, per_phase=4, max_phase=2, order=[1, 0]))
         # ROW_COPIES: [tokens, 32 int16] rows (the 4-bit band's 16 elements, the 2-bit band's 8
         # twice), copied 16 bytes a lane, 4 lanes a token, so that a warp's copies cover whole
         # 32-byte sectors of the cache's 48-byte rows; in shared memory 64-byte rows whose 16-byte
@@ -1100,8 +1098,6 @@ if HAS_GLUON:
         QUERY_IN_SPLIT: gl.constexpr = False,
         # a probe: each program stamps its phases into clock_ptr (LaunchConfig.phase_clocks)
         PHASE_CLOCKS: gl.constexpr = False,
-        # the value tiles XOR-swizzled in shared memory (LaunchConfig.value_tile_swizzle)
-        VALUE_TILE_SWIZZLE: gl.constexpr = False,
     ):
         """One (split, sequence, kv head, row block): online softmax over a range of compressed
         tokens in the coefficient domain; grid (num_splits, programs), or (programs, num_splits)
@@ -1224,12 +1220,8 @@ if HAS_GLUON:
             KEY_STAGES: gl.constexpr = STAGES if KEYS_VIA_SMEM else 1  # 1: an unused placeholder
             k4s = gl.allocate_shared_memory(gl.int16, [KEY_STAGES, BLOCK_N, 16], _TILE)
             k2s = gl.allocate_shared_memory(gl.int16, [KEY_STAGES, BLOCK_N, 16], _TILE)
-            if VALUE_TILE_SWIZZLE:
-                v4s = gl.allocate_shared_memory(gl.int16, [STAGES, BLOCK_N, 16], _TILE_SWIZZLED)
-                v2s = gl.allocate_shared_memory(gl.int16, [STAGES, BLOCK_N, 16], _TILE_SWIZZLED)
-            else:
-                v4s = gl.allocate_shared_memory(gl.int16, [STAGES, BLOCK_N, 16], _TILE)
-                v2s = gl.allocate_shared_memory(gl.int16, [STAGES, BLOCK_N, 16], _TILE)
+            v4s = gl.allocate_shared_memory(gl.int16, [STAGES, BLOCK_N, 16], _TILE)
+            v2s = gl.allocate_shared_memory(gl.int16, [STAGES, BLOCK_N, 16], _TILE)
             ring = (k4s, k2s, v4s, v2s)
         # ---- state: running max, 8 field accumulators, token sums of p and of p * scale per band
         acc0 = gl.zeros([16, 8], gl.float32, layout=_MMA)

@@ -175,7 +175,6 @@ def test_v3_falls_back_off_the_gpu():
         dict(kernel="v1", query_in_split=True),
         dict(kernel="v1", phase_clocks=True),
         dict(kernel="v1", split_major_grid=True),
-        dict(kernel="v1", value_tile_swizzle=True),
     ],
 )
 def test_v3_config_is_validated(bad):

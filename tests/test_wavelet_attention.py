@@ -971,26 +971,6 @@ def test_gpu_v3_layout_options_leave_the_result_bit_identical():
 
 
 @pytest.mark.gpu
-def test_gpu_value_tile_swizzle_leaves_the_result_bit_identical():
-    # value_tile_swizzle only moves the value tiles' rows within shared memory (the copies write and
-    # ldmatrix reads through the same swizzled layout): the tuned output bit for bit, with one and
-    # two ring stages, splits of one full step and of many, tails included
-    codec, args = make_case(
-        UNIFORM_REAL, 5, 2, 4, 1, 128, [4096, 1, 1000, 2049, 133], 4096, torch.bfloat16, "cuda", "full"
-    )
-    tuned = K.TUNED_CONFIGS[(128, 4, "affine")]
-    for stages in (1, 2):
-        plain = dataclasses.replace(tuned, num_stages=stages)
-        swizzled = dataclasses.replace(plain, value_tile_swizzle=True)
-        for splits in (7, 70):
-            want = _run_triton(args, codec, 128**-0.5, config=plain, num_splits=splits)
-            assert rel_err(want, dense_reference(codec, args, 128**-0.5)) <= 1e-2
-            got = _run_triton(args, codec, 128**-0.5, config=swizzled, num_splits=splits)
-            assert torch.equal(got, want), (stages, splits)
-    assert not K._V3_FAILURE, K._V3_FAILURE
-
-
-@pytest.mark.gpu
 @pytest.mark.parametrize("before_split", [False, True])
 def test_gpu_exact_tokens_on_a_side_stream_equal_the_in_order_launch_also_in_a_cuda_graph(before_split):
     # overlap_exact forks the exact-token kernel onto a second stream and joins it before the
