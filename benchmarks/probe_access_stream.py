@@ -5,16 +5,19 @@ read of the same bytes (benchmarks/read_floor.py: 4.4 TB/s). Its value copies we
 wait in the thirty-second session's Nsight Compute samples (20% at the cp.async wait), yet issuing
 them a step earlier (num_stages=2) gained nothing: that points at the loads' pattern capping the
 bandwidth, not their latency. This probe separates the two. One-warp programs on the op's split grid
-issue exactly the kernel's loads (the same Gluon helpers: key words into A fragments with the
-L2::256B hint, a lane's two 4-bit-band words as one 8-byte load; value rows by 8-byte cp.async.ca
-copies; the scale pairs) and fold them into an XOR, with the values `stages` - 1 steps ahead and the
-keys one step ahead. Variants drop parts of the stream, or run 12 programs an SM (a grid of 12 x SMs
-programs taking the op's blocks in turn), the op's count at its 168 registers.
+issue exactly the kernel's loads through the kernel's own Gluon helpers (key words into A fragments
+with the L2::256B hint, a lane's two 4-bit-band words as one 8-byte load; value rows by 8-byte
+cp.async.ca copies; the scale pairs, 4 bytes a token) and fold them into XORs, the values `stages` - 1
+steps ahead and the keys one step ahead. Variants drop parts of the stream, copy the value rows as
+16-byte whole rows instead, or run 12 programs an SM (a grid of 12 x SMs programs taking the op's
+blocks in turn: the op's residency at its 168 registers).
 
     python benchmarks/probe_access_stream.py [--shapes "8,131072;32,32768"] [--out DIR]
+    python benchmarks/probe_access_stream.py --sass --out DIR   # no GPU: each variant's loads
 
 If the op's pattern streams at ~4.4 TB/s here, the op's own issue and latency are what is left; if it
-caps near the op's 3.9, the pattern is, and a different layout of loads is what would pay.
+caps near the op's 3.9, the pattern is, and a different layout of loads is what would pay. (It
+streamed at 4.27-4.30 TB/s: RESULTS.md, thirty-second session.)
 """
 
 from __future__ import annotations
@@ -138,10 +141,12 @@ def _stream_item(
             else:
                 xv = xv ^ v4s.index(cur).load(_TOKEN_ROWS_8B) ^ v2s.index(cur).load(_TOKEN_ROWS_8B)
     async_copy.wait_group(0)
+    # (the loads after the last step repeat it, clamped: left out of the sums, so each position's
+    # XOR over the split's steps is what is summed; tests/test_attention_v3_plan.py checks it)
     if KEYS:
-        total += gl.sum(gl.sum(xk4 ^ k4, axis=1), axis=0) + gl.sum(gl.sum(xk2 ^ k2, axis=1), axis=0)
+        total += gl.sum(gl.sum(xk4, axis=1), axis=0) + gl.sum(gl.sum(xk2, axis=1), axis=0)
     if SCALES:
-        total += gl.sum(gl.sum((xs ^ kp.to(gl.int16, bitcast=True)).to(gl.int32), axis=1), axis=0)
+        total += gl.sum(gl.sum(xs.to(gl.int32), axis=1), axis=0)
     if VALUES:
         total += gl.sum(gl.sum(xv.to(gl.int32), axis=1), axis=0) + gl.sum(
             gl.sum(xr.to(gl.int32), axis=1), axis=0
@@ -241,6 +246,54 @@ def _stream_kernel(
         gl.store(out_ptr + item, total)
 
 
+def launch_stream(
+    k_codes: torch.Tensor,
+    k_scales: torch.Tensor,
+    v_codes: torch.Tensor,
+    v_scales: torch.Tensor,
+    out: torch.Tensor,
+    splits: int,
+    chunk: int,
+    band_elements: tuple[int, int],
+    stages: int,
+    keys: bool,
+    values: bool,
+    scales: bool,
+    programs: int,
+    rows16: bool = False,
+):
+    """One _stream_kernel launch over caches [B, H, tokens, row bytes] (codes) and [B, H, tokens, 2]
+    (fp16 scales): `splits` splits of `chunk` tokens (a multiple of 64) per (sequence, kv head),
+    taken in turn by `programs` programs; out (int32, B * H * splits) gets each item's sum."""
+    b, h, n, row = k_codes.shape
+    if not all(x.is_contiguous() for x in (k_codes, k_scales, v_codes, v_scales)):
+        raise ValueError("probe_access_stream reads contiguous caches")
+    if chunk % 64 or chunk * splits > n:
+        raise ValueError(f"{splits} splits of {chunk} tokens (whole 64-token steps) must fit {n} tokens")
+    return _stream_kernel[(programs,)](
+        k_codes,
+        k_scales,
+        v_codes,
+        v_scales,
+        out,
+        n,
+        chunk,
+        splits,
+        splits * b * h,
+        CODE_ROW=row // 2,
+        SCALE_ROW=k_scales.shape[-1],
+        E4=band_elements[0],
+        E2=band_elements[1],
+        BLOCK_N=64,
+        STAGES=stages,
+        KEYS=keys,
+        VALUES=values,
+        SCALES=scales,
+        ROWS16=rows16,
+        num_warps=1,
+    )
+
+
 def stream_calls(
     setup: ba.Setup,
     splits: int,
@@ -256,45 +309,22 @@ def stream_calls(
     SM (0: one per split and pair, as many resident as fit); and the bytes one call reads."""
     sms = torch.cuda.get_device_properties(setup.copies[0][1].device).multi_processor_count
     calls = []
-    e4, e2 = (o // 2 for o in setup.layout.band_byte_offsets)
+    bands = tuple(o // 2 for o in setup.layout.band_byte_offsets)
     read = 0
     for _, k_codes, k_scales, v_codes, v_scales, *_ in setup.copies:
         b, h, n, row = k_codes.shape
-        if not (k_codes.is_contiguous() and k_scales.is_contiguous()):
-            raise ValueError("probe_access_stream reads contiguous caches")
         chunk = n // splits // 64 * 64
         if chunk == 0:
             raise ValueError(f"{splits} splits of {n} tokens leave no whole 64-token step a split")
         out = torch.empty(splits * b * h, dtype=torch.int32, device=k_codes.device)
         per_token = (row if keys else 0) + (row if values else 0) + (8 if scales else 0)
         read = splits * chunk * b * h * per_token
-
         items = splits * b * h
-        grid = (items if per_sm == 0 else min(items, per_sm * sms),)
+        programs = items if per_sm == 0 else min(items, per_sm * sms)
 
-        def call(kc=k_codes, ks=k_scales, vc=v_codes, vs=v_scales, out=out, n=n, chunk=chunk, grid=grid):
-            return _stream_kernel[grid](
-                kc,
-                ks,
-                vc,
-                vs,
-                out,
-                n,
-                chunk,
-                splits,
-                len(out),
-                CODE_ROW=kc.shape[-1] // 2,
-                SCALE_ROW=ks.shape[-1],
-                E4=e4,
-                E2=e2,
-                BLOCK_N=64,
-                STAGES=stages,
-                KEYS=keys,
-                VALUES=values,
-                SCALES=scales,
-                ROWS16=rows16,
-                num_warps=1,
-            )
+        def call(caches=(k_codes, k_scales, v_codes, v_scales), out=out, chunk=chunk, programs=programs):
+            opts = (stages, keys, values, scales, programs, rows16)
+            return launch_stream(*caches, out, splits, chunk, bands, *opts)
 
         calls.append(call)
     return calls, read
@@ -305,9 +335,13 @@ def stream_calls(
 # value stage takes 4 KB of shared memory)
 VARIANTS = [
     ("op's loads, values 1 step ahead", 2, True, True, True, 12, False),
+    ("op's loads, values 3 steps ahead", 4, True, True, True, 12, False),
+    ("op's loads, values 1 step ahead", 2, True, True, True, 0, False),
     ("op's loads, 16-byte value rows 1 step ahead", 2, True, True, True, 12, True),
     ("op's loads, 16-byte value rows 3 steps ahead", 4, True, True, True, 12, True),
+    ("keys + scales", 2, True, False, True, 12, False),
     ("values + scales, 1 step ahead", 2, False, True, True, 12, False),
+    ("values + scales, 3 steps ahead", 4, False, True, True, 12, False),
     ("values + scales, 16-byte rows 1 step ahead", 2, False, True, True, 12, True),
     ("values + scales, 16-byte rows 3 steps ahead", 4, False, True, True, 12, True),
     ("values, 1 step ahead", 2, False, True, False, 0, False),
@@ -316,11 +350,46 @@ VARIANTS = [
 ]
 
 
+LOADS = ("LDG.E.LTC256B.64", "LDG.E.LTC256B", "LDGSTS.E.64", "LDGSTS.E.BYPASS.128", "LDG.E")
+
+
+def sass_loads(out: pathlib.Path) -> None:
+    """Compile every variant for sm_90 here (no GPU) and print its step loop's global loads, so a
+    test can hold them to the split kernel's own (benchmarks/sass_attention_v3.py --tuned)."""
+    import sass_attention_v3 as sass
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    fn = _stream_kernel
+    pointers = dict(kc_ptr="*u8", vc_ptr="*u8", ks_ptr="*fp16", vs_ptr="*fp16", out_ptr="*i32")
+    for name, stages, keys, values, scales, _, rows16 in VARIANTS:
+        constexprs = dict(CODE_ROW=24, SCALE_ROW=2, E4=0, E2=16, BLOCK_N=64, STAGES=stages)
+        constexprs.update(KEYS=keys, VALUES=values, SCALES=scales, ROWS16=rows16)
+        signature = {a: "constexpr" if a in constexprs else pointers.get(a, "i32") for a in fn.arg_names}
+        source = GluonASTSource(
+            fn=fn,
+            signature=signature,
+            constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()},
+            attrs={(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names) if a in pointers},
+        )
+        kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=1))
+        _, code = sass.disassemble(kernel, out, "stream_kernel")
+        mix = sass.loop_mix(code)
+        print(f"{name}, stages {stages}: " + ", ".join(f"{op} {mix.get(op, 0)}" for op in LOADS))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shapes", default="8,131072;32,32768")
     p.add_argument("--out", default="benchmarks/out")
+    p.add_argument(
+        "--sass", action="store_true", help="only compile each variant for sm_90 and print its loads"
+    )
     a = p.parse_args()
+    if a.sass:
+        sass_loads(pathlib.Path(a.out))
+        return
     rows = []
     print("| B | N | variant | ms | bytes read (MB) | TB/s |\n|---|---|---|---|---|---|")
     for shape in a.shapes.split(";"):

@@ -667,6 +667,31 @@ def test_query_in_split_leaves_the_loop_and_adds_one_transform(tmp_path):
     assert 200 <= kernel_q - kernel <= 600, (kernel, kernel_q)
 
 
+def test_access_stream_probe_issues_the_split_kernels_loads(tmp_path):
+    # benchmarks/probe_access_stream.py times "the op's loads without its math" (RESULTS.md,
+    # thirty-second session): its step loop must issue the same global loads as the tuned split
+    # kernel's step, instruction for instruction (key words: 8 hinted 8-byte and 8 hinted 4-byte
+    # loads; values: 16 8-byte cp.async; scales: 4 loads), and its 16-byte variant 8 whole-row copies
+    import re
+
+    def loads(line: str) -> dict[str, int]:
+        return {op: int(n) for op, n in re.findall(r"(LDG[\w.]*) (\d+)", line)}
+
+    probe = _run_sm90_tool("probe_access_stream.py", tmp_path / "probe", "--sass")
+    lines = {line.split(":")[0]: loads(line) for line in probe.splitlines() if ":" in line}
+    kernel = _run_sm90_tool("sass_attention_v3.py", tmp_path / "v3", "--tuned", "--pdl")
+    mix = {op: int(n) for n, op in re.findall(r"^\s+(\d+)\s+(LDG[\w.]*)$", kernel, re.M)}
+    ops_loads = lines["op's loads, values 1 step ahead, stages 2"]
+    for op in ("LDG.E.LTC256B.64", "LDG.E.LTC256B", "LDGSTS.E.64", "LDG.E"):
+        assert ops_loads[op] == mix[op] > 0, (op, ops_loads, mix)
+    rows = lines["op's loads, 16-byte value rows 1 step ahead, stages 2"]
+    assert rows["LDGSTS.E.BYPASS.128"] == 8 and rows["LDGSTS.E.64"] == 0, rows
+    assert (
+        lines["keys, stages 2"]["LDGSTS.E.64"] == 0
+        and lines["values, 1 step ahead, stages 2"]["LDG.E.LTC256B"] == 0
+    )
+
+
 def test_band_warps_spike_compiles_for_sm90(tmp_path):
     # benchmarks/spike_band_warps.py measures a two-warp step offline (one band per warp); its
     # batched MMAs, movmatrix transposes and trivial layout restatements must keep compiling

@@ -971,6 +971,53 @@ def test_gpu_v3_layout_options_leave_the_result_bit_identical():
 
 
 @pytest.mark.gpu
+def test_gpu_access_stream_probe_reads_every_step_of_every_split_once():
+    # benchmarks/probe_access_stream.py's byte counts (its TB/s) assume each item reads its split's
+    # steps exactly once: each item's sum of per-position XORs over its steps must equal the same
+    # computed here from the caches, for the op's pattern (1 and 3 steps ahead), the 16-byte rows,
+    # one program per item and a few programs taking the items in turn
+    import importlib.util
+    import pathlib
+    import sys
+
+    bench = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
+    sys.path.insert(0, str(bench))
+    spec = importlib.util.spec_from_file_location("probe_access_stream", bench / "probe_access_stream.py")
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    b, h, n, splits, chunk = 2, 3, 700, 3, 192  # 3 steps a split, tokens past the last split unread
+    k_codes, v_codes = (torch.randint(0, 256, (b, h, n, 48), dtype=torch.uint8, device="cuda") for _ in "kv")
+    k_scales, v_scales = (torch.randn(b, h, n, 2, device="cuda").half() for _ in "kv")
+
+    def per_position_xor(x: torch.Tensor) -> torch.Tensor:  # [items, steps, ...] -> [items, ...]
+        out = x[:, 0]
+        for step in range(1, x.shape[1]):
+            out = out ^ x[:, step]
+        return out
+
+    def steps(x: torch.Tensor, per_token: int, dtype) -> torch.Tensor:  # -> [items, steps, 64, words]
+        x = x.reshape(b * h, n, -1)[:, : splits * chunk].contiguous().view(dtype)
+        return x.reshape(b * h * splits, chunk // 64, 64, per_token)
+
+    k_words = steps(k_codes, 12, torch.int32).long()
+    keys = per_position_xor(k_words)  # the 4-bit band's 8 words a row once, the 2-bit band's 4 twice
+    key_sum = keys[..., :8].sum((1, 2)) + 2 * keys[..., 8:].sum((1, 2))
+    v = steps(v_codes, 24, torch.int16).long()
+    values = per_position_xor(v[..., :16] ^ v[..., 16:24].repeat(1, 1, 1, 2))  # both band tiles folded
+    rows = per_position_xor(v).sum((1, 2))
+    s = per_position_xor((steps(k_scales, 2, torch.int16) ^ steps(v_scales, 2, torch.int16)).long()).sum(
+        (1, 2)
+    )
+    for stages, rows16, programs in ((2, False, b * h * splits), (4, False, 5), (2, True, 7)):
+        out = torch.zeros(b * h * splits, dtype=torch.int32, device="cuda")
+        args = (k_codes, k_scales, v_codes, v_scales, out, splits, chunk, (0, 16), stages, True, True, True)
+        probe.launch_stream(*args, programs, rows16)
+        want = key_sum + s + (rows if rows16 else values.sum((1, 2)))
+        want = ((want + 2**31) % 2**32 - 2**31).to(torch.int32)  # the kernel's int32 sums wrap
+        assert torch.equal(out.cpu(), want.cpu()), (stages, rows16, programs)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("before_split", [False, True])
 def test_gpu_exact_tokens_on_a_side_stream_equal_the_in_order_launch_also_in_a_cuda_graph(before_split):
     # overlap_exact forks the exact-token kernel onto a second stream and joins it before the
