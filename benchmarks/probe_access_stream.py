@@ -90,7 +90,7 @@ def _stream_item(
     rt = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, _ROW_COPY))
     rc = gl.arange(0, 32, layout=gl.SliceLayout(0, _ROW_COPY))
     rc = gl.max_contiguous(gl.multiple_of(rc, 8), 8)
-    in_row = (rc < 2 * CODE_ROW)[None, :] & (rt >= 0)[:, None]  # a 48-byte row is 3 of 4 lanes' chunks
+    in_row = (rc < CODE_ROW)[None, :] & (rt >= 0)[:, None]  # a 48-byte row: 3 of a row's 4 lane chunks
     st = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, _SCALE_PAIRS))
     total = split * 0
     if VALUES:
