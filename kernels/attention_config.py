@@ -281,7 +281,12 @@ class LaunchConfig:
     # share of it). 0: the ctas_per_sm count. Nineteenth session (H200, interleaved A/B, 4 rounds):
     # one wave instead of two -1.7% at (32, 32768) (6 splits of 85 steps against 12 of 43) and -5.2%
     # at (8, 32768) (24 of 22 against 49 of 11), +0.5% at (8, 131072) (24 of 85 against 49 of 42); a
-    # cost of 1 step per program chooses each shape's faster count
+    # cost of 1 step per program chose each shape's faster count. Thirty-second session: a program's
+    # stamps (probe_attention.py phases) at (8, 131072) put its own cost at about 2.5 steps (the
+    # query 1.0 us, the first three steps 3.8 / 2.6 / 2.6 us against 2.3 later, the epilogue 2.6),
+    # and with 2.5 one wave (24 splits of 86 steps) replaced two of 42 at (8, 131072) -1.4% (-2.0 ..
+    # -0.6) and -0.2% (-0.7 .. +0.2) on two machines, (10, 131072) -1.7%, (5, 131072) -4.8%,
+    # (8, 65536) -4.2% (4 rounds each); tuned 2.5
     wave_program_steps: float = 0.0
     # with whole_waves and wave_program_steps, in one wave: cut each (sequence, kv head)'s range into
     # splits of L steps and a shorter last one, launched split by split, so every long split starts
@@ -304,6 +309,12 @@ class LaunchConfig:
     # after the long splits, so the free slots are overloaded; counting them gives shorter short
     # splits and longer long ones (prepared, not yet timed: probe_remainder_exact.json)
     remainder_exact_steps: float = 0.0
+    # with remainder_split: the steps a program costs beyond its own in split_plan's comparison of
+    # a remainder cut with equal splits (and in choosing its cut); < 0: wave_program_steps. Kept
+    # apart since the thirty-second session raised wave_program_steps to 2.5 for the wave count
+    # alone: the remainder cut it gives at (32, 32768) (6 long splits of 84 steps and one of 6
+    # instead of 83 and 12) measured +1.0% (-0.7 .. +1.1, 4 rounds), so the tuned cut keeps 1.0
+    remainder_program_steps: float = -1.0
     # programmatic dependent launch (sm_90+): the split kernel and the reduce are launched while the
     # kernel before them finishes and wait for it in-kernel (griddepcontrol.wait), hiding the launch
     # gap; the prologue lets the split kernel launch as soon as it starts
@@ -638,7 +649,8 @@ TUNED_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
         num_stages=1,
         ctas_per_sm=24.0,  # two whole waves of 12 resident programs per SM (whole_waves) ...
         whole_waves=True,
-        wave_program_steps=1.0,  # ... or one, where it takes fewer steps per slot
+        wave_program_steps=2.5,  # ... or one, where it takes fewer steps per slot
+        remainder_program_steps=1.0,
         pdl=True,
         min_split_tokens=512,
         kernel="v3",
@@ -971,7 +983,8 @@ def split_plan(
     wave of at least ``remainder_split_min_programs`` programs) n long splits of L
     steps and a last one of R = steps - n * L, launched split-major: the n x programs long splits
     fill the wave but for ``free`` slots, where the programs' short splits run one after another,
-    ceil(programs / free) each. The cost per slot, with c = config.wave_program_steps per program:
+    ceil(programs / free) each. The cost per slot, with c = config.remainder_program_steps (or, where
+    that is negative, config.wave_program_steps) per program:
     max(L + c, ceil(programs / free) x (R + c) + X / free) against equal splits' waves x (steps +
     c) (at least X over their free slots), X = programs x ``config.remainder_exact_steps`` the
     exact-token programs' work; the lower wins (a tie keeps equal splits). Pure arithmetic, like
@@ -986,7 +999,7 @@ def split_plan(
     if programs * splits > wave:  # equal splits in two waves or more: measured slower as one
         return equal
     steps = -(-tokens // config.block_n)
-    c = config.wave_program_steps
+    c = config.remainder_program_steps if config.remainder_program_steps >= 0 else config.wave_program_steps
     split_tokens = -(-tokens // splits)
     split_steps = -(-split_tokens // config.block_n)
     exact = programs * config.remainder_exact_steps  # the exact programs' work, in slot-steps

@@ -43,9 +43,11 @@ def test_resident_programs_per_sm(changes, resident):
 @pytest.mark.parametrize(
     "programs, context, two_waves, tuned",
     [
-        # B=8: 3,136 programs, 1.98 waves of 1,584 (was 66 splits, 2.67 waves). One wave (24 splits)
-        # would run 85-step splits: 85 + 1 steps a slot against 2 x (42 + 1), a tie: two stay
-        (64, 131072, 49, 49),
+        # B=8: 3,136 programs, 1.98 waves of 1,584 (was 66 splits, 2.67 waves). One wave (24 splits
+        # of 86 steps): 86 + 2.5 steps a slot against 2 x (42 + 2.5), one wave (thirty-second
+        # session: a program costs about 2.5 steps; -1.4% and -0.2% on two machines)
+        (64, 131072, 49, 24),
+        (96, 131072, 33, 33),  # B=12: one wave of 16 splits would be 128 + 2.5 against 2 x (62 + 2.5)
         # B=32: 3,072, 1.94 waves (was 16, 2.59); one wave of 6 splits: 85 + 1 against 2 x (43 + 1)
         (256, 32768, 12, 6),
         (64, 32768, 49, 24),  # 22 + 1 steps against 2 x (11 + 1)
@@ -266,7 +268,7 @@ def test_remainder_plan_counts_the_exact_programs_in_the_free_slots(exact_steps,
     config = dataclasses.replace(TUNED, remainder_exact_steps=exact_steps)
     assert C.split_plan(256, 32768 - 132, config, H200_SMS, 12) == plan
     # (where equal splits are two waves the rule is unchanged)
-    assert C.split_plan(64, 131072 - 132, config, H200_SMS, 12) == C.SplitPlan(49)
+    assert C.split_plan(96, 131072 - 132, config, H200_SMS, 12) == C.SplitPlan(33)
 
 
 def test_remainder_exact_steps_are_validated():
@@ -280,7 +282,8 @@ def test_remainder_exact_steps_are_validated():
         # measured slower (twenty-first session): 64 programs, where the exact kernel's programs
         # share the wave's free slots (+2.1%) ...
         (64, 32768, C.SplitPlan(25, 21, 510, split_major=True)),
-        # ... and equal splits in two waves made one (+4.8%)
+        # ... and at (8, 131072) +4.8%, against the two waves of equal splits then tuned (against
+        # today's one wave of 24 equal splits not measured)
         (64, 131072, C.SplitPlan(25, 84, 2046, split_major=True)),
     ],
 )
@@ -288,12 +291,14 @@ def test_remainder_split_keeps_equal_splits_where_it_measured_slower(programs, c
     tokens = context - 132
     equal = C.SplitPlan(K.split_count(programs, tokens, TUNED, H200_SMS, 12))
     assert C.split_plan(programs, tokens, TUNED, H200_SMS, 12) == equal
-    # the model alone would cut them: the fewer programs (the first) ...
+    # the model alone would cut both: equal splits are one wave there
     anywhere = dataclasses.replace(TUNED, remainder_split_min_programs=0)
-    expected = remainder_plan if programs * equal.num_splits <= H200_SMS * 12 else equal
-    assert C.split_plan(programs, tokens, anywhere, H200_SMS, 12) == expected
-    # ... and with two waves of equal splits, never (the second)
-    assert (programs * equal.num_splits > H200_SMS * 12) is (context == 131072)
+    assert programs * equal.num_splits <= H200_SMS * 12
+    assert C.split_plan(programs, tokens, anywhere, H200_SMS, 12) == remainder_plan
+    # ... but never where equal splits take two waves (B = 12 at 131,072)
+    two = C.SplitPlan(K.split_count(96, 131072 - 132, TUNED, H200_SMS, 12))
+    assert 96 * two.num_splits > H200_SMS * 12
+    assert C.split_plan(96, 131072 - 132, anywhere, H200_SMS, 12) == two
 
 
 @pytest.mark.parametrize("span", [0, 1, 63, 64, 65, 1000, 32636, 130940])
@@ -322,3 +327,15 @@ def test_a_split_plan_that_leaves_part_of_the_span_uncovered_is_refused():
     with pytest.raises(ValueError, match="positive"):
         C.SplitPlan(0)
     assert C.SplitPlan(4).split_den == 4  # equal splits by default
+
+
+def test_the_remainder_cut_counts_its_own_program_cost():
+    # LaunchConfig.remainder_program_steps (tuned 1.0) keeps the remainder cut at (32, 32768) where
+    # the twenty-first session measured it (6 long splits of 83 steps, one of 12) while the wave
+    # count counts a program as 2.5 steps; with the wave count's 2.5 the cut would be 84 and 6,
+    # measured +1.0% (thirty-second session)
+    assert (TUNED.wave_program_steps, TUNED.remainder_program_steps) == (2.5, 1.0)
+    tokens = 32768 - 132
+    assert C.split_plan(256, tokens, TUNED, H200_SMS, 12) == C.SplitPlan(7, 83, 510, split_major=True)
+    same = dataclasses.replace(TUNED, remainder_program_steps=-1.0)  # < 0: wave_program_steps
+    assert C.split_plan(256, tokens, same, H200_SMS, 12) == C.SplitPlan(7, 84, 510, split_major=True)
