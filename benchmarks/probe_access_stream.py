@@ -17,7 +17,7 @@ blocks in turn: the op's residency at its 168 registers).
 
 If the op's pattern streams at ~4.4 TB/s here, the op's own issue and latency are what is left; if it
 caps near the op's 3.9, the pattern is, and a different layout of loads is what would pay. (It
-streamed at 4.27-4.30 TB/s: RESULTS.md, thirty-second session.)
+streamed at 4.29-4.30 TB/s: RESULTS.md, thirty-second session.)
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ _LANES = G._LANES
 
 @gluon.jit
 def _stream_item(
-    ring,  # (unused key slots, unused, 4-bit value tiles, 2-bit value tiles): [STAGES, BLOCK_N, 16]
+    ring,  # (unused key slots, ROWS16 row ring [STAGES, BLOCK_N, 32], 4-bit and 2-bit value tiles)
     kc_ptr,
     ks_ptr,
     vc_ptr,
