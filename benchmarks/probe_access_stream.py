@@ -142,7 +142,7 @@ def _stream_item(
                 xv = xv ^ v4s.index(cur).load(_TOKEN_ROWS_8B) ^ v2s.index(cur).load(_TOKEN_ROWS_8B)
     async_copy.wait_group(0)
     # (the loads after the last step repeat it, clamped: left out of the sums, so each position's
-    # XOR over the split's steps is what is summed; tests/test_attention_v3_plan.py checks it)
+    # XOR over the split's steps is what is summed; tests/test_wavelet_attention.py checks it)
     if KEYS:
         total += gl.sum(gl.sum(xk4, axis=1), axis=0) + gl.sum(gl.sum(xk2, axis=1), axis=0)
     if SCALES:
@@ -192,7 +192,7 @@ def _stream_kernel(
     ks_ptr,  # fp16 key scales [pairs, tokens, SCALE_ROW]
     vc_ptr,
     vs_ptr,
-    out_ptr,  # int32 [pairs, splits]: the XOR of everything read (keeps the loads live)
+    out_ptr,  # int32 [pairs, splits]: the sum of each position's XOR over the steps (keeps loads live)
     n_tokens,  # token stride between (sequence, kv head) pairs
     chunk,  # tokens per split, a multiple of BLOCK_N
     splits,  # splits per pair
