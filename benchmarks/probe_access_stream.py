@@ -50,7 +50,6 @@ _TILE = G._TILE
 _SCALE_PAIRS = G._SCALE_PAIRS
 _ROW_COPY = G._ROW_COPY  # [tokens, 32 int16]: 16 bytes a lane, 4 lanes a row
 _ROW_TILE = G._ROW_TILE
-_LANES = G._LANES
 
 
 @gluon.jit
