@@ -851,8 +851,8 @@ def test_gpu_v3_head_local_blocks_run_every_split_once(batch, kv_heads, splits):
     # head_local_blocks maps launch-order blocks to (program, split) by the SM they are dealt to:
     # the mapping must be a bijection (every program's every split stamps its row, from a buffer of
     # -1s, and the output is bit-identical to launch order's), and at one sequence (1,024 blocks in
-    # one wave: the 128 splits of 8 kv heads its launch takes) an SM's blocks must hold fewer kv
-    # heads than under split_major_grid's order (2-3 in the thirty-third session's stamps)
+    # one wave, the 128 splits of 8 kv heads its launch takes) an SM's blocks must hold fewer kv heads than under
+    # split_major_grid's order (2-3 in the thirty-third session's stamps)
     small = K.SMALL_LAUNCH_CONFIGS[(128, 4, "affine")]
     lens = [32768] if batch == 1 else [4096, 1, 1000, 2049, 133]
     codec, args = make_case(
