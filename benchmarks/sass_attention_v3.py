@@ -132,7 +132,6 @@ def compile_v3(args: argparse.Namespace) -> tuple[str, str, int, str]:
         TRANSFORM_IN_SPLIT=args.transform_in_split,
         QUERY_IN_SPLIT=args.query_in_split,
         LOADS_BEFORE_QUERY=args.loads_before_query if args.query_in_split else 0,
-        HEAD_LOCAL_WIDTH=args.head_local_width,
         PHASE_CLOCKS=args.phase_clocks,
     )
     pointer_types = dict(qw_ptr="*fp16", kc_ptr="*u8", vc_ptr="*u8", ks_ptr="*fp16", vs_ptr="*fp16")
@@ -294,12 +293,6 @@ def main() -> None:
         type=int,
         default=0,
         help="with --query-in-split: steps of cache reads issued before the query's transform",
-    )
-    p.add_argument(
-        "--head-local-width",
-        type=int,
-        default=0,
-        help="the SM count for head_local_blocks' block mapping (0: launch order)",
     )
     p.add_argument(
         "--phase-clocks",

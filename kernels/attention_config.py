@@ -211,14 +211,6 @@ class LaunchConfig:
     # epilogue-transform words (32 + 32 KB a head, read by every block) can hit L1 instead of L2:
     # the phase stamps put those two at 3.1 and 2.3 us of a block's 13.8
     split_major_grid: bool = False
-    # v3, in a split launch of at most one wave of resident programs: blocks mapped to (program,
-    # split) so that the blocks dealt to one SM (every SM-count-th in launch order) are one
-    # program's consecutive splits. At one sequence an SM's 7-8 blocks then hold one kv head, or two
-    # at a head's boundary, instead of split_major_grid's 2-3 (the phase stamps' SM ids,
-    # thirty-third session), so the query's and the epilogue's transform words (32 + 32 KB a head,
-    # read by every block: at one sequence 64 MB from L2 against the cache's 29.5 MB) can come from
-    # L1. Launches of more waves keep their order (later blocks go where earlier ones finished)
-    head_local_blocks: bool = False
     # with transform_in_split: a row's channels per merge program (a power of two; grid (rows, D /
     # this)), and its warps
     channel_merge_channels: int = 32
@@ -449,7 +441,6 @@ class LaunchConfig:
             )
         extras = ("zero_padding_p", "value_subnormals", "counted_steps")
         extras += ("transform_in_split", "query_in_split", "phase_clocks", "split_major_grid")
-        extras += ("head_local_blocks",)
         for name in ("prefetch_value_rows", "fill_value_rows_l2", *extras, *hints):
             if getattr(self, name) and self.kernel != "v3":
                 raise ValueError(
@@ -822,7 +813,6 @@ V3_ONLY_OPTIONS = (
     "query_in_split",
     "phase_clocks",
     "split_major_grid",
-    "head_local_blocks",
     "prefetch_value_rows",
     "fill_value_rows_l2",
     "value_copies_l2_256b",
@@ -1077,19 +1067,6 @@ def query_in_split_apply(config: LaunchConfig, split_programs: int, device: torc
     if resident is None:
         return False
     return split_programs <= config.query_in_split_waves * resident * _sm_count(device)
-
-
-def head_local_width(config: LaunchConfig, split_programs: int, device: torch.device) -> int:
-    """The SM count for LaunchConfig.head_local_blocks' mapping of a v3 split launch of
-    ``split_programs`` blocks, or 0 (launch order kept): not asked for, or more blocks than one wave
-    of resident programs (unknown residency, no maxnreg: none)."""
-    if not config.head_local_blocks:
-        return 0
-    resident = _device_resident_per_sm(config, device)
-    sms = _sm_count(device)
-    if resident is None or split_programs > resident * sms:
-        return 0
-    return sms
 
 
 def carveout_split_programs(programs: int, plan: SplitPlan) -> int:

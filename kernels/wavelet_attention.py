@@ -1108,7 +1108,6 @@ from .attention_config import (  # noqa: E402
     choose_split_plan,
     default_config,
     exact_carveout,
-    head_local_width,
     query_in_split_apply,
     resident_programs_per_sm,
     split_count,
@@ -3034,7 +3033,6 @@ def _launch_v3(
     # a remainder plan's short splits go out last; split_major_grid: neighbouring blocks take
     # neighbouring programs (kv heads) instead of a program's neighbouring splits
     split_major = plan.split_major or config.split_major_grid
-    head_local = head_local_width(config, programs * num_splits, q.device)
     clocks = _phase_clock_buffer(config, programs * num_splits, q.device)
     if clocks is None:  # unread
         clocks = m_part
@@ -3125,7 +3123,6 @@ def _launch_v3(
         # (only where the split kernel transforms the query: without query_in_split nothing to hide)
         **({"LOADS_BEFORE_QUERY": config.loads_before_query} if config.query_in_split else {}),
         **({"SPLIT_MAJOR": True} if split_major else {}),
-        **({"HEAD_LOCAL_WIDTH": head_local} if head_local else {}),
         num_warps=1,
         **split_options,
         **_dependent(_pdl(config, q.device)),

@@ -1128,12 +1128,6 @@ if HAS_GLUON:
         LOADS_BEFORE_QUERY: gl.constexpr = 0,
         # a probe: each program stamps its phases into clock_ptr (LaunchConfig.phase_clocks)
         PHASE_CLOCKS: gl.constexpr = False,
-        # > 0: the SM count. The block scheduler deals a launch's blocks to the SMs in turn, so in a
-        # launch of one wave an SM's blocks are every HEAD_LOCAL_WIDTH-th in launch order; blocks are
-        # mapped to (program, split) so those take consecutive pairs: the splits of one program
-        # (one kv head) an SM, whose transform words then come from its L1 (LaunchConfig.
-        # head_local_blocks). Any order is correct; this one only aims at the dealing
-        HEAD_LOCAL_WIDTH: gl.constexpr = 0,
     ):
         """One (split, sequence, kv head, row block): online softmax over a range of compressed
         tokens in the coefficient domain; grid (num_splits, programs), or (programs, num_splits)
@@ -1153,23 +1147,7 @@ if HAS_GLUON:
             gl.inline_asm_elementwise(_MARK_COPIES_L2_256B, "=r", [], dtype=gl.int32, is_pure=False, pack=1)
         if PLAIN_LOADS_L2_256B:
             gl.inline_asm_elementwise(_MARK_LOADS_L2_256B, "=r", [], dtype=gl.int32, is_pure=False, pack=1)
-        if HEAD_LOCAL_WIDTH > 0:
-            # block b (launch order) -> t: blocks ordered by the SM they are dealt to (b mod width),
-            # then by their turn (b // width); slots below `extra` get one block more
-            block = gl.program_id(0) + gl.program_id(1) * gl.num_programs(0)
-            blocks = gl.num_programs(0) * gl.num_programs(1)
-            per_slot = blocks // HEAD_LOCAL_WIDTH
-            extra = blocks % HEAD_LOCAL_WIDTH
-            slot = block % HEAD_LOCAL_WIDTH
-            turn = block // HEAD_LOCAL_WIDTH
-            t = gl.where(
-                slot < extra,
-                slot * (per_slot + 1) + turn,
-                extra * (per_slot + 1) + (slot - extra) * per_slot + turn,
-            )
-            pid = t // num_splits
-            split = t % num_splits
-        elif SPLIT_MAJOR:
+        if SPLIT_MAJOR:
             pid = gl.program_id(0)
             split = gl.program_id(1)
         else:
@@ -1243,9 +1221,7 @@ if HAS_GLUON:
                 # only prefetches: loads into registers here measured 8-14% slower at one sequence
                 # (thirty-third session: the transform's 64 loads then go out in more batches)
                 first_rows = (kcodes, vcodes, kscales, vscales, lo, full_hi - BLOCK_N)
-                _prefetch_first_steps(
-                    first_rows, LOADS_BEFORE_QUERY, CODE_ROW, SCALE_ROW, BLOCK_N, False, False
-                )
+                _prefetch_first_steps(first_rows, LOADS_BEFORE_QUERY, CODE_ROW, SCALE_ROW, BLOCK_N, False, False)
             q0, q1, q2, q3, q4, q5, q6, q7, qc0, qc1 = _query_in_split(*query_tables, BLOCK_M, BAND_COLUMNS)
         elif LOADS_BEFORE_WAIT == 0:
             q0, q1, q2, q3, q4, q5, q6, q7, qc0, qc1 = _load_query(

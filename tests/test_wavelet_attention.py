@@ -846,51 +846,6 @@ def test_gpu_v3_phase_clocks_stamp_every_program_in_order(small):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("batch,kv_heads,splits", [(1, 8, 128), (5, 2, 7), (5, 2, 70), (5, 2, 1)])
-def test_gpu_v3_head_local_blocks_run_every_split_once(batch, kv_heads, splits):
-    # head_local_blocks maps launch-order blocks to (program, split) by the SM they are dealt to:
-    # the mapping must be a bijection (every program's every split stamps its row, from a buffer of
-    # -1s, and the output is bit-identical to launch order's), and at one sequence (1,024 blocks in
-    # one wave, the 128 splits of 8 kv heads its launch takes) an SM's blocks must hold fewer kv heads than under
-    # split_major_grid's order (2-3 in the thirty-third session's stamps)
-    small = K.SMALL_LAUNCH_CONFIGS[(128, 4, "affine")]
-    lens = [32768] if batch == 1 else [4096, 1, 1000, 2049, 133]
-    codec, args = make_case(
-        UNIFORM_REAL, batch, kv_heads, 4, 1, 128, lens, max(lens), torch.bfloat16, "cuda", "full"
-    )
-    programs = batch * kv_heads
-
-    def stamped_run(config: K.LaunchConfig) -> tuple[torch.Tensor, torch.Tensor]:
-        n = splits
-        buffer = torch.full((programs * n * K.PHASE_SLOTS,), -1, dtype=torch.int64, device="cuda")
-        K.phase_clock_buffer = buffer
-        try:
-            stamped = dataclasses.replace(config, phase_clocks=True)
-            out = _run_triton(args, codec, 128**-0.5, config=stamped, num_splits=n)
-            torch.cuda.synchronize()
-        finally:
-            K.phase_clock_buffer = None
-        return out, buffer.view(programs * n, K.PHASE_SLOTS).cpu()
-
-    plain, plain_rows = stamped_run(small)
-    got, rows = stamped_run(dataclasses.replace(small, head_local_blocks=True))
-    assert torch.equal(got, plain)
-    assert (rows[:, [0, 1, 6, 7]] > 0).all()  # every (program, split): its wait, query, rest, epilogue
-    assert not got.isnan().any() and rel_err(got, dense_reference(codec, args, 128**-0.5)) <= 1e-2
-
-    def heads_per_sm(table: torch.Tensor) -> float:
-        n = table.shape[0] // programs
-        held: dict[int, set[int]] = {}
-        for index, sm in enumerate(table[:, K.PHASE_SM].tolist()):
-            held.setdefault(sm, set()).add(index // n)
-        return sum(len(h) for h in held.values()) / len(held)
-
-    if batch == 1:
-        assert heads_per_sm(rows) < heads_per_sm(plain_rows), (heads_per_sm(rows), heads_per_sm(plain_rows))
-    assert not K._V3_FAILURE, K._V3_FAILURE
-
-
-@pytest.mark.gpu
 @pytest.mark.parametrize(
     "option,tolerance",
     [
