@@ -188,12 +188,6 @@ class LaunchConfig:
     # (32, 32768) / (8, 32768), then +0.1% / +0.0% / -0.3% on a steadier machine: no measurable
     # gain, off
     prologue_waits: bool = False
-    # with pdl, where the prologue lets the split kernel launch: "start" (at once), "loads" (once
-    # its loads have been issued) or "dot" (once its dot is done). Thirty-third session, one
-    # sequence with the prologue (timeline): the prologue ran 4.6 us, since from its start the split
-    # kernel's 1,024 programs, issuing their first steps' reads before their wait
-    # (loads_before_pdl_wait), queue 6.8 MB ahead of its query and transform reads
-    prologue_trigger: str = "start"
     # _prologue_heads_kernel's query rows a program (the dot's M: 16 sequences' 4-row blocks at
     # 64). Measured 2026-12-01 (H200, torch.profiler): one program per sequence took 12.8 us at
     # (32, 32768), 64-row tiles 4.8 us (the op 0.3150 -> 0.3064 ms). Twenty-seventh session (4
@@ -504,11 +498,6 @@ class LaunchConfig:
             raise ValueError(
                 "LaunchConfig.prologue_tile_rows must be 16, 32 or 64 (a dot's M on the tensor "
                 f"cores), got {self.prologue_tile_rows}"
-            )
-        if self.prologue_trigger not in ("start", "loads", "dot"):
-            raise ValueError(
-                "LaunchConfig.prologue_trigger must be 'start', 'loads' or 'dot' (where the prologue "
-                f"lets the split kernel launch), got {self.prologue_trigger!r}"
             )
         if self.prologue_precision not in ("tf32x3", "tf32", "ieee"):
             raise ValueError(

@@ -1324,28 +1324,18 @@ if HAS_TRITON:
         qk_scale,
         D: tl.constexpr,
         PRECISION: tl.constexpr,  # the dot's input_precision (LaunchConfig.prologue_precision)
-        TRIGGER: tl.constexpr = "start",  # "loads" / "dot": let PDL dependents launch there
     ):
         """q_w = M (q * s_k) * qk_scale * step in fp16 for the slots `cols` of every row, and each
-        band's share of the score offset sum_s q_w[s] * shift[s] in this chunk (4 [rows] sums).
-        TRIGGER (LaunchConfig.prologue_trigger): "loads" lets the dependent (split) kernel launch
-        once every load here has been issued, "dot" once the dot is done; "start": not here."""
+        band's share of the score offset sum_s q_w[s] * shift[s] in this chunk (4 [rows] sums)."""
         d = tl.arange(0, D)
-        q = tl.load(q_rows[:, None] + d[None, :], mask=row_ok[:, None], other=0.0)
-        channel_scale = tl.load(k_channel_scale + d)
+        q = tl.load(q_rows[:, None] + d[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
+        q = q * tl.load(k_channel_scale + d).to(tl.float32)[None, :]
         m = tl.load(transform + cols[:, None] * D + d[None, :])
-        step = tl.load(col_step_ptr + cols)
-        band = tl.load(col_band_ptr + cols)[None, :]
-        shift = tl.load(col_shift_ptr + cols)
-        if TRIGGER == "loads":
-            tl.extra.cuda.gdc_launch_dependents()
-        q = q.to(tl.float32) * channel_scale.to(tl.float32)[None, :]
         qw = tl.dot(q, tl.trans(m), input_precision=PRECISION)  # [rows, D_CHUNK]
-        if TRIGGER == "dot":
-            tl.extra.cuda.gdc_launch_dependents()
-        qw16 = (qw * (step * qk_scale)[None, :]).to(tl.float16)
+        qw16 = (qw * (tl.load(col_step_ptr + cols) * qk_scale)[None, :]).to(tl.float16)
+        band = tl.load(col_band_ptr + cols)[None, :]
         # the offset uses the fp16-rounded query, exactly what the MMA multiplies
-        shifted = qw16.to(tl.float32) * shift[None, :]
+        shifted = qw16.to(tl.float32) * tl.load(col_shift_ptr + cols)[None, :]
         return (
             qw16,
             tl.sum(tl.where(band == 0, shifted, 0.0), axis=1),
@@ -1381,13 +1371,12 @@ if HAS_TRITON:
         PRECISION: tl.constexpr = "tf32x3",  # LaunchConfig.prologue_precision
         PDL: tl.constexpr = False,  # launched with programmatic dependent launch (see _pdl)
         WAIT: tl.constexpr = False,  # itself a programmatic dependent (LaunchConfig.prologue_waits)
-        TRIGGER: tl.constexpr = "start",  # with PDL: where the split kernel may launch (prologue_trigger)
     ):
         """q_w = M_h (q * s_k) * qk_scale * step in fp16 for D_CHUNK of the S kernel slots (D for
         v1, padded field planes for v2) per program, and that chunk's share of each band's score
         offset sum_s q_w[s] * shift[s]; grid (sequence x kv head x row block, S / D_CHUNK), so a
         short batch still spreads over many programs. The split kernels add the chunk shares."""
-        if PDL and TRIGGER == "start":  # the split kernel may launch now (it waits before reading qw/qc)
+        if PDL:  # the split kernel may launch now: it waits for this kernel before reading qw/qc
             tl.extra.cuda.gdc_launch_dependents()
         if WAIT:  # the kernel before this one (it may write q, or read qw/qc) has finished
             tl.extra.cuda.gdc_wait()
@@ -1415,7 +1404,6 @@ if HAS_TRITON:
             qk_scale,
             D,
             PRECISION,
-            TRIGGER,  # (only the launcher sets it, with PDL)
         )
         tl.store(qw_ptr + pid * BLOCK_M * S + local[:, None] * S + cols[None, :], qw16)
         qc = qc_ptr + (pid * (S // D_CHUNK) + chunk) * BLOCK_M * 4 + local * 4
@@ -1452,14 +1440,13 @@ if HAS_TRITON:
         PRECISION: tl.constexpr = "tf32x3",  # LaunchConfig.prologue_precision
         PDL: tl.constexpr = False,  # launched with programmatic dependent launch (see _pdl)
         WAIT: tl.constexpr = False,  # itself a programmatic dependent (LaunchConfig.prologue_waits)
-        TRIGGER: tl.constexpr = "start",  # with PDL: where the split kernel may launch (prologue_trigger)
     ):
         """_prologue_kernel for one row block per (sequence, kv head) (decode): the query rows of
         ROWS / BLOCK_M sequences that share a kv head's M go through one [ROWS, D] x [D, D_CHUNK]
         dot; grid (kv head, row tile, S / D_CHUNK). Why: one program per (sequence, kv head) padded
         its BLOCK_M rows to the dot's 16 and ran about 1,100 SASS instructions per warp for 16K
         multiply-adds; at B = 32 that was 13 us of issue (ncu, H200) for a kernel that reads 1 MB."""
-        if PDL and TRIGGER == "start":  # the split kernel may launch now (it waits before reading qw/qc)
+        if PDL:  # the split kernel may launch now: it waits for this kernel before reading qw/qc
             tl.extra.cuda.gdc_launch_dependents()
         if WAIT:  # the kernel before this one (it may write q, or read qw/qc) has finished
             tl.extra.cuda.gdc_wait()
@@ -1486,7 +1473,6 @@ if HAS_TRITON:
             qk_scale,
             D,
             PRECISION,
-            TRIGGER,  # (only the launcher sets it, with PDL)
         )
         # program (seq, kv head, row block 0) of the split kernels owns these rows
         program = seq * n_kv_heads + kv_head
@@ -2928,10 +2914,7 @@ def _prologue_pdl(pdl: bool, config: LaunchConfig) -> dict:
     LaunchConfig.prologue_waits it is itself launched early and waits for the kernel before it."""
     if not pdl:
         return {}
-    trigger = {} if config.prologue_trigger == "start" else {"TRIGGER": config.prologue_trigger}
-    if config.prologue_waits:
-        return {"PDL": True, "WAIT": True, "launch_pdl": True, **trigger}
-    return {"PDL": True, **trigger}
+    return {"PDL": True, "WAIT": True, "launch_pdl": True} if config.prologue_waits else {"PDL": True}
 
 
 _SIDE_STREAMS = _side.STREAMS  # the shared second stream (kernels/side_stream.py)

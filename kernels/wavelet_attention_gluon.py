@@ -1221,9 +1221,7 @@ if HAS_GLUON:
                 # only prefetches: loads into registers here measured 8-14% slower at one sequence
                 # (thirty-third session: the transform's 64 loads then go out in more batches)
                 first_rows = (kcodes, vcodes, kscales, vscales, lo, full_hi - BLOCK_N)
-                _prefetch_first_steps(
-                    first_rows, LOADS_BEFORE_QUERY, CODE_ROW, SCALE_ROW, BLOCK_N, False, False
-                )
+                _prefetch_first_steps(first_rows, LOADS_BEFORE_QUERY, CODE_ROW, SCALE_ROW, BLOCK_N, False, False)
             q0, q1, q2, q3, q4, q5, q6, q7, qc0, qc1 = _query_in_split(*query_tables, BLOCK_M, BAND_COLUMNS)
         elif LOADS_BEFORE_WAIT == 0:
             q0, q1, q2, q3, q4, q5, q6, q7, qc0, qc1 = _load_query(
