@@ -163,14 +163,11 @@ class LaunchConfig:
     # (+0.9 .. +8.7) at (8, 131072) (two waves: each slot pays the 416 instructions twice and
     # saves the wait once); at one sequence -5.6%, with 256-token splits -8.5%
     query_in_split: bool = False
-    # with query_in_split: this many full steps' key, value and scale rows prefetched into L2
-    # (prefetch.global.L2, no registers) before the split kernel transforms the query (after the
-    # PDL wait), so the first steps' loads, issued after the transform's 64 MMAs and 32 KB of
-    # transform words (offline: about 800 instructions into the program), find them in L2.
-    # Thirty-third session (H200, 5 rounds, probe_loads_before_query_one_sequence.json): the first
-    # step's key words and scale pairs loaded into registers before the transform as well (commit
-    # 3b6781c) +8.4% at one sequence with one step, +14.1% with two; +4.3% / -0.2% / +8.4% at
-    # (8, 131072) / (32, 32768) / (8, 32768) with one. 0: the query first
+    # with query_in_split: this many full steps' cache reads issued before the split kernel
+    # transforms the query (after the PDL wait): their rows prefetched into L2, the first step's key
+    # words and scale pairs into registers, so their latency hides behind the transform's 64 MMAs
+    # and 32 KB of transform words instead of following them (offline: the first key load came
+    # about 800 instructions into the program). 0: the query first
     loads_before_query: int = 0
     # with query_in_split: take it only where the split launch is at most this many waves of
     # resident programs (0: always); elsewhere the prologue transforms the query

@@ -371,20 +371,18 @@ if HAS_GLUON:
         CODE_ROW: gl.constexpr,
         SCALE_ROW: gl.constexpr,
         BLOCK_N: gl.constexpr,
-        KEYS_IN_REGISTERS: gl.constexpr,
-        SCALES_IN_REGISTERS: gl.constexpr,
+        KEYS_AHEAD: gl.constexpr,
     ):
         """The first STEPS full steps' rows into L2 (LOADS_BEFORE_WAIT, LOADS_BEFORE_QUERY):
         first_rows = (key codes, value codes, key scales, value scales, lo, last full step). Step 0's
-        key words (KEYS_IN_REGISTERS) and scale pairs (SCALES_IN_REGISTERS) when the caller has
-        loaded them into registers already: not again."""
+        key words (KEYS_AHEAD) and scale pairs are in registers already, so only its other rows."""
         kcodes, vcodes, kscales, vscales, lo, last_full = first_rows
         for i in gl.static_range(STEPS):
             first = gl.minimum(lo + i * BLOCK_N, last_full)
             _fetch_rows_into_l2(vcodes + first * CODE_ROW, CODE_ROW, BLOCK_N)
-            if i > 0 or not KEYS_IN_REGISTERS:
+            if i > 0 or not KEYS_AHEAD:
                 _fetch_rows_into_l2(kcodes + first * CODE_ROW, CODE_ROW, BLOCK_N)
-            if i > 0 or not SCALES_IN_REGISTERS:
+            if i > 0:
                 _fetch_rows_into_l2(kscales + first * SCALE_ROW, SCALE_ROW, BLOCK_N)
                 _fetch_rows_into_l2(vscales + first * SCALE_ROW, SCALE_ROW, BLOCK_N)
 
@@ -1190,15 +1188,8 @@ if HAS_GLUON:
         all_hi = gl.min(gl.where(row_ok, row_hi, hi), axis=0)
         full_hi = lo + gl.maximum(all_hi - lo, 0) // BLOCK_N * BLOCK_N
         # ---- loop invariants
-        kcodes = (kc_ptr + batch * kc_stride_b + kv_head * kc_stride_h).to(
-            gl.pointer_type(gl.int16), bitcast=True
-        )
-        vcodes = (vc_ptr + batch * vc_stride_b + kv_head * vc_stride_h).to(
-            gl.pointer_type(gl.int16), bitcast=True
-        )
-        kscales = ks_ptr + batch * ks_stride_b + kv_head * ks_stride_h
-        vscales = vs_ptr + batch * vs_stride_b + kv_head * vs_stride_h
-        # QUERY_IN_SPLIT: what the query's transform reads
+        # QUERY_IN_SPLIT: what the query's transform reads, where it runs (here, or after the first
+        # step's loads with LOADS_BEFORE_QUERY)
         query_tables = (
             q_ptr,
             q_stride_b,
@@ -1217,20 +1208,27 @@ if HAS_GLUON:
         gl.static_assert(LOADS_BEFORE_QUERY == 0 or QUERY_IN_SPLIT, "LOADS_BEFORE_QUERY needs QUERY_IN_SPLIT")
         if QUERY_IN_SPLIT:
             gl.static_assert(LOADS_BEFORE_WAIT == 0, "QUERY_IN_SPLIT reads the query after the wait")
-            if LOADS_BEFORE_QUERY > 0 and full_hi > lo:
-                # only prefetches: loads into registers here measured 8-14% slower at one sequence
-                # (thirty-third session: the transform's 64 loads then go out in more batches)
-                first_rows = (kcodes, vcodes, kscales, vscales, lo, full_hi - BLOCK_N)
-                _prefetch_first_steps(first_rows, LOADS_BEFORE_QUERY, CODE_ROW, SCALE_ROW, BLOCK_N, False, False)
-            q0, q1, q2, q3, q4, q5, q6, q7, qc0, qc1 = _query_in_split(*query_tables, BLOCK_M, BAND_COLUMNS)
+            if LOADS_BEFORE_QUERY == 0:
+                q0, q1, q2, q3, q4, q5, q6, q7, qc0, qc1 = _query_in_split(
+                    *query_tables, BLOCK_M, BAND_COLUMNS
+                )
         elif LOADS_BEFORE_WAIT == 0:
             q0, q1, q2, q3, q4, q5, q6, q7, qc0, qc1 = _load_query(
                 qw_ptr, qc_ptr, pid, BLOCK_M, N_QC, BAND_COLUMNS
             )
         if PHASE_CLOCKS and LOADS_BEFORE_WAIT == 0:
-            _stamp(stamps, 1, gl.max(qc0 + qc1, axis=0))
+            if LOADS_BEFORE_QUERY == 0:  # (else stamped after the query's transform, below)
+                _stamp(stamps, 1, gl.max(qc0 + qc1, axis=0))
             gl.store(stamps + _PHASE_FULL_STEPS, ((full_hi - lo) // BLOCK_N).to(gl.int64))
         ones = gl.full([16, BLOCK_N], 1.0, gl.float16, layout=_A)  # token sums through the MMA
+        kcodes = (kc_ptr + batch * kc_stride_b + kv_head * kc_stride_h).to(
+            gl.pointer_type(gl.int16), bitcast=True
+        )
+        vcodes = (vc_ptr + batch * vc_stride_b + kv_head * vc_stride_h).to(
+            gl.pointer_type(gl.int16), bitcast=True
+        )
+        kscales = ks_ptr + batch * ks_stride_b + kv_head * ks_stride_h
+        vscales = vs_ptr + batch * vs_stride_b + kv_head * vs_stride_h
         kt = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, _A))
         st = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, _SCALE_PAIRS))
         sv = st  # the value scales' token indices: two adjacent tokens a lane when staged
@@ -1299,14 +1297,20 @@ if HAS_GLUON:
                 )
             if LOADS_BEFORE_WAIT > 0:
                 first_rows = (kcodes, vcodes, kscales, vscales, lo, last_full)
-                _prefetch_first_steps(
-                    first_rows, LOADS_BEFORE_WAIT, CODE_ROW, SCALE_ROW, BLOCK_N, KEYS_AHEAD, True
-                )
+                _prefetch_first_steps(first_rows, LOADS_BEFORE_WAIT, CODE_ROW, SCALE_ROW, BLOCK_N, KEYS_AHEAD)
                 if PDL:
                     _wait_for_prologue()
                 q0, q1, q2, q3, q4, q5, q6, q7, qc0, qc1 = _load_query(
                     qw_ptr, qc_ptr, pid, BLOCK_M, N_QC, BAND_COLUMNS
                 )
+            if LOADS_BEFORE_QUERY > 0:
+                first_rows = (kcodes, vcodes, kscales, vscales, lo, last_full)
+                _prefetch_first_steps(first_rows, LOADS_BEFORE_QUERY, CODE_ROW, SCALE_ROW, BLOCK_N, KEYS_AHEAD)
+                q0, q1, q2, q3, q4, q5, q6, q7, qc0, qc1 = _query_in_split(
+                    *query_tables, BLOCK_M, BAND_COLUMNS
+                )
+                if PHASE_CLOCKS:
+                    _stamp(stamps, 1, gl.max(qc0 + qc1, axis=0))
             if FILL_VALUE_ROWS_L2:
                 fill = gl.zeros([32], gl.int32, layout=_LANES)
                 sink = gl.zeros([32], gl.int32, layout=_LANES)
@@ -1433,6 +1437,12 @@ if HAS_GLUON:
                     _wait_for_prologue()
                 q0, q1, q2, q3, q4, q5, q6, q7, qc0, qc1 = _load_query(
                     qw_ptr, qc_ptr, pid, BLOCK_M, N_QC, BAND_COLUMNS
+                )
+            if LOADS_BEFORE_QUERY > 0:
+                # (a program with full steps transformed it there: again here, since a value defined
+                # in one branch is not one after it; only a range's last split has both)
+                q0, q1, q2, q3, q4, q5, q6, q7, qc0, qc1 = _query_in_split(
+                    *query_tables, BLOCK_M, BAND_COLUMNS
                 )
             state = _masked_steps(
                 rest,

@@ -735,9 +735,10 @@ def test_gpu_v3_query_in_split_matches_the_prologue(group, tq, channel, small):
 @pytest.mark.parametrize("steps", [1, 2])
 @pytest.mark.parametrize("small", [False, True])
 def test_gpu_v3_loads_before_query_change_no_result(group, tq, steps, small):
-    # loads_before_query only prefetches the first steps' rows into L2 before the query's
+    # loads_before_query only moves the first steps' loads (and L2 prefetches) before the query's
     # transform: the same arithmetic, so the output is bit-identical for every split count, with
-    # programs of masked steps only (no prefetch), of full and masked steps and empty splits
+    # programs of masked steps only (1-token ranges), of full and masked steps (where the query's
+    # transform runs in both branches) and empty splits
     table = K.SMALL_LAUNCH_CONFIGS if small else K.TUNED_CONFIGS
     base = dataclasses.replace(table[(128, 4, "affine")], query_in_split=True, query_in_split_waves=0)
     early = dataclasses.replace(base, loads_before_query=steps)
