@@ -163,12 +163,6 @@ class LaunchConfig:
     # (+0.9 .. +8.7) at (8, 131072) (two waves: each slot pays the 416 instructions twice and
     # saves the wait once); at one sequence -5.6%, with 256-token splits -8.5%
     query_in_split: bool = False
-    # with query_in_split: this many full steps' cache reads issued before the split kernel
-    # transforms the query (after the PDL wait): their rows prefetched into L2, the first step's key
-    # words and scale pairs into registers, so their latency hides behind the transform's 64 MMAs
-    # and 32 KB of transform words instead of following them (offline: the first key load came
-    # about 800 instructions into the program). 0: the query first
-    loads_before_query: int = 0
     # with query_in_split: take it only where the split launch is at most this many waves of
     # resident programs (0: always); elsewhere the prologue transforms the query
     query_in_split_waves: int = 0
@@ -425,11 +419,6 @@ class LaunchConfig:
             raise ValueError(
                 "LaunchConfig.prologue_waits launches the prologue with programmatic dependent launch: "
                 "it needs pdl=True"
-            )
-        if self.loads_before_query < 0 or (self.loads_before_query and self.kernel != "v3"):
-            raise ValueError(
-                "LaunchConfig.loads_before_query is a v3 option (with query_in_split), a step count "
-                f">= 0: got {self.loads_before_query} with kernel={self.kernel!r}"
             )
         if self.query_in_split and self.loads_before_pdl_wait:
             raise ValueError(

@@ -3120,8 +3120,6 @@ def _launch_v3(
         VALUE_COPIES_L2_256B=config.value_copies_l2_256b,
         PLAIN_LOADS_L2_256B=config.plain_loads_l2_256b,
         **({"LOADS_BEFORE_WAIT": config.loads_before_pdl_wait} if config.loads_before_pdl_wait else {}),
-        # (only where the split kernel transforms the query: without query_in_split nothing to hide)
-        **({"LOADS_BEFORE_QUERY": config.loads_before_query} if config.query_in_split else {}),
         **({"SPLIT_MAJOR": True} if split_major else {}),
         num_warps=1,
         **split_options,

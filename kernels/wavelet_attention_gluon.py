@@ -365,28 +365,6 @@ if HAS_GLUON:
         )
 
     @gluon.jit
-    def _prefetch_first_steps(
-        first_rows,
-        STEPS: gl.constexpr,
-        CODE_ROW: gl.constexpr,
-        SCALE_ROW: gl.constexpr,
-        BLOCK_N: gl.constexpr,
-        KEYS_AHEAD: gl.constexpr,
-    ):
-        """The first STEPS full steps' rows into L2 (LOADS_BEFORE_WAIT, LOADS_BEFORE_QUERY):
-        first_rows = (key codes, value codes, key scales, value scales, lo, last full step). Step 0's
-        key words (KEYS_AHEAD) and scale pairs are in registers already, so only its other rows."""
-        kcodes, vcodes, kscales, vscales, lo, last_full = first_rows
-        for i in gl.static_range(STEPS):
-            first = gl.minimum(lo + i * BLOCK_N, last_full)
-            _fetch_rows_into_l2(vcodes + first * CODE_ROW, CODE_ROW, BLOCK_N)
-            if i > 0 or not KEYS_AHEAD:
-                _fetch_rows_into_l2(kcodes + first * CODE_ROW, CODE_ROW, BLOCK_N)
-            if i > 0:
-                _fetch_rows_into_l2(kscales + first * SCALE_ROW, SCALE_ROW, BLOCK_N)
-                _fetch_rows_into_l2(vscales + first * SCALE_ROW, SCALE_ROW, BLOCK_N)
-
-    @gluon.jit
     def _fill_rows_into_l2(codes, ROW: gl.constexpr, BLOCK_N: gl.constexpr):
         """One word per 256-byte block of BLOCK_N code rows from `codes` (int16 pointer to the
         first row), lane i at byte 256 i (the range's last word for lanes past it), loaded with
@@ -1118,12 +1096,6 @@ if HAS_GLUON:
         # the query's transform to slots computed here from the query (_query_in_split), so no
         # prologue runs before this kernel (LaunchConfig.query_in_split; needs LOADS_BEFORE_WAIT 0)
         QUERY_IN_SPLIT: gl.constexpr = False,
-        # with QUERY_IN_SPLIT: the first full steps' cache reads issued before the query's
-        # transform, so their latency hides behind its 64 MMAs and 32 KB of transform words: this
-        # many steps' key, value and scale rows prefetched into L2 and the first step's key words and
-        # scale pairs loaded into registers (after the PDL wait, unlike LOADS_BEFORE_WAIT: here the
-        # previous kernel may still be writing the caches). 0: the query first
-        LOADS_BEFORE_QUERY: gl.constexpr = 0,
         # a probe: each program stamps its phases into clock_ptr (LaunchConfig.phase_clocks)
         PHASE_CLOCKS: gl.constexpr = False,
     ):
@@ -1188,37 +1160,31 @@ if HAS_GLUON:
         all_hi = gl.min(gl.where(row_ok, row_hi, hi), axis=0)
         full_hi = lo + gl.maximum(all_hi - lo, 0) // BLOCK_N * BLOCK_N
         # ---- loop invariants
-        # QUERY_IN_SPLIT: what the query's transform reads, where it runs (here, or after the first
-        # step's loads with LOADS_BEFORE_QUERY)
-        query_tables = (
-            q_ptr,
-            q_stride_b,
-            q_stride_h,
-            q_stride_t,
-            qt_ptr + kv_head * qt_stride_h,
-            k_factor_ptr,
-            k_shift_ptr,
-            qk_scale,
-            batch,
-            kv_head,
-            row_block,
-            group,
-            n_new,
-        )
-        gl.static_assert(LOADS_BEFORE_QUERY == 0 or QUERY_IN_SPLIT, "LOADS_BEFORE_QUERY needs QUERY_IN_SPLIT")
         if QUERY_IN_SPLIT:
             gl.static_assert(LOADS_BEFORE_WAIT == 0, "QUERY_IN_SPLIT reads the query after the wait")
-            if LOADS_BEFORE_QUERY == 0:
-                q0, q1, q2, q3, q4, q5, q6, q7, qc0, qc1 = _query_in_split(
-                    *query_tables, BLOCK_M, BAND_COLUMNS
-                )
+            q0, q1, q2, q3, q4, q5, q6, q7, qc0, qc1 = _query_in_split(
+                q_ptr,
+                q_stride_b,
+                q_stride_h,
+                q_stride_t,
+                qt_ptr + kv_head * qt_stride_h,
+                k_factor_ptr,
+                k_shift_ptr,
+                qk_scale,
+                batch,
+                kv_head,
+                row_block,
+                group,
+                n_new,
+                BLOCK_M,
+                BAND_COLUMNS,
+            )
         elif LOADS_BEFORE_WAIT == 0:
             q0, q1, q2, q3, q4, q5, q6, q7, qc0, qc1 = _load_query(
                 qw_ptr, qc_ptr, pid, BLOCK_M, N_QC, BAND_COLUMNS
             )
         if PHASE_CLOCKS and LOADS_BEFORE_WAIT == 0:
-            if LOADS_BEFORE_QUERY == 0:  # (else stamped after the query's transform, below)
-                _stamp(stamps, 1, gl.max(qc0 + qc1, axis=0))
+            _stamp(stamps, 1, gl.max(qc0 + qc1, axis=0))
             gl.store(stamps + _PHASE_FULL_STEPS, ((full_hi - lo) // BLOCK_N).to(gl.int64))
         ones = gl.full([16, BLOCK_N], 1.0, gl.float16, layout=_A)  # token sums through the MMA
         kcodes = (kc_ptr + batch * kc_stride_b + kv_head * kc_stride_h).to(
@@ -1296,21 +1262,19 @@ if HAS_GLUON:
                     kcodes, lo + kt, CODE_ROW, E4, E2, False, KEY_LOADS_L2_256B, KEY_WORD_PAIRS
                 )
             if LOADS_BEFORE_WAIT > 0:
-                first_rows = (kcodes, vcodes, kscales, vscales, lo, last_full)
-                _prefetch_first_steps(first_rows, LOADS_BEFORE_WAIT, CODE_ROW, SCALE_ROW, BLOCK_N, KEYS_AHEAD)
+                for i in gl.static_range(LOADS_BEFORE_WAIT):
+                    first = gl.minimum(lo + i * BLOCK_N, last_full)
+                    _fetch_rows_into_l2(vcodes + first * CODE_ROW, CODE_ROW, BLOCK_N)
+                    if i > 0 or not KEYS_AHEAD:  # (step 0's key words are loaded above)
+                        _fetch_rows_into_l2(kcodes + first * CODE_ROW, CODE_ROW, BLOCK_N)
+                    if i > 0:  # (and its scale pairs)
+                        _fetch_rows_into_l2(kscales + first * SCALE_ROW, SCALE_ROW, BLOCK_N)
+                        _fetch_rows_into_l2(vscales + first * SCALE_ROW, SCALE_ROW, BLOCK_N)
                 if PDL:
                     _wait_for_prologue()
                 q0, q1, q2, q3, q4, q5, q6, q7, qc0, qc1 = _load_query(
                     qw_ptr, qc_ptr, pid, BLOCK_M, N_QC, BAND_COLUMNS
                 )
-            if LOADS_BEFORE_QUERY > 0:
-                first_rows = (kcodes, vcodes, kscales, vscales, lo, last_full)
-                _prefetch_first_steps(first_rows, LOADS_BEFORE_QUERY, CODE_ROW, SCALE_ROW, BLOCK_N, KEYS_AHEAD)
-                q0, q1, q2, q3, q4, q5, q6, q7, qc0, qc1 = _query_in_split(
-                    *query_tables, BLOCK_M, BAND_COLUMNS
-                )
-                if PHASE_CLOCKS:
-                    _stamp(stamps, 1, gl.max(qc0 + qc1, axis=0))
             if FILL_VALUE_ROWS_L2:
                 fill = gl.zeros([32], gl.int32, layout=_LANES)
                 sink = gl.zeros([32], gl.int32, layout=_LANES)
@@ -1437,12 +1401,6 @@ if HAS_GLUON:
                     _wait_for_prologue()
                 q0, q1, q2, q3, q4, q5, q6, q7, qc0, qc1 = _load_query(
                     qw_ptr, qc_ptr, pid, BLOCK_M, N_QC, BAND_COLUMNS
-                )
-            if LOADS_BEFORE_QUERY > 0:
-                # (a program with full steps transformed it there: again here, since a value defined
-                # in one branch is not one after it; only a range's last split has both)
-                q0, q1, q2, q3, q4, q5, q6, q7, qc0, qc1 = _query_in_split(
-                    *query_tables, BLOCK_M, BAND_COLUMNS
                 )
             state = _masked_steps(
                 rest,

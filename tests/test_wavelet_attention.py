@@ -731,30 +731,6 @@ def test_gpu_v3_query_in_split_matches_the_prologue(group, tq, channel, small):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("group,tq", [(4, 1), (1, 3)])
-@pytest.mark.parametrize("steps", [1, 2])
-@pytest.mark.parametrize("small", [False, True])
-def test_gpu_v3_loads_before_query_change_no_result(group, tq, steps, small):
-    # loads_before_query only moves the first steps' loads (and L2 prefetches) before the query's
-    # transform: the same arithmetic, so the output is bit-identical for every split count, with
-    # programs of masked steps only (1-token ranges), of full and masked steps (where the query's
-    # transform runs in both branches) and empty splits
-    table = K.SMALL_LAUNCH_CONFIGS if small else K.TUNED_CONFIGS
-    base = dataclasses.replace(table[(128, 4, "affine")], query_in_split=True, query_in_split_waves=0)
-    early = dataclasses.replace(base, loads_before_query=steps)
-    codec, args = make_case(
-        UNIFORM_REAL, 5, 2, group, tq, 128, [4096, tq, 1000, 2049, 133], 4096, torch.bfloat16, "cuda", "full"
-    )
-    want = dense_reference(codec, args, 128**-0.5)
-    for splits in (None, 1, 7, 70):
-        plain = _run_triton(args, codec, 128**-0.5, config=base, num_splits=splits)
-        got = _run_triton(args, codec, 128**-0.5, config=early, num_splits=splits)
-        assert not got.isnan().any() and torch.equal(got, plain), (splits, rel_err(got, plain.double()))
-        assert rel_err(got, want) <= 1e-2
-    assert not K._V3_FAILURE, K._V3_FAILURE
-
-
-@pytest.mark.gpu
 def test_gpu_v3_tuned_query_in_split_only_in_one_wave():
     # query_in_split_waves=1: a split launch of one wave of resident programs (12 a SM at 168
     # registers) transforms the query in its split kernel, a longer one runs the prologue; both right
