@@ -131,7 +131,6 @@ def compile_v3(args: argparse.Namespace) -> tuple[str, str, int, str]:
         COUNTED_STEPS=args.counted_steps,
         TRANSFORM_IN_SPLIT=args.transform_in_split,
         QUERY_IN_SPLIT=args.query_in_split,
-        PREFETCH_BEFORE_WAIT=args.prefetch_before_wait,
         PHASE_CLOCKS=args.phase_clocks,
     )
     pointer_types = dict(qw_ptr="*fp16", kc_ptr="*u8", vc_ptr="*u8", ks_ptr="*fp16", vs_ptr="*fp16")
@@ -287,12 +286,6 @@ def main() -> None:
         "--query-in-split",
         action="store_true",
         help="the query's transform in the split kernel (no prologue); needs --loads-before-pdl-wait 0",
-    )
-    p.add_argument(
-        "--prefetch-before-wait",
-        type=int,
-        default=0,
-        help="with --pdl: steps of code and scale rows prefetched into L2 before the wait",
     )
     p.add_argument(
         "--phase-clocks",

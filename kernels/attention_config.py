@@ -325,16 +325,6 @@ class LaunchConfig:
     # load after the wait. (Only the query comes from the prologue; everything the caches hold
     # was written before the prologue started, which is a plain launch.)
     loads_before_pdl_wait: int = 0
-    # v3 with pdl: this many of each split's first steps' code and scale rows prefetched into L2
-    # before the wait, from a sequence length read before it (a guess, clamped to the capacity):
-    # L2 holds every global write, so this is safe whatever the kernel before still writes, unlike
-    # loads_before_pdl_wait's register loads. It pays where the split kernel is resident before
-    # the previous kernel ends (with merge_triggers_next, the previous call's merge)
-    prefetch_before_wait: int = 0
-    # with pdl: the channel merge (the last kernel of a call with transform_in_split) lets the
-    # next kernel in the stream launch at once instead of at its end, so a next call's split
-    # kernel (a programmatic dependent) is resident, and can prefetch, while the merge runs
-    merge_triggers_next: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_n", "reduce_split_chunk", "transform_channels"):
@@ -429,18 +419,6 @@ class LaunchConfig:
             raise ValueError(
                 "LaunchConfig.prologue_waits launches the prologue with programmatic dependent launch: "
                 "it needs pdl=True"
-            )
-        if self.prefetch_before_wait < 0 or (
-            self.prefetch_before_wait and (self.kernel != "v3" or not self.pdl or self.loads_before_pdl_wait)
-        ):
-            raise ValueError(
-                "LaunchConfig.prefetch_before_wait is a step count >= 0 for v3 with pdl, instead of "
-                f"loads_before_pdl_wait: got {self.prefetch_before_wait} with kernel={self.kernel!r}, "
-                f"pdl={self.pdl}, loads_before_pdl_wait={self.loads_before_pdl_wait}"
-            )
-        if self.merge_triggers_next and not self.pdl:
-            raise ValueError(
-                "LaunchConfig.merge_triggers_next is a programmatic-launch option: it needs pdl=True"
             )
         if self.query_in_split and self.loads_before_pdl_wait:
             raise ValueError(

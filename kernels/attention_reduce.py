@@ -468,16 +468,11 @@ if HAS_TRITON:
         CHANNELS: tl.constexpr,  # a row's channels per program: grid (query rows, D / CHANNELS)
         OFFSET: tl.constexpr,
         PDL: tl.constexpr = False,  # launched with programmatic dependent launch (see _pdl)
-        # let the next kernel in the stream launch at once (LaunchConfig.merge_triggers_next): a
-        # programmatic dependent still waits for this kernel's end before it reads anything
-        TRIGGER: tl.constexpr = False,
     ):
         """The reduce after a split kernel that wrote channel-domain partials
         (LaunchConfig.transform_in_split): each program merges CHANNELS of one query row's sums
         over all n_parts partials (compressed splits and exact chunks alike) under one softmax,
         SPLIT_CHUNK partials a load, adds the value offset and writes the output."""
-        if TRIGGER:
-            tl.extra.cuda.gdc_launch_dependents()
         if PDL:  # the previous kernel's writes are visible after this, none before it
             tl.extra.cuda.gdc_wait()
         pid = tl.program_id(0)

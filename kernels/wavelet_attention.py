@@ -3064,7 +3064,6 @@ def _launch_v3(
         v_scales.stride(0),
         v_scales.stride(1),
         seq_lens,
-        k_codes.shape[2],
         plan2.v_step,
         plan2.v_shift,
         plan2.slot_coef,
@@ -3122,7 +3121,6 @@ def _launch_v3(
         PLAIN_LOADS_L2_256B=config.plain_loads_l2_256b,
         **({"LOADS_BEFORE_WAIT": config.loads_before_pdl_wait} if config.loads_before_pdl_wait else {}),
         **({"SPLIT_MAJOR": True} if split_major else {}),
-        **({"PREFETCH_BEFORE_WAIT": config.prefetch_before_wait} if config.prefetch_before_wait else {}),
         num_warps=1,
         **split_options,
         **_dependent(_pdl(config, q.device)),
@@ -3578,7 +3576,6 @@ def wavelet_attention_triton(
             num_warps=config.channel_merge_warps,
             **channel_flags,
             **_dependent(pdl and side is None),
-            **({"TRIGGER": True} if pdl and config.merge_triggers_next else {}),
         )
     elif programs * block_m <= config.row_reduce_max_programs * _sm_count(device):
         # few (sequence, kv head) pairs and many splits: one program per query row

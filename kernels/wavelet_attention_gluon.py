@@ -365,55 +365,6 @@ if HAS_GLUON:
         )
 
     @gluon.jit
-    def _prefetch_guessed_steps(
-        rows_of,
-        seq_lens_ptr,
-        capacity,
-        pid,
-        split,
-        n_row_blocks,
-        n_kv_heads,
-        split_num,
-        split_den,
-        STEPS: gl.constexpr,
-        CODE_ROW: gl.constexpr,
-        SCALE_ROW: gl.constexpr,
-        BLOCK_N: gl.constexpr,
-        SINKS: gl.constexpr,
-        WINDOW: gl.constexpr,
-    ):
-        """PREFETCH_BEFORE_WAIT: the first STEPS steps' key and value code rows and scale rows of
-        this split into L2, from a sequence length read before the PDL wait (a volatile load: the
-        one after the wait is not merged with it). The length may be stale, so the rows are only a
-        guess, clamped to the capacity; a cache of less than one step prefetches nothing.
-        rows_of = (key codes, their batch and head strides, value codes, ..., key scales, ...,
-        value scales, ...)."""
-        kc_ptr, kc_stride_b, kc_stride_h, vc_ptr, vc_stride_b, vc_stride_h = rows_of[:6]
-        ks_ptr, ks_stride_b, ks_stride_h, vs_ptr, vs_stride_b, vs_stride_h = rows_of[6:]
-        kv_head = (pid // n_row_blocks) % n_kv_heads
-        batch = pid // (n_row_blocks * n_kv_heads)
-        guess = gl.load(seq_lens_ptr + batch, volatile=True).to(gl.int32)
-        comp_hi = gl.minimum(gl.maximum(guess - WINDOW, SINKS), capacity)
-        span = gl.maximum(comp_hi - SINKS, 0).to(gl.int64)
-        chunk = gl.cdiv(gl.cdiv(span * split_num, split_den).to(gl.int32), BLOCK_N) * BLOCK_N
-        lo = SINKS + split * chunk
-        if capacity >= BLOCK_N and lo < comp_hi:
-            kcodes = (kc_ptr + batch * kc_stride_b + kv_head * kc_stride_h).to(
-                gl.pointer_type(gl.int16), bitcast=True
-            )
-            vcodes = (vc_ptr + batch * vc_stride_b + kv_head * vc_stride_h).to(
-                gl.pointer_type(gl.int16), bitcast=True
-            )
-            kscales = ks_ptr + batch * ks_stride_b + kv_head * ks_stride_h
-            vscales = vs_ptr + batch * vs_stride_b + kv_head * vs_stride_h
-            for i in gl.static_range(STEPS):
-                first = gl.minimum(lo + i * BLOCK_N, capacity - BLOCK_N)
-                _fetch_rows_into_l2(kcodes + first * CODE_ROW, CODE_ROW, BLOCK_N)
-                _fetch_rows_into_l2(vcodes + first * CODE_ROW, CODE_ROW, BLOCK_N)
-                _fetch_rows_into_l2(kscales + first * SCALE_ROW, SCALE_ROW, BLOCK_N)
-                _fetch_rows_into_l2(vscales + first * SCALE_ROW, SCALE_ROW, BLOCK_N)
-
-    @gluon.jit
     def _fill_rows_into_l2(codes, ROW: gl.constexpr, BLOCK_N: gl.constexpr):
         """One word per 256-byte block of BLOCK_N code rows from `codes` (int16 pointer to the
         first row), lane i at byte 256 i (the range's last word for lanes past it), loaded with
@@ -1019,7 +970,6 @@ if HAS_GLUON:
         vs_stride_b,
         vs_stride_h,
         seq_lens_ptr,  # int [B]: positions in the cache per sequence
-        capacity,  # rows per (sequence, kv head) in the code and scale tensors
         v_step_ptr,  # fp32 [128] per value slot (see _plan_v3)
         v_shift_ptr,  # fp32 [128]
         slot_coef_ptr,  # int32 [128]: coefficient held by each value slot
@@ -1148,17 +1098,11 @@ if HAS_GLUON:
         QUERY_IN_SPLIT: gl.constexpr = False,
         # a probe: each program stamps its phases into clock_ptr (LaunchConfig.phase_clocks)
         PHASE_CLOCKS: gl.constexpr = False,
-        # with PDL: this many of the split's first steps' code and scale rows prefetched into L2
-        # before the wait (LaunchConfig.prefetch_before_wait), where the sequence length read
-        # before the wait may be stale: it only picks which rows, clamped to the capacity. L2 is
-        # where every global write lands, so a row the previous kernel still writes is not read
-        # stale later; nothing before the wait enters a register, L1 or shared memory
-        PREFETCH_BEFORE_WAIT: gl.constexpr = 0,
     ):
         """One (split, sequence, kv head, row block): online softmax over a range of compressed
         tokens in the coefficient domain; grid (num_splits, programs), or (programs, num_splits)
         with SPLIT_MAJOR."""
-        if PDL and LOADS_BEFORE_WAIT == 0 and PREFETCH_BEFORE_WAIT == 0:
+        if PDL and LOADS_BEFORE_WAIT == 0:
             _wait_for_prologue()
         if TRIGGER_DEPENDENTS:
             gl.inline_asm_elementwise(
@@ -1179,29 +1123,6 @@ if HAS_GLUON:
         else:
             split = gl.program_id(0)
             pid = gl.program_id(1)
-        if PREFETCH_BEFORE_WAIT > 0:
-            gl.static_assert(LOADS_BEFORE_WAIT == 0, "PREFETCH_BEFORE_WAIT replaces LOADS_BEFORE_WAIT")
-            rows_of = (kc_ptr, kc_stride_b, kc_stride_h, vc_ptr, vc_stride_b, vc_stride_h)
-            rows_of += (ks_ptr, ks_stride_b, ks_stride_h, vs_ptr, vs_stride_b, vs_stride_h)
-            _prefetch_guessed_steps(
-                rows_of,
-                seq_lens_ptr,
-                capacity,
-                pid,
-                split,
-                n_row_blocks,
-                n_kv_heads,
-                split_num,
-                split_den,
-                PREFETCH_BEFORE_WAIT,
-                CODE_ROW,
-                SCALE_ROW,
-                BLOCK_N,
-                SINKS,
-                WINDOW,
-            )
-            if PDL:
-                _wait_for_prologue()
         stamps = clock_ptr + (pid * num_splits + split) * _PHASE_SLOTS
         if PHASE_CLOCKS:
             _stamp(stamps, 0, split)

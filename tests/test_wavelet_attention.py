@@ -731,47 +731,6 @@ def test_gpu_v3_query_in_split_matches_the_prologue(group, tq, channel, small):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("small", [False, True])
-def test_gpu_v3_prefetch_before_wait_and_merge_trigger_change_no_result(small):
-    # prefetch_before_wait only prefetches rows into L2 before the PDL wait, and merge_triggers_next
-    # only lets the next kernel launch sooner: the output is bit-identical for every split count
-    # (empty splits and sequences shorter than a step included), and back-to-back calls in one CUDA
-    # graph (each next split kernel launched while the merge before it runs) each give their own
-    # query's output
-    table = K.SMALL_LAUNCH_CONFIGS if small else K.TUNED_CONFIGS
-    base = table[(128, 4, "affine")]
-    variants = [
-        dataclasses.replace(base, prefetch_before_wait=1),
-        dataclasses.replace(base, prefetch_before_wait=2, merge_triggers_next=True),
-        dataclasses.replace(base, merge_triggers_next=True),
-    ]
-    codec, args = make_case(
-        UNIFORM_REAL, 5, 2, 4, 1, 128, [4096, 1, 1000, 2049, 133], 4096, torch.bfloat16, "cuda", "full"
-    )
-    want = dense_reference(codec, args, 128**-0.5)
-    for splits in (None, 1, 7, 70):
-        plain = _run_triton(args, codec, 128**-0.5, config=base, num_splits=splits)
-        assert not plain.isnan().any() and rel_err(plain, want) <= 1e-2
-        for config in variants:
-            got = _run_triton(args, codec, 128**-0.5, config=config, num_splits=splits)
-            assert torch.equal(got, plain), (config, splits)
-    queries = [torch.randn_like(args[0]) for _ in range(4)]
-    eager = []
-    for query in queries:
-        eager.append(_run_triton((query, *args[1:]), codec, 128**-0.5, config=base))
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = [
-            _run_triton((query, *args[1:]), codec, 128**-0.5, config=variants[1]) for query in queries
-        ]
-    graph.replay()
-    torch.cuda.synchronize()
-    for got, expected in zip(captured, eager, strict=True):
-        assert torch.equal(got, expected)
-    assert not K._V3_FAILURE, K._V3_FAILURE
-
-
-@pytest.mark.gpu
 def test_gpu_v3_tuned_query_in_split_only_in_one_wave():
     # query_in_split_waves=1: a split launch of one wave of resident programs (12 a SM at 168
     # registers) transforms the query in its split kernel, a longer one runs the prologue; both right
