@@ -131,12 +131,11 @@ def compile_v3(args: argparse.Namespace) -> tuple[str, str, int, str]:
         COUNTED_STEPS=args.counted_steps,
         TRANSFORM_IN_SPLIT=args.transform_in_split,
         QUERY_IN_SPLIT=args.query_in_split,
-        SIGNAL_DONE=args.signal_done,
         PHASE_CLOCKS=args.phase_clocks,
     )
     pointer_types = dict(qw_ptr="*fp16", kc_ptr="*u8", vc_ptr="*u8", ks_ptr="*fp16", vs_ptr="*fp16")
     pointer_types.update(seq_lens_ptr="*i32", slot_coef_ptr="*i32", vt_ptr="*i32", qt_ptr="*i32")
-    pointer_types.update(q_ptr="*bf16", clock_ptr="*i64", done_ptr="*i32")
+    pointer_types.update(q_ptr="*bf16", clock_ptr="*i64")
     signature = {}
     for name in fn.arg_names:
         if name in constexprs:
@@ -287,11 +286,6 @@ def main() -> None:
         "--query-in-split",
         action="store_true",
         help="the query's transform in the split kernel (no prologue); needs --loads-before-pdl-wait 0",
-    )
-    p.add_argument(
-        "--signal-done",
-        action="store_true",
-        help="each program counts its stored partial in (LaunchConfig.merge_spins)",
     )
     p.add_argument(
         "--phase-clocks",

@@ -243,14 +243,6 @@ class LaunchConfig:
     # 1% at one to four sequences, 0.8% slower at the large decode shapes. Twenty-ninth session, at
     # one sequence with the small-launch config: -3.4% (5 rounds): on in SMALL_LAUNCH_CONFIGS
     exact_in_chain: bool = False
-    # v3 with exact_in_chain and transform_in_split: the merge waits on a counter per program (each
-    # split and exact program adds 1, with release semantics, once its partial is stored) instead of
-    # for the exact kernel's end (PDL), so each program's rows merge as soon as its own partials are
-    # in, while other heads' splits still run, and the handoffs from the split kernel's end to the
-    # exact kernel's and on to the merge leave the critical path. The merge's programs are resident
-    # by then (launched early in the chain, after every split and exact program started), so none
-    # waits on a producer that has no SM
-    merge_spins: bool = False
     # v3 with overlap_exact: the exact-token kernel is enqueued on its stream before the split kernel
     # is launched, not after. Nineteenth session: at one sequence the exact kernel, enqueued after,
     # starts only at 13 of 26 us though the split kernel leaves SMs free; enqueued before, it started
@@ -470,12 +462,6 @@ class LaunchConfig:
             raise ValueError(
                 "LaunchConfig.p_movmatrix is a v3 option for convert_p_once (p converted once): "
                 f"got kernel={self.kernel!r}, convert_p_once={self.convert_p_once}"
-            )
-        if self.merge_spins and not (self.exact_in_chain and self.transform_in_split):
-            raise ValueError(
-                "LaunchConfig.merge_spins counts the partials of the PDL chain's split and exact "
-                "kernels into the channel merge: it needs exact_in_chain=True and transform_in_split=True, "
-                f"got exact_in_chain={self.exact_in_chain}, transform_in_split={self.transform_in_split}"
             )
         if self.exact_in_chain and (self.kernel != "v3" or self.overlap_exact or not self.pdl):
             raise ValueError(

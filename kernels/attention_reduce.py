@@ -447,23 +447,6 @@ if HAS_TRITON:
         tl.store(out_rows[:, None] + cols[None, :], o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
 
     @triton.jit
-    def _wait_for_count(counter, target):
-        """Spin until the int32 at `counter` reaches `target` (polled from L2 with pauses), then one
-        acquire read, after which the releases that counted up are visible. A count that has not
-        come after about 2 s traps: a launch error, never a merge of missing partials."""
-        tries = 0
-        seen = tl.load(counter, volatile=True)
-        while (seen < target) & (tries < 10_000_000):
-            tl.inline_asm_elementwise(
-                "nanosleep.u32 200; mov.b32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False, pack=1
-            )
-            seen = tl.load(counter, volatile=True)
-            tries += 1
-        seen = tl.atomic_add(counter, 0, sem="acquire", scope="gpu")
-        if seen < target:
-            tl.inline_asm_elementwise("trap; mov.b32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
-
-    @triton.jit
     def _merge_channel_rows_kernel(
         m_ptr,
         l_ptr,
@@ -479,24 +462,18 @@ if HAS_TRITON:
         n_new,
         n_row_blocks,
         n_parts,  # partials per program, all in the channel domain (centred: x - m)
-        done_ptr,  # SPIN: int32 [2, counters]: stored partials, then finished merge programs, per program
-        counters,
         D: tl.constexpr,
         BLOCK_M: tl.constexpr,
         SPLIT_CHUNK: tl.constexpr,  # partials merged per wide load
         CHANNELS: tl.constexpr,  # a row's channels per program: grid (query rows, D / CHANNELS)
         OFFSET: tl.constexpr,
         PDL: tl.constexpr = False,  # launched with programmatic dependent launch (see _pdl)
-        # wait for the program's n_parts partials on its counter instead of for the kernel before
-        # (LaunchConfig.merge_spins), then its PDL wait at the end so that its end still implies
-        # the kernels' before it; the program's last merge program zeroes both counters
-        SPIN: tl.constexpr = False,
     ):
         """The reduce after a split kernel that wrote channel-domain partials
         (LaunchConfig.transform_in_split): each program merges CHANNELS of one query row's sums
         over all n_parts partials (compressed splits and exact chunks alike) under one softmax,
         SPLIT_CHUNK partials a load, adds the value offset and writes the output."""
-        if PDL and not SPIN:  # the previous kernel's writes are visible after this, none before it
+        if PDL:  # the previous kernel's writes are visible after this, none before it
             tl.extra.cuda.gdc_wait()
         pid = tl.program_id(0)
         row_local = pid % BLOCK_M
@@ -505,8 +482,6 @@ if HAS_TRITON:
         kv_head = (program // n_row_blocks) % n_kv_heads
         batch = program // (n_row_blocks * n_kv_heads)
         row = row_block * BLOCK_M + row_local
-        if SPIN:
-            _wait_for_count(done_ptr + program, n_parts)
         if row < group * n_new:
             d = tl.program_id(1) * CHANNELS + tl.arange(0, CHANNELS)
             base = program * n_parts
@@ -517,15 +492,9 @@ if HAS_TRITON:
                 split = first + tl.arange(0, SPLIT_CHUNK)
                 ok = split < n_parts
                 part = (base + split) * BLOCK_M + row_local
-                # (SPIN: from L2, never an SM's L1, which a previous call may have filled)
-                m_s = tl.load(m_ptr + part, mask=ok, other=_NEG_BIG, cache_modifier=".cg" if SPIN else "")
-                l_s = tl.load(l_ptr + part, mask=ok, other=0.0, cache_modifier=".cg" if SPIN else "")
-                acc_s = tl.load(
-                    acc_ptr + part[:, None] * D + d[None, :],
-                    mask=ok[:, None],
-                    other=0.0,
-                    cache_modifier=".cg" if SPIN else "",
-                )
+                m_s = tl.load(m_ptr + part, mask=ok, other=_NEG_BIG)
+                l_s = tl.load(l_ptr + part, mask=ok, other=0.0)
+                acc_s = tl.load(acc_ptr + part[:, None] * D + d[None, :], mask=ok[:, None], other=0.0)
                 m_new = tl.maximum(m_i, tl.max(m_s, axis=0))
                 w = tl.where(ok, tl.exp2(m_s - m_new), 0.0)
                 alpha = tl.exp2(m_i - m_new)
@@ -539,14 +508,3 @@ if HAS_TRITON:
             token = row % n_new
             out_row = out_ptr + batch * out_stride_b + head * out_stride_h + token * out_stride_t
             tl.store(out_row + d, o.to(out_ptr.dtype.element_ty))
-        if SPIN:
-            # the program's merge programs (every row, padding ones too, and channel slice) count
-            # themselves out; the last zeroes both counters for the next call, whose producers
-            # start after this kernel ends (their own PDL wait, or the stream)
-            tl.debug_barrier()
-            finished = tl.atomic_add(done_ptr + counters + program, 1, sem="acq_rel", scope="gpu")
-            if finished == BLOCK_M * (D // CHANNELS) - 1:
-                tl.store(done_ptr + program, 0)
-                tl.store(done_ptr + counters + program, 0)
-            if PDL:
-                tl.extra.cuda.gdc_wait()

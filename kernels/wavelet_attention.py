@@ -2816,7 +2816,6 @@ if HAS_TRITON:
         num_splits,
         n_parts,  # partials per program: num_splits compressed ranges, then the exact chunks
         qk_scale,
-        done_ptr,  # SIGNAL_DONE: int32 [programs] counters of stored partials
         D: tl.constexpr,
         BLOCK_M: tl.constexpr,
         EXACT_BLOCK: tl.constexpr,
@@ -2832,8 +2831,6 @@ if HAS_TRITON:
         # >= 0: the preferred shared-memory carveout (percent) that launch() sets on this compiled
         # variant (LaunchConfig.exact_carveout; the body does not read it)
         CARVEOUT: tl.constexpr = -1,
-        # its partial counted into done_ptr[pid] once stored (LaunchConfig.merge_spins)
-        SIGNAL_DONE: tl.constexpr = False,
     ):
         """The exact sink/window tokens of one (sequence, kv head, row block) as partials num_splits
         onwards, one per chunk of CHUNK_SLOTS slots (grid (programs, chunks)), for split kernels that
@@ -2875,9 +2872,6 @@ if HAS_TRITON:
             chunk * CHUNK_SLOTS,
             tl.minimum(chunk * CHUNK_SLOTS + CHUNK_SLOTS, SINKS + WINDOW),
         )
-        if SIGNAL_DONE:  # every thread's stores before the count (the barrier), then one release
-            tl.debug_barrier()
-            tl.atomic_add(done_ptr + pid, 1, sem="release", scope="gpu")
         if PDL_CHAIN:
             tl.extra.cuda.gdc_wait()
 
@@ -2909,13 +2903,6 @@ def _pdl(config: LaunchConfig, device: torch.device) -> bool:
     )
 
 
-def merge_spins_apply(config: LaunchConfig, device: torch.device) -> bool:
-    """Whether a v3 call under ``config`` runs LaunchConfig.merge_spins: asked for, with the chain
-    it needs (the exact-token kernel in the PDL chain, channel-domain partials) and PDL on this
-    device."""
-    return config.merge_spins and config.exact_in_chain and config.transform_in_split and _pdl(config, device)
-
-
 def _dependent(pdl: bool) -> dict:
     """Launch keywords of a kernel that waits in-kernel for the one before it (its PDL constexpr
     makes it call griddepcontrol.wait before any read)."""
@@ -2943,14 +2930,12 @@ def _launch_exact(
     config: LaunchConfig,
     chain: bool = False,
     carveout: int = -1,
-    done: torch.Tensor | None = None,
 ) -> None:
     """The exact sink/window tokens' partials (slots num_splits onwards, one per exact program:
     exact_chunks) for the v3 split kernel, on the current stream (arguments as for _launch_v3; dims
     end with n_parts and the exact slots per program). chain: launched with PDL right after the
     split kernel (LaunchConfig.exact_in_chain). carveout: its preferred shared-memory carveout in
-    percent (attention_config.exact_carveout), -1 for the driver's choice. done: each program's
-    partial counted into done[pid] once stored (LaunchConfig.merge_spins), else None."""
+    percent (attention_config.exact_carveout), -1 for the driver's choice."""
     _, _, m_part, l_part, acc_part = parts
     hkv, group, tq, n_row_blocks, num_splits, _, block_m, d, programs, qk_scale, n_parts, chunk_slots = dims
     chunks = n_parts - num_splits
@@ -2972,7 +2957,6 @@ def _launch_exact(
         num_splits,
         n_parts,
         qk_scale,
-        m_part if done is None else done,  # (unread without SIGNAL_DONE)
         D=d,
         BLOCK_M=block_m,
         EXACT_BLOCK=config.exact_block,
@@ -2982,29 +2966,8 @@ def _launch_exact(
         CHUNK_SLOTS=chunk_slots,
         num_warps=1,
         **({"PDL_CHAIN": True, "launch_pdl": True} if chain else {}),
-        **({"SIGNAL_DONE": True} if done is not None else {}),
         **({"CARVEOUT": carveout} if carveout >= 0 and q.is_cuda else {}),
     )
-
-
-# LaunchConfig.merge_spins' counters: per (device, stream), int32 [2, capacity] (stored partials,
-# finished merge programs), zero between calls (each call's last merge program zeroes its own)
-_DONE_COUNTERS: dict[tuple[int, int], torch.Tensor] = {}
-
-
-def _done_counters(device: torch.device, programs: int) -> torch.Tensor:
-    """The calling stream's merge_spins counters, at least `programs` a row, as one flat int32
-    tensor [2 x capacity] (its first half the partial counts, one per split program)."""
-    key = (
-        device.index if device.index is not None else torch.cuda.current_device(),
-        torch.cuda.current_stream(device).cuda_stream,
-    )
-    counters = _DONE_COUNTERS.get(key)
-    if counters is None or counters.numel() // 2 < programs:
-        capacity = max(programs, 1024)
-        counters = torch.zeros(2 * capacity, dtype=torch.int32, device=device)
-        _DONE_COUNTERS[key] = counters
-    return counters
 
 
 def _phase_clock_buffer(config: LaunchConfig, programs: int, device: torch.device) -> torch.Tensor | None:
@@ -3041,7 +3004,6 @@ def _launch_v3(
     plan: SplitPlan | None = None,
     value_channels: tuple | None = None,
     query_args: tuple | None = None,
-    done: torch.Tensor | None = None,
 ) -> None:
     """The exact-token kernel and the Gluon split kernel v3 (wavelet_attention_triton's v3 branch;
     parts: its qw, qc and partial buffers; dims: its launch sizes, in the order unpacked below).
@@ -3119,7 +3081,6 @@ def _launch_v3(
         plan.split_num,
         plan.split_den,
         clocks,
-        m_part if done is None else done,  # (unread without SIGNAL_DONE)
         CODE_ROW=k_codes.stride(2) // 2,
         SCALE_ROW=k_scales.stride(2),
         E4=layout.band_byte_offsets[0] // 2,
@@ -3160,13 +3121,12 @@ def _launch_v3(
         PLAIN_LOADS_L2_256B=config.plain_loads_l2_256b,
         **({"LOADS_BEFORE_WAIT": config.loads_before_pdl_wait} if config.loads_before_pdl_wait else {}),
         **({"SPLIT_MAJOR": True} if split_major else {}),
-        **({"SIGNAL_DONE": True} if done is not None else {}),
         num_warps=1,
         **split_options,
         **_dependent(_pdl(config, q.device)),
     )
     if config.exact_in_chain:  # in order after the split kernel (beside it with PDL)
-        _launch_exact(q, common_exact, parts, dims, layout, config, chain=chain, carveout=carveout, done=done)
+        _launch_exact(q, common_exact, parts, dims, layout, config, chain=chain, carveout=carveout)
     if side is not None and not config.exact_before_split:
         with torch.cuda.stream(side):
             _launch_exact(q, common_exact, parts, dims, layout, config, carveout=carveout)
@@ -3409,10 +3369,6 @@ def wavelet_attention_triton(
     if use_v3 and config.transform_in_split:
         words, stride = value_slot_transform_words(inverse, v_rotation, plan2.slot_coef, v_channel_scale)
         value_channels = (words, stride, v_cs, v_cs.stride(0))
-    # LaunchConfig.merge_spins: the merge waits on per-program counters of stored partials
-    done = None
-    if use_v3 and merge_spins_apply(config, device):
-        done = _done_counters(device, programs)
     if use_v3:
         _phase_clock_buffer(config, programs * num_splits, device)  # (refused here, not by falling back)
         try:
@@ -3439,15 +3395,12 @@ def wavelet_attention_triton(
                     plan,
                     value_channels,
                     query_args,
-                    None if done is None else done[:programs],
                 )
             finally:  # the reduce (or the fallback below) runs after the exact tokens' partial
                 if side is not None:
                     torch.cuda.current_stream(device).wait_stream(side)
                     _side.forget(caches)  # deferred writes into them came before it
         except Exception as exc:  # noqa: BLE001 - any build or launch failure: run v1 instead
-            if done is not None:  # counts a failed launch may have made: no later merge may see them
-                done.zero_()
             global _V3_FAILURE
             _V3_FAILURE = f"v3 failed on this Triton ({type(exc).__name__}: {str(exc)[:300]})"
             warnings.warn(f"wavelet_attention: {_V3_FAILURE}; the v1 kernel runs instead", stacklevel=2)
@@ -3616,8 +3569,6 @@ def wavelet_attention_triton(
             tq,
             n_row_blocks,
             n_parts,
-            m_part if done is None else done,  # (unread without SPIN)
-            0 if done is None else done.numel() // 2,
             D=d,
             BLOCK_M=block_m,
             SPLIT_CHUNK=reduce_split_chunk(config, n_parts),
@@ -3625,7 +3576,6 @@ def wavelet_attention_triton(
             num_warps=config.channel_merge_warps,
             **channel_flags,
             **_dependent(pdl and side is None),
-            **({"SPIN": True} if done is not None else {}),
         )
     elif programs * block_m <= config.row_reduce_max_programs * _sm_count(device):
         # few (sequence, kv head) pairs and many splits: one program per query row

@@ -834,23 +834,6 @@ if HAS_GLUON:
         gl.store(stamps + slot + lane * 0, now, mask=lane == 0)
 
     @gluon.jit
-    def _signal_done(counter):
-        """SIGNAL_DONE: after a warp barrier (which orders every lane's stores before the lanes'
-        next operations), every lane adds its share (1 for lane 0, else 0) to `counter` with
-        release semantics at GPU scope: whoever reads the count of 1 a program with acquire
-        semantics then sees this program's partial. (Shares, not one predicated lane: ptxas
-        aggregates a warp's adds to one address, and a sum of shares is 1 however it does.)"""
-        lane = gl.arange(0, 32, layout=_LANES)
-        gl.inline_asm_elementwise(
-            "{ bar.warp.sync -1; red.release.gpu.global.add.s32 [$2], $1; mov.b32 $0, 0; }",
-            "=r,r,l",
-            [(lane == 0).to(gl.int32), counter + lane * 0],
-            dtype=gl.int32,
-            is_pure=False,
-            pack=1,
-        )
-
-    @gluon.jit
     def _wait_for_prologue():
         """griddepcontrol.wait (PDL): the prologue's writes (qw, qc) are visible after this (with
         QUERY_IN_SPLIT, no prologue: the previous kernel's, e.g. the query's or the caches')."""
@@ -1024,8 +1007,6 @@ if HAS_GLUON:
         split_den,
         # PHASE_CLOCKS: int64 [programs * num_splits, PHASE_SLOTS] globaltimer stamps (see _stamp)
         clock_ptr,
-        # SIGNAL_DONE: int32 [programs] counters, each program's partial counted in when stored
-        done_ptr,
         CODE_ROW: gl.constexpr,  # int16 elements per code row (token stride)
         SCALE_ROW: gl.constexpr,  # fp16 scales per row (token stride)
         E4: gl.constexpr,  # first int16 element of the 4-bit band
@@ -1117,10 +1098,6 @@ if HAS_GLUON:
         QUERY_IN_SPLIT: gl.constexpr = False,
         # a probe: each program stamps its phases into clock_ptr (LaunchConfig.phase_clocks)
         PHASE_CLOCKS: gl.constexpr = False,
-        # once its partial is stored, each program adds 1 to done_ptr[pid] (a release at GPU scope
-        # after a warp barrier), so a merge that waits on the counter sees the partial
-        # (LaunchConfig.merge_spins)
-        SIGNAL_DONE: gl.constexpr = False,
     ):
         """One (split, sequence, kv head, row block): online softmax over a range of compressed
         tokens in the coefficient domain; grid (num_splits, programs), or (programs, num_splits)
@@ -1507,5 +1484,3 @@ if HAS_GLUON:
             _store_operand(a5, wsb_or_a, acc_out, *store, 80, D, sub, _C2_2, _C2_3, BAND_COLUMNS, True)
             _store_operand(a6, wsb_or_a, acc_out, *store, 96, D, sub, _C2_4, _C2_5, BAND_COLUMNS, True)
             _store_operand(a7, wsb_or_a, acc_out, *store, 112, D, sub, _C2_6, _C2_7, BAND_COLUMNS, True)
-        if SIGNAL_DONE:
-            _signal_done(done_ptr + pid)

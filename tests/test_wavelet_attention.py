@@ -731,43 +731,6 @@ def test_gpu_v3_query_in_split_matches_the_prologue(group, tq, channel, small):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("batch,lens", [(5, [4096, 1, 1000, 2049, 133]), (1, [32768])])
-def test_gpu_v3_merge_spins_changes_no_result(batch, lens):
-    # merge_spins: the merge waits on counters of stored partials instead of for the kernels
-    # before it; it merges the same partials in the same order, so the output is bit-identical for
-    # every split count (empty splits included, and one sequence's 128 splits of 8 kv heads); in one
-    # CUDA graph of back-to-back calls each call gives its own query's output; and every counter is
-    # zero again after each call
-    small = K.SMALL_LAUNCH_CONFIGS[(128, 4, "affine")]
-    assert small.exact_in_chain and small.transform_in_split and small.pdl
-    spins = dataclasses.replace(small, merge_spins=True)
-    kv_heads = 8 if batch == 1 else 2
-    codec, args = make_case(
-        UNIFORM_REAL, batch, kv_heads, 4, 1, 128, lens, max(lens), torch.bfloat16, "cuda", "full"
-    )
-    want = dense_reference(codec, args, 128**-0.5)
-    for splits in (None, 1, 7, 70) if batch > 1 else (None, 128):
-        plain = _run_triton(args, codec, 128**-0.5, config=small, num_splits=splits)
-        assert not plain.isnan().any() and rel_err(plain, want) <= 1e-2
-        got = _run_triton(args, codec, 128**-0.5, config=spins, num_splits=splits)
-        torch.cuda.synchronize()
-        assert torch.equal(got, plain), splits
-        assert all(not c.any() for c in K._DONE_COUNTERS.values())
-    queries = [torch.randn_like(args[0]) for _ in range(4)]
-    eager = [_run_triton((query, *args[1:]), codec, 128**-0.5, config=small) for query in queries]
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = [_run_triton((query, *args[1:]), codec, 128**-0.5, config=spins) for query in queries]
-    for _ in range(3):
-        graph.replay()
-    torch.cuda.synchronize()
-    for got, expected in zip(captured, eager, strict=True):
-        assert torch.equal(got, expected)
-    assert all(not c.any() for c in K._DONE_COUNTERS.values())
-    assert not K._V3_FAILURE, K._V3_FAILURE
-
-
-@pytest.mark.gpu
 def test_gpu_v3_tuned_query_in_split_only_in_one_wave():
     # query_in_split_waves=1: a split launch of one wave of resident programs (12 a SM at 168
     # registers) transforms the query in its split kernel, a longer one runs the prologue; both right
