@@ -53,107 +53,6 @@ _ROW_TILE = G._ROW_TILE
 
 
 @gluon.jit
-def _stream_item(
-    ring,  # (unused key slots, ROWS16 row ring [STAGES, BLOCK_N, 32], 4-bit and 2-bit value tiles)
-    kc_ptr,
-    ks_ptr,
-    vc_ptr,
-    vs_ptr,
-    n_tokens,
-    chunk,
-    split,
-    pair,
-    CODE_ROW: gl.constexpr,
-    SCALE_ROW: gl.constexpr,
-    E4: gl.constexpr,
-    E2: gl.constexpr,
-    BLOCK_N: gl.constexpr,
-    STAGES: gl.constexpr,
-    KEYS: gl.constexpr,
-    VALUES: gl.constexpr,
-    SCALES: gl.constexpr,
-    ROWS16: gl.constexpr,
-):
-    """One (split, pair) of _stream_kernel: the XOR of what it read."""
-    _, vrows, v4s, v2s = ring
-    pair = pair.to(gl.int64)
-    kcodes = (kc_ptr + pair * n_tokens * CODE_ROW * 2).to(gl.pointer_type(gl.int16), bitcast=True)
-    vcodes = (vc_ptr + pair * n_tokens * CODE_ROW * 2).to(gl.pointer_type(gl.int16), bitcast=True)
-    kscales = ks_ptr + pair * n_tokens * SCALE_ROW
-    vscales = vs_ptr + pair * n_tokens * SCALE_ROW
-    lo = split * chunk
-    hi = lo + chunk
-    last = hi - BLOCK_N
-    kt = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, _A))
-    vt = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, _TOKEN_ROWS_8B))
-    rt = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, _ROW_COPY))
-    rc = gl.arange(0, 32, layout=gl.SliceLayout(0, _ROW_COPY))
-    rc = gl.max_contiguous(gl.multiple_of(rc, 8), 8)
-    in_row = (rc < CODE_ROW)[None, :] & (rt >= 0)[:, None]  # a 48-byte row: 3 of a row's 4 lane chunks
-    st = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, _SCALE_PAIRS))
-    total = split * 0
-    if VALUES:
-        for i in gl.static_range(STAGES - 1):
-            _issue_values(
-                ring,
-                i,
-                vcodes + gl.minimum(lo + i * BLOCK_N, last) * CODE_ROW,
-                vt,
-                rt,
-                rc,
-                in_row,
-                CODE_ROW,
-                E4,
-                E2,
-                ROWS16,
-            )
-        xv = gl.zeros([BLOCK_N, 16], gl.int16, layout=_TOKEN_ROWS_8B)
-        xr = gl.zeros([BLOCK_N, 32], gl.int16, layout=_ROW_COPY)
-    if KEYS:
-        k4, k2 = G._load_key_words(kcodes + lo * CODE_ROW, kt, CODE_ROW, E4, E2, True, True, True)
-        xk4 = k4 ^ k4
-        xk2 = k2 ^ k2
-    if SCALES:
-        kp = G._load_scale_pairs(kscales, lo + st, SCALE_ROW)
-        vp = G._load_scale_pairs(vscales, lo + st, SCALE_ROW)
-        xs = kp.to(gl.int16, bitcast=True) ^ kp.to(gl.int16, bitcast=True)
-    for start in range(lo, hi, BLOCK_N):
-        step = (start - lo) // BLOCK_N
-        nxt = gl.minimum(start + BLOCK_N, last)
-        if VALUES:  # (the op issues its copies at the step's start too)
-            ahead = gl.minimum(start + (STAGES - 1) * BLOCK_N, last)
-            slot = (step + STAGES - 1) % STAGES
-            _issue_values(ring, slot, vcodes + ahead * CODE_ROW, vt, rt, rc, in_row, CODE_ROW, E4, E2, ROWS16)
-        if SCALES:  # this step's pairs are folded, the next step's loaded
-            xs = xs ^ kp.to(gl.int16, bitcast=True) ^ vp.to(gl.int16, bitcast=True)
-            kp = G._load_scale_pairs(kscales, nxt + st, SCALE_ROW)
-            vp = G._load_scale_pairs(vscales, nxt + st, SCALE_ROW)
-        if KEYS:
-            xk4 = xk4 ^ k4
-            xk2 = xk2 ^ k2
-            k4, k2 = G._load_key_words(kcodes + nxt * CODE_ROW, kt, CODE_ROW, E4, E2, True, True, True)
-        if VALUES:
-            async_copy.wait_group(STAGES - 1)
-            cur = step % STAGES
-            if ROWS16:
-                xr = xr ^ vrows.index(cur).load(_ROW_COPY)
-            else:
-                xv = xv ^ v4s.index(cur).load(_TOKEN_ROWS_8B) ^ v2s.index(cur).load(_TOKEN_ROWS_8B)
-    async_copy.wait_group(0)
-    # (the loads after the last step repeat it, clamped: left out of the sums, so each position's
-    # XOR over the split's steps is what is summed; tests/test_wavelet_attention.py checks it)
-    if KEYS:
-        total += gl.sum(gl.sum(xk4, axis=1), axis=0) + gl.sum(gl.sum(xk2, axis=1), axis=0)
-    if SCALES:
-        total += gl.sum(gl.sum(xs.to(gl.int32), axis=1), axis=0)
-    if VALUES:
-        total += gl.sum(gl.sum(xv.to(gl.int32), axis=1), axis=0) + gl.sum(
-            gl.sum(xr.to(gl.int32), axis=1), axis=0
-        )
-    return total
-
-
-@gluon.jit
 def _issue_values(
     ring,
     stage,
@@ -221,28 +120,84 @@ def _stream_kernel(
     for item in range(gl.program_id(0), n_items, gl.num_programs(0)):
         split = item % splits
         pair = item // splits
-        total = _stream_item(
-            (unused, vrows, v4s, v2s),
-            kc_ptr,
-            ks_ptr,
-            vc_ptr,
-            vs_ptr,
-            n_tokens,
-            chunk,
-            split,
-            pair,
-            CODE_ROW,
-            SCALE_ROW,
-            E4,
-            E2,
-            BLOCK_N,
-            STAGES,
-            KEYS,
-            VALUES,
-            SCALES,
-            ROWS16,
-        )
-        gl.store(out_ptr + item, total)
+        ring = (unused, vrows, v4s, v2s)
+        pair = pair.to(gl.int64)
+        kcodes = (kc_ptr + pair * n_tokens * CODE_ROW * 2).to(gl.pointer_type(gl.int16), bitcast=True)
+        vcodes = (vc_ptr + pair * n_tokens * CODE_ROW * 2).to(gl.pointer_type(gl.int16), bitcast=True)
+        kscales = ks_ptr + pair * n_tokens * SCALE_ROW
+        vscales = vs_ptr + pair * n_tokens * SCALE_ROW
+        lo = split * chunk
+        hi = lo + chunk
+        last = hi - BLOCK_N
+        kt = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, _A))
+        vt = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, _TOKEN_ROWS_8B))
+        rt = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, _ROW_COPY))
+        rc = gl.arange(0, 32, layout=gl.SliceLayout(0, _ROW_COPY))
+        rc = gl.max_contiguous(gl.multiple_of(rc, 8), 8)
+        in_row = (rc < CODE_ROW)[None, :] & (rt >= 0)[:, None]  # a 48-byte row: 3 of a row's 4 lane chunks
+        st = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, _SCALE_PAIRS))
+        total = split * 0
+        if VALUES:
+            for i in gl.static_range(STAGES - 1):
+                _issue_values(
+                    ring,
+                    i,
+                    vcodes + gl.minimum(lo + i * BLOCK_N, last) * CODE_ROW,
+                    vt,
+                    rt,
+                    rc,
+                    in_row,
+                    CODE_ROW,
+                    E4,
+                    E2,
+                    ROWS16,
+                )
+            xv = gl.zeros([BLOCK_N, 16], gl.int16, layout=_TOKEN_ROWS_8B)
+            xr = gl.zeros([BLOCK_N, 32], gl.int16, layout=_ROW_COPY)
+        if KEYS:
+            k4, k2 = G._load_key_words(kcodes + lo * CODE_ROW, kt, CODE_ROW, E4, E2, True, True, True)
+            xk4 = k4 ^ k4
+            xk2 = k2 ^ k2
+        if SCALES:
+            kp = G._load_scale_pairs(kscales, lo + st, SCALE_ROW)
+            vp = G._load_scale_pairs(vscales, lo + st, SCALE_ROW)
+            xs = kp.to(gl.int16, bitcast=True) ^ kp.to(gl.int16, bitcast=True)
+        for start in range(lo, hi, BLOCK_N):
+            step = (start - lo) // BLOCK_N
+            nxt = gl.minimum(start + BLOCK_N, last)
+            if VALUES:  # (the op issues its copies at the step's start too)
+                ahead = gl.minimum(start + (STAGES - 1) * BLOCK_N, last)
+                slot = (step + STAGES - 1) % STAGES
+                _issue_values(
+                    ring, slot, vcodes + ahead * CODE_ROW, vt, rt, rc, in_row, CODE_ROW, E4, E2, ROWS16
+                )
+            if SCALES:  # this step's pairs are folded, the next step's loaded
+                xs = xs ^ kp.to(gl.int16, bitcast=True) ^ vp.to(gl.int16, bitcast=True)
+                kp = G._load_scale_pairs(kscales, nxt + st, SCALE_ROW)
+                vp = G._load_scale_pairs(vscales, nxt + st, SCALE_ROW)
+            if KEYS:
+                xk4 = xk4 ^ k4
+                xk2 = xk2 ^ k2
+                k4, k2 = G._load_key_words(kcodes + nxt * CODE_ROW, kt, CODE_ROW, E4, E2, True, True, True)
+            if VALUES:
+                async_copy.wait_group(STAGES - 1)
+                cur = step % STAGES
+                if ROWS16:
+                    xr = xr ^ vrows.index(cur).load(_ROW_COPY)
+                else:
+                    xv = xv ^ v4s.index(cur).load(_TOKEN_ROWS_8B) ^ v2s.index(cur).load(_TOKEN_ROWS_8B)
+        async_copy.wait_group(0)
+        # (the loads after the last step repeat it, clamped: left out of the sums, so each position's
+        # XOR over the split's steps is what is summed; tests/test_wavelet_attention.py checks it)
+        if KEYS:
+            total += gl.sum(gl.sum(xk4, axis=1), axis=0) + gl.sum(gl.sum(xk2, axis=1), axis=0)
+        if SCALES:
+            total += gl.sum(gl.sum(xs.to(gl.int32), axis=1), axis=0)
+        if VALUES:
+            total += gl.sum(gl.sum(xv.to(gl.int32), axis=1), axis=0) + gl.sum(
+                gl.sum(xr.to(gl.int32), axis=1), axis=0
+            )
+        gl.store(out_ptr + item, total)  # the XOR of what this (split, pair) read
 
 
 def launch_stream(
