@@ -1,0 +1,144 @@
+"""Does straight-line code run slower than the same instructions in a loop, on a cold launch?
+
+The v3 split kernel at one sequence is 1,024 one-warp programs that each run once through about
+900 straight-line instructions (the query's transform), a 720-instruction loop 4 times, and an
+epilogue. Its phase stamps (thirty-fourth session) put the transform at 3.1 us whether its
+words come from L2 or, all heads reading one head's words, from L1, and whether or not its loads
+wait for the sequence length's first: not the loads' round trips, it seems. The loop's first step
+also takes 2.8 us where the later ones take 1.5-1.8. Both are code run for the first time. This
+probe times code with no memory traffic: `N` unrolled rounds of 8 independent FMAs (8 N
+instructions of straight-line code) against the same rounds as a loop of `U` unrolled rounds, on
+a grid of one-warp programs (1,024 of them, 7-8 an SM as at one sequence, or one an SM). Each
+program stamps %globaltimer before and after; each variant's kernel is launched cold (its first
+launch after a flush of L2) and warm.
+
+    python benchmarks/probe_instruction_fetch.py [--out DIR]
+
+If straight-line code takes far longer than its loop, instruction fetch bounds code run once, and
+the cure is less straight-line code (loops over the transform's operands), not fewer loads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _now(after):
+    """%globaltimer (ns), read once `after` (a tensor) is computed."""
+    return tl.inline_asm_elementwise(
+        "mov.u64 $0, %globaltimer; // $1", "=l,r", [after.to(tl.int32, bitcast=True)], dtype=tl.int64,
+        is_pure=False, pack=1,
+    )
+
+
+@triton.jit
+def _rounds(a0, a1, a2, a3, a4, a5, a6, a7, x, N: tl.constexpr):
+    for _ in tl.static_range(N):  # 8 independent FMAs a round
+        a0 = a0 * x + 1.0
+        a1 = a1 * x + 2.0
+        a2 = a2 * x + 3.0
+        a3 = a3 * x + 4.0
+        a4 = a4 * x + 5.0
+        a5 = a5 * x + 6.0
+        a6 = a6 * x + 7.0
+        a7 = a7 * x + 8.0
+    return a0, a1, a2, a3, a4, a5, a6, a7
+
+
+@triton.jit
+def fma_kernel(
+    x_ptr,  # fp32 [32]: the multiplier (just below 1: the sums stay finite)
+    out_ptr,  # fp32 [programs, 32]: the sums (kept live)
+    clock_ptr,  # int64 [programs, 2]: start and end stamps of lane 0
+    loops,  # runtime loop count (LOOPED)
+    N: tl.constexpr,  # unrolled rounds: straight-line, or per loop iteration
+    LOOPED: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    lane = tl.arange(0, 32)
+    x = tl.load(x_ptr + lane)
+    start = _now(x)
+    a0 = x
+    a1 = x + 1.0
+    a2 = x + 2.0
+    a3 = x + 3.0
+    a4 = x + 4.0
+    a5 = x + 5.0
+    a6 = x + 6.0
+    a7 = x + 7.0
+    if LOOPED:
+        for _ in range(loops):
+            a0, a1, a2, a3, a4, a5, a6, a7 = _rounds(a0, a1, a2, a3, a4, a5, a6, a7, x, N)
+    else:
+        a0, a1, a2, a3, a4, a5, a6, a7 = _rounds(a0, a1, a2, a3, a4, a5, a6, a7, x, N)
+    total = ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7))
+    end = _now(total)
+    tl.store(out_ptr + pid * 32 + lane, total)
+    tl.store(clock_ptr + pid * 2 + lane * 0, start, mask=lane == 0)
+    tl.store(clock_ptr + pid * 2 + 1 + lane * 0, end, mask=lane == 0)
+
+
+def run(programs: int, rounds: int, unrolled: int, looped: bool, flush: torch.Tensor) -> dict:
+    """Per-program durations (us) of `rounds` rounds of FMAs: straight-line (unrolled = rounds) or
+    a loop of rounds / unrolled iterations. The kernel is compiled first, then launched cold (after
+    an L2 flush; its code, new to this launch, comes from memory) and again warm."""
+    x = torch.full((32,), 0.999, device="cuda")
+    out = torch.empty(programs, 32, device="cuda")
+    clocks = torch.zeros(programs, 2, dtype=torch.int64, device="cuda")
+    args = dict(N=unrolled, LOOPED=looped, num_warps=1)
+    loops = rounds // unrolled
+    fma_kernel[(programs,)](x, out, clocks, loops, **args)  # compile
+    torch.cuda.synchronize()
+    result = {}
+    for name in ("cold", "warm"):
+        if name == "cold":
+            flush.add_(1.0)  # evicts L2 (and so the kernel's code) of everything but this buffer
+        torch.cuda.synchronize()
+        fma_kernel[(programs,)](x, out, clocks, loops, **args)
+        torch.cuda.synchronize()
+        if not torch.isfinite(out).all():
+            raise SystemExit("the FMA sums are not finite: the probe's multiplier is wrong")
+        c = clocks.double()
+        duration = (c[:, 1] - c[:, 0]) / 1e3
+        finish = (c[:, 1] - c[:, 0].min()) / 1e3
+        result[name] = {
+            "median_us": round(duration.median().item(), 3),
+            "max_us": round(duration.max().item(), 3),
+            "last_end_us": round(finish.max().item(), 3),
+        }
+    return result
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default="benchmarks/out")
+    a = p.parse_args()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    flush = torch.zeros(64 << 20, device="cuda")  # 256 MB: several times L2
+    rows = []
+    for programs in (1024, sms):
+        for rounds in (128, 512):  # 1,024 and 4,096 FMAs a program
+            for unrolled, looped in ((rounds, False), (16, True)):
+                r = run(programs, rounds, unrolled, looped, flush)
+                label = f"{8 * rounds} FMAs " + ("straight" if not looped else f"loop of {8 * unrolled}")
+                rows.append(dict(programs=programs, variant=label, **r))
+                print(
+                    f"{programs:5d} programs  {label:26s}  cold median {r['cold']['median_us']:7.2f} us "
+                    f"(max {r['cold']['max_us']:6.2f})  warm median {r['warm']['median_us']:7.2f} us "
+                    f"(max {r['warm']['max_us']:6.2f})",
+                    flush=True,
+                )
+    out = pathlib.Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "probe_instruction_fetch.json").write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
