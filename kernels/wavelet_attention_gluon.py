@@ -67,7 +67,7 @@ except Exception as exc:  # noqa: BLE001 - any import failure means "no Gluon he
 # warps and the group's one-warp partitions; setmaxnreg moves registers from the idle default
 # partition to the members (168 each, as one-warp programs), so at 4 members a CTA holds 8 warps
 # at 128 and two CTAs fit an SM: 8 members, as 7-8 one-warp programs did at one sequence
-SPLIT_GROUP_MAXNREG = 128
+SPLIT_GROUP_MAXNREG = 96
 SPLIT_GROUP_SIZES = (4, 8)
 
 
@@ -830,7 +830,7 @@ if HAS_GLUON:
         the one-sequence launch's query phase waited on), stores each operand and its score-offset
         terms in shared memory and arrives on the group's barrier; once all have, each member
         reads all 8 back. The same values as _query_in_split, summed in the same order."""
-        q_parts, offset_parts, stored = shared
+        q_parts, offset_parts = shared
         channel = gl.arange(0, 16, layout=gl.SliceLayout(1, _B))
         column = gl.arange(0, 8, layout=gl.SliceLayout(0, _B))
         local = column
@@ -856,8 +856,14 @@ if HAS_GLUON:
             q_j, s_j = _query_operand(blocks, *tables, member * OPERANDS + j)
             q_parts.index(member * OPERANDS + j).store(q_j)
             offset_parts.index(member * OPERANDS + j).store(s_j)
-        mbarrier.arrive(stored, count=1)
-        mbarrier.wait(stored, 0)
+        # every member's warp meets at named barrier 2 (Triton's own are 0 and 1), which also
+        # orders their shared-memory stores before the loads below. (An mbarrier arrive inside the
+        # members' shared noinline function is issued by thread 0 of the CTA's second warpgroup
+        # only: tid % 128 == 0, one member; the count never completed)
+        gl.inline_asm_elementwise(
+            "bar.sync 2, $1; // $0", "=r,r", [gl.full([32], 32 * GROUP, gl.int32, layout=_LANES)],
+            dtype=gl.int32, is_pure=False, pack=1,
+        )
         s0 = offset_parts.index(0).load(_MMA)
         s1 = offset_parts.index(1).load(_MMA)
         s2 = offset_parts.index(2).load(_MMA)
@@ -1852,11 +1858,13 @@ if HAS_GLUON:
             gl.inline_asm_elementwise(_MARK_CTA_BARRIER_TO_WARP, "=r", [], dtype=gl.int32, is_pure=False, pack=1)
             # the members' query operands (fp16 B fragments) and score-offset terms (fp32), and the
             # barrier each member arrives on once its operands are stored
+            if TRIGGER_DEPENDENTS:  # (the default partition's warps too: else the CTA counts only once it exits)
+                gl.inline_asm_elementwise(
+                    "griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1
+                )
             q_parts = gl.allocate_shared_memory(gl.float16, [8, 16, 8], _GROUP_TILES)
             offset_parts = gl.allocate_shared_memory(gl.float32, [8, 16, 8], _GROUP_TILES)
-            stored = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-            mbarrier.init(stored, count=GROUP)
-            shared = (q_parts, offset_parts, stored)
+            shared = (q_parts, offset_parts)
             args = (  # runtime values (constexprs must reach the partitions as their own arguments)
                 qw_ptr,
                 qc_ptr,
