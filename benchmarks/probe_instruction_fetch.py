@@ -13,9 +13,15 @@ program stamps %globaltimer before and after; each variant's kernel is launched 
 launch after a flush of L2) and warm.
 
     python benchmarks/probe_instruction_fetch.py [--out DIR]
+    python benchmarks/probe_instruction_fetch.py --sass --out DIR   # no GPU: each variant's FFMAs
 
 If straight-line code takes far longer than its loop, instruction fetch bounds code run once, and
-the cure is less straight-line code (loops over the transform's operands), not fewer loads.
+the cure is less straight-line code (loops over the transform's operands), not fewer loads. (At
+7-8 programs an SM it did not: 1,024 FMAs took 1.28 us either way, 4,096 4.6-5.1 us straight and
+4.35-4.6 as a loop, the issue rate's time. Alone on an SM, 4,096 straight-line FMAs took 5.1-5.4
+us against the loop's 2.6: about 0.4 instructions a cycle fetched. The transform's words were the
+cost after all: with constant operands in place of their loads it took 1.8 us instead of 3.1.
+RESULTS.md, thirty-fourth session.)
 """
 
 from __future__ import annotations
@@ -33,8 +39,12 @@ import triton.language as tl
 def _now(after):
     """%globaltimer (ns), read once `after` (a tensor) is computed."""
     return tl.inline_asm_elementwise(
-        "mov.u64 $0, %globaltimer; // $1", "=l,r", [after.to(tl.int32, bitcast=True)], dtype=tl.int64,
-        is_pure=False, pack=1,
+        "mov.u64 $0, %globaltimer; // $1",
+        "=l,r",
+        [after.to(tl.int32, bitcast=True)],
+        dtype=tl.int64,
+        is_pure=False,
+        pack=1,
     )
 
 
@@ -116,25 +126,52 @@ def run(programs: int, rounds: int, unrolled: int, looped: bool, flush: torch.Te
     return result
 
 
+# (rounds, unrolled rounds, looped): 1,024 and 4,096 FMAs, straight-line or as a loop of 16 rounds
+VARIANTS = ((128, 128, False), (128, 16, True), (512, 512, False), (512, 16, True))
+
+
+def sass_counts(out: pathlib.Path) -> None:
+    """Compile each variant for sm_90 (no GPU) and print its FFMAs and instructions: the straight
+    variants must be 8 x rounds FMAs of straight-line code, the looped ones 8 x 16 in their loop."""
+    from sass_attention_v3 import disassemble  # (beside this script)
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    signature = dict(x_ptr="*fp32", out_ptr="*fp32", clock_ptr="*i64", loops="i32")
+    signature.update(N="constexpr", LOOPED="constexpr")
+    for rounds, unrolled, looped in VARIANTS:
+        constexprs = {(4,): unrolled, (5,): looped}
+        source = ASTSource(fn=fma_kernel, signature=signature, constexprs=constexprs)
+        kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=1))
+        name = f"fma_{rounds}_{'loop' if looped else 'straight'}"
+        _, sass = disassemble(kernel, out, name)
+        instructions = [line for line in sass.splitlines() if line.strip().startswith("/*") and ";" in line]
+        ffma = sum(" FFMA " in line for line in instructions)
+        print(f"{name}: {ffma} FFMA, {len(instructions)} instructions", flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="benchmarks/out")
+    p.add_argument("--sass", action="store_true", help="compile each variant for sm_90 and count, no GPU")
     a = p.parse_args()
+    if a.sass:
+        sass_counts(pathlib.Path(a.out))
+        return
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     flush = torch.zeros(64 << 20, device="cuda")  # 256 MB: several times L2
     rows = []
     for programs in (1024, sms):
-        for rounds in (128, 512):  # 1,024 and 4,096 FMAs a program
-            for unrolled, looped in ((rounds, False), (16, True)):
-                r = run(programs, rounds, unrolled, looped, flush)
-                label = f"{8 * rounds} FMAs " + ("straight" if not looped else f"loop of {8 * unrolled}")
-                rows.append(dict(programs=programs, variant=label, **r))
-                print(
-                    f"{programs:5d} programs  {label:26s}  cold median {r['cold']['median_us']:7.2f} us "
-                    f"(max {r['cold']['max_us']:6.2f})  warm median {r['warm']['median_us']:7.2f} us "
-                    f"(max {r['warm']['max_us']:6.2f})",
-                    flush=True,
-                )
+        for rounds, unrolled, looped in VARIANTS:
+            r = run(programs, rounds, unrolled, looped, flush)
+            label = f"{8 * rounds} FMAs " + ("straight" if not looped else f"loop of {8 * unrolled}")
+            rows.append(dict(programs=programs, variant=label, **r))
+            print(
+                f"{programs:5d} programs  {label:26s}  cold median {r['cold']['median_us']:7.2f} us "
+                f"(max {r['cold']['max_us']:6.2f})  warm median {r['warm']['median_us']:7.2f} us "
+                f"(max {r['warm']['max_us']:6.2f})",
+                flush=True,
+            )
     out = pathlib.Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "probe_instruction_fetch.json").write_text(json.dumps(rows, indent=1))

@@ -131,7 +131,6 @@ def compile_v3(args: argparse.Namespace) -> tuple[str, str, int, str]:
         COUNTED_STEPS=args.counted_steps,
         TRANSFORM_IN_SPLIT=args.transform_in_split,
         QUERY_IN_SPLIT=args.query_in_split,
-        GROUP=args.split_group,
         PHASE_CLOCKS=args.phase_clocks,
     )
     pointer_types = dict(qw_ptr="*fp16", kc_ptr="*u8", vc_ptr="*u8", ks_ptr="*fp16", vs_ptr="*fp16")
@@ -160,11 +159,6 @@ def compile_v3(args: argparse.Namespace) -> tuple[str, str, int, str]:
         attrs=aligned,
     )
     options = dict(num_warps=1, **({"maxnreg": args.maxnreg} if args.maxnreg else {}))
-    if args.split_group > 1:  # a default partition of 4 warps beside the group's one-warp partitions
-        from wmoe_compile.kernels import ptx_patches
-
-        ptx_patches.install()
-        options = dict(num_warps=4, maxnreg=gluon_kernels.SPLIT_GROUP_MAXNREG)
     kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
     usage, sass = disassemble(kernel, pathlib.Path(args.out), "split_kernel_v3")
     return usage, sass, kernel.metadata.shared, kernel.asm["ptx"]
@@ -207,7 +201,7 @@ def apply_tuned(args: argparse.Namespace) -> None:
     args.maxnreg = (config.maxnreg or 0) if args.maxnreg is None else args.maxnreg
     args.no_cache_tiles, args.no_convert_p_once = not config.cache_tiles, not config.convert_p_once
     # every flag named after a LaunchConfig field (PDL stays the --pdl flag's: a launch property)
-    fields = {f.name for f in dataclasses.fields(config)} - {"pdl", "maxnreg", "split_group"}
+    fields = {f.name for f in dataclasses.fields(config)} - {"pdl", "maxnreg"}
     unknown = set(args.without) - fields
     if unknown:
         raise SystemExit(f"--without takes LaunchConfig option names, got {sorted(unknown)}")
@@ -292,12 +286,6 @@ def main() -> None:
         "--query-in-split",
         action="store_true",
         help="the query's transform in the split kernel (no prologue); needs --loads-before-pdl-wait 0",
-    )
-    p.add_argument(
-        "--split-group",
-        type=int,
-        default=1,
-        help="splits per CTA sharing the query's transform, one a warp (LaunchConfig.split_group)",
     )
     p.add_argument(
         "--phase-clocks",

@@ -166,11 +166,6 @@ class LaunchConfig:
     # with query_in_split: take it only where the split launch is at most this many waves of
     # resident programs (0: always); elsewhere the prologue transforms the query
     query_in_split_waves: int = 0
-    # v3 with query_in_split, equal splits: this many splits of one (sequence, kv head) per CTA, one
-    # warp each (gl.warp_specialize's one-warp partitions beside an idle default partition of 4
-    # warps), sharing the query's transform: each computes 8 / split_group of its 8 operands from
-    # that share of the 32 KB of transform words and reads the rest from shared memory. 1, 4 or 8
-    split_group: int = 1
     # the prologue kernel's warps (either prologue; 4 in every measurement so far). Twenty-sixth
     # session: where it runs ((8, 131072), (32, 32768)) the split programs wait for it from 1.0 to
     # 4.4-4.6 us for what is one round of loads and a small dot. Twenty-seventh session (4 rounds) at
@@ -424,14 +419,6 @@ class LaunchConfig:
             raise ValueError(
                 "LaunchConfig.prologue_waits launches the prologue with programmatic dependent launch: "
                 "it needs pdl=True"
-            )
-        if self.split_group not in (1, 4, 8):
-            raise ValueError(f"LaunchConfig.split_group must be 1, 4 or 8 splits a CTA, got {self.split_group}")
-        if self.split_group > 1 and not (self.kernel == "v3" and self.query_in_split):
-            raise ValueError(
-                "LaunchConfig.split_group shares the split kernel's own query transform: it needs "
-                f"kernel='v3' and query_in_split=True, got kernel={self.kernel!r}, "
-                f"query_in_split={self.query_in_split}"
             )
         if self.query_in_split and self.loads_before_pdl_wait:
             raise ValueError(
@@ -794,7 +781,7 @@ def v1_fallback(config: LaunchConfig) -> LaunchConfig:
     for key, small in SMALL_LAUNCH_CONFIGS.items():
         if config == small and key in SMALL_LAUNCH_V1_CONFIGS:
             return SMALL_LAUNCH_V1_CONFIGS[key]
-    return replace(config, kernel="v1", split_group=1, **dict.fromkeys(V3_ONLY_OPTIONS, False))
+    return replace(config, kernel="v1", **dict.fromkeys(V3_ONLY_OPTIONS, False))
 
 
 # LaunchConfig fields that only v3 accepts: off when a failed v3 launch falls back to v1
@@ -1066,18 +1053,6 @@ def query_in_split_apply(config: LaunchConfig, split_programs: int, device: torc
     if resident is None:
         return False
     return split_programs <= config.query_in_split_waves * resident * _sm_count(device)
-
-
-def split_group_size(config: LaunchConfig, plan: SplitPlan) -> int:
-    """The splits a CTA of the v3 split kernel runs (LaunchConfig.split_group): the config's where
-    the query is transformed in the split kernel and the plan's splits are equal and a multiple of
-    it, else 1 (a remainder plan's short splits go out one by one, after the long ones)."""
-    group = config.split_group
-    if group == 1 or not config.query_in_split:
-        return 1
-    if plan.split_num != 1 or plan.split_den != plan.num_splits or plan.num_splits % group:
-        return 1
-    return group
 
 
 def carveout_split_programs(programs: int, plan: SplitPlan) -> int:

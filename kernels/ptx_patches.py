@@ -31,14 +31,6 @@ PATCHES: dict[str, tuple[re.Pattern, str]] = {
         re.compile(r"\b(cp\.async\.c[ag]\.shared(?:::cta)?\.global)(?=\s)"),
         r"\1.L2::256B",
     ),
-    # SPLIT_GROUP: the one-warp program the group's partitions call (a noinline function, compiled
-    # as for a one-warp CTA) orders its shared-memory reuse by CTA barriers (`bar.sync 0`, no thread
-    # count: every thread of the CTA). In a CTA of several partitions that would wait for all of
-    # them; a warp barrier orders one warp's shared-memory accesses the same way
-    "cta_barrier_to_warp": (
-        re.compile(r"\bbar\.sync\s+0;"),
-        "bar.warp.sync -1;",
-    ),
     # plain global loads (no cache or eviction qualifier yet) ask the same
     "ld_global_l2_256b": (
         re.compile(r"\bld\.global\.((?:v[248]\.)?[bfsu](?:8|16|32|64))(?=\s)"),

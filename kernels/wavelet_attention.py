@@ -1110,7 +1110,6 @@ from .attention_config import (  # noqa: E402
     exact_carveout,
     query_in_split_apply,
     resident_programs_per_sm,
-    split_group_size,
     split_count,
     v1_fallback,
     value_subnormals_apply,
@@ -3020,7 +3019,7 @@ def _launch_v3(
 
     qw, qc, m_part, l_part, acc_part = parts
     hkv, group, tq, n_row_blocks, num_splits, n_qc, block_m, d, programs, qk_scale, n_parts, _ = dims
-    if config.value_copies_l2_256b or config.plain_loads_l2_256b or config.split_group > 1:
+    if config.value_copies_l2_256b or config.plain_loads_l2_256b:
         from . import ptx_patches
 
         ptx_patches.install()  # before the marked kernel compiles
@@ -3047,17 +3046,9 @@ def _launch_v3(
             raise ValueError("query_in_split needs the query and its slot transform (query_args)")
     else:  # unread
         query_args = (qw, 0, 0, 0, plan2.slot_coef, 0, plan2.v_step, plan2.v_step, 1.0)
-    # split_group: the splits of a program in CTAs of `group` one-warp partitions, which share the
-    # query's transform (equal splits only: a remainder plan's short splits go out one by one)
-    group_size = split_group_size(config, plan)
-    if group_size > 1:
-        from .wavelet_attention_gluon import SPLIT_GROUP_MAXNREG
-
-        split_options = {**split_options, "maxnreg": SPLIT_GROUP_MAXNREG}
-    grid_splits = num_splits // group_size
     launch(
         split_kernel_v3,
-        (programs, grid_splits) if split_major else (grid_splits, programs),
+        (programs, num_splits) if split_major else (num_splits, programs),
         qw,
         qc,
         k_codes,
@@ -3130,8 +3121,7 @@ def _launch_v3(
         PLAIN_LOADS_L2_256B=config.plain_loads_l2_256b,
         **({"LOADS_BEFORE_WAIT": config.loads_before_pdl_wait} if config.loads_before_pdl_wait else {}),
         **({"SPLIT_MAJOR": True} if split_major else {}),
-        **({"GROUP": group_size} if group_size > 1 else {}),
-        num_warps=4 if group_size > 1 else 1,  # (a group: gl.warp_specialize's default partition)
+        num_warps=1,
         **split_options,
         **_dependent(_pdl(config, q.device)),
     )
@@ -3229,7 +3219,7 @@ def wavelet_attention_triton(
     num_splits, split_num, split_den = plan.num_splits, plan.split_num, plan.split_den
     if use_v3 and config.query_in_split and not query_in_split_apply(config, programs * num_splits, q.device):
         # a launch of more waves than config.query_in_split_waves: the prologue transforms the query
-        config = replace(config, query_in_split=False, split_group=1)
+        config = replace(config, query_in_split=False)
     if config.value_subnormals and not value_subnormals_apply(config, capacity - layout.n_exact, plan):
         # uncentred value sums lose precision with the split's length: past the bound (from the
         # capacity, so no host sync), the centred step

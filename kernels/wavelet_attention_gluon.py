@@ -49,7 +49,6 @@ try:  # Gluon ships with Triton >= 3.5; without it v3 is simply unavailable
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
-    from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
     # Triton 3.6 names the cp.async copy async_copy_global_to_shared; 3.9 renamed it async_load
     # (the old name raises there)
@@ -61,14 +60,6 @@ try:  # Gluon ships with Triton >= 3.5; without it v3 is simply unavailable
 except Exception as exc:  # noqa: BLE001 - any import failure means "no Gluon here"
     HAS_GLUON = False
     GLUON_IMPORT_ERROR = f"{type(exc).__name__}: {exc}"
-
-
-# LaunchConfig.split_group: the launch's registers a thread. The CTA is the default partition's 4
-# warps and the group's one-warp partitions; setmaxnreg moves registers from the idle default
-# partition to the members (168 each, as one-warp programs), so at 4 members a CTA holds 8 warps
-# at 128 and two CTAs fit an SM: 8 members, as 7-8 one-warp programs did at one sequence
-SPLIT_GROUP_MAXNREG = 96
-SPLIT_GROUP_SIZES = (4, 8)
 
 
 def field_centre(bits: int, field_index: int) -> float:
@@ -107,8 +98,6 @@ if HAS_GLUON:
         # TRANSFORM_IN_SPLIT, QUERY_IN_SPLIT: [row tiles, 32 lanes, 4 words] of a matrix in MMA
         # fragment order, a lane's 4 words of a tile contiguous (one 16-byte load)
         _T_WORDS = gl.constexpr(gl.BlockedLayout([1, 1, 4], [1, 32, 1], [1, 1, 1], [2, 1, 0]))
-        # SPLIT_GROUP: [8 operands, 16 slots, 8 rows] tiles a group's members exchange in shared memory
-        _GROUP_TILES = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0]))
         # field asm of the int16 code elements (magic: 1024 + field in place)
         _F4_0, _F4_1, _F4_2, _F4_3 = (gl.constexpr(_field_asm(_MODE_MAGIC, 4, f)) for f in range(4))
         _F2_0, _F2_1, _F2_2, _F2_3, _F2_4, _F2_5, _F2_6, _F2_7 = (
@@ -133,7 +122,6 @@ if HAS_GLUON:
         # markers that have the kernel's PTX patched (kernels/ptx_patches.py)
         _MARK_COPIES_L2_256B = gl.constexpr(ptx_patches.marker_asm("cp_async_l2_256b"))
         _MARK_LOADS_L2_256B = gl.constexpr(ptx_patches.marker_asm("ld_global_l2_256b"))
-        _MARK_CTA_BARRIER_TO_WARP = gl.constexpr(ptx_patches.marker_asm("cta_barrier_to_warp"))
     except Exception as exc:  # noqa: BLE001 - a Gluon whose layout API differs: no v3
         HAS_GLUON = False
         GLUON_IMPORT_ERROR = f"Gluon layouts: {type(exc).__name__}: {exc}"
@@ -791,7 +779,7 @@ if HAS_GLUON:
         return x.to(gl.float32).to(gl.float16)
 
     @gluon.jit
-    def _query_operand(blocks, qt_words, k_factor_ptr, k_shift_ptr, qk_scale, J):
+    def _query_operand(blocks, qt_words, k_factor_ptr, k_shift_ptr, qk_scale, J: gl.constexpr):
         """Key operand J's query slots (16J ..) as the B operand, and their score-offset terms q_slot
         * k_shift ([16 slots, 8 rows], fp32, over the fp16-rounded query the MMA multiplies, as the
         prologue)."""
@@ -802,90 +790,6 @@ if HAS_GLUON:
         qw16 = (acc * (gl.load(k_factor_ptr + slots) * qk_scale)[:, None]).to(gl.float16)
         shifted = qw16.to(gl.float32) * gl.load(k_shift_ptr + slots)[:, None]
         return _p_to_b_by_movmatrix(qw16), shifted
-
-    @gluon.jit
-    def _query_in_split_group(
-        q_ptr,
-        q_stride_b,
-        q_stride_h,
-        q_stride_t,
-        qt_words,
-        k_factor_ptr,
-        k_shift_ptr,
-        qk_scale,
-        batch,
-        kv_head,
-        row_block,
-        group,
-        n_new,
-        shared,
-        member,
-        BLOCK_M: gl.constexpr,
-        BAND_COLUMNS: gl.constexpr,
-        GROUP: gl.constexpr,
-    ):
-        """SPLIT_GROUP: _query_in_split shared by a CTA's GROUP one-warp splits of one (sequence, kv
-        head, row block). Member m computes key operands m * 8 / GROUP onwards (8 / GROUP of them,
-        a GROUP-th of the transform's 32 KB of words: every program reading all of them is what
-        the one-sequence launch's query phase waited on), stores each operand and its score-offset
-        terms in shared memory and arrives on the group's barrier; once all have, each member
-        reads all 8 back. The same values as _query_in_split, summed in the same order."""
-        q_parts, offset_parts = shared
-        channel = gl.arange(0, 16, layout=gl.SliceLayout(1, _B))
-        column = gl.arange(0, 8, layout=gl.SliceLayout(0, _B))
-        local = column
-        if BAND_COLUMNS:  # columns 4-7 repeat rows 0-3
-            local = column % 4
-        rows = row_block * BLOCK_M + local
-        ok = (local < BLOCK_M) & (rows < group * n_new)
-        head = kv_head * group + rows // n_new
-        q_rows = q_ptr + batch * q_stride_b + head * q_stride_h + (rows % n_new) * q_stride_t
-        blocks = (
-            _query_block(q_rows, ok, channel, 0),
-            _query_block(q_rows, ok, channel, 1),
-            _query_block(q_rows, ok, channel, 2),
-            _query_block(q_rows, ok, channel, 3),
-            _query_block(q_rows, ok, channel, 4),
-            _query_block(q_rows, ok, channel, 5),
-            _query_block(q_rows, ok, channel, 6),
-            _query_block(q_rows, ok, channel, 7),
-        )
-        tables = (qt_words, k_factor_ptr, k_shift_ptr, qk_scale)
-        OPERANDS: gl.constexpr = 8 // GROUP
-        for j in gl.static_range(OPERANDS):
-            q_j, s_j = _query_operand(blocks, *tables, member * OPERANDS + j)
-            q_parts.index(member * OPERANDS + j).store(q_j)
-            offset_parts.index(member * OPERANDS + j).store(s_j)
-        # every member's warp meets at named barrier 2 (Triton's own are 0 and 1), which also
-        # orders their shared-memory stores before the loads below. (An mbarrier arrive inside the
-        # members' shared noinline function is issued by thread 0 of the CTA's second warpgroup
-        # only: tid % 128 == 0, one member; the count never completed)
-        gl.inline_asm_elementwise(
-            "bar.sync 2, $1; // $0", "=r,r", [gl.full([32], 32 * GROUP, gl.int32, layout=_LANES)],
-            dtype=gl.int32, is_pure=False, pack=1,
-        )
-        s0 = offset_parts.index(0).load(_MMA)
-        s1 = offset_parts.index(1).load(_MMA)
-        s2 = offset_parts.index(2).load(_MMA)
-        s3 = offset_parts.index(3).load(_MMA)
-        s4 = offset_parts.index(4).load(_MMA)
-        s5 = offset_parts.index(5).load(_MMA)
-        s6 = offset_parts.index(6).load(_MMA)
-        s7 = offset_parts.index(7).load(_MMA)
-        qc0 = gl.sum((s0 + s1) + (s2 + s3), axis=0)
-        qc1 = gl.sum((s4 + s5) + (s6 + s7), axis=0)
-        return (
-            q_parts.index(0).load(_B),
-            q_parts.index(1).load(_B),
-            q_parts.index(2).load(_B),
-            q_parts.index(3).load(_B),
-            q_parts.index(4).load(_B),
-            q_parts.index(5).load(_B),
-            q_parts.index(6).load(_B),
-            q_parts.index(7).load(_B),
-            qc0,
-            qc1,
-        )
 
     @gluon.jit
     def _transform_operand(
@@ -1050,7 +954,7 @@ if HAS_GLUON:
         return state
 
     @gluon.jit
-    def _split_program(
+    def split_kernel_v3(
         qw_ptr,  # fp16 [programs, BLOCK_M, 128]: transformed query in v3 slot order (prologue)
         qc_ptr,  # fp32 [programs, N_QC, BLOCK_M, 4]: chunk shares of each band's score offset
         kc_ptr,  # uint8 codes [B, Hkv, capacity, CODE_ROW bytes]
@@ -1194,16 +1098,10 @@ if HAS_GLUON:
         QUERY_IN_SPLIT: gl.constexpr = False,
         # a probe: each program stamps its phases into clock_ptr (LaunchConfig.phase_clocks)
         PHASE_CLOCKS: gl.constexpr = False,
-        # SPLIT_GROUP: this program's place in its CTA's group of one-warp partitions, the group's
-        # size, and the buffers its members share (_query_in_split_group); 1: a CTA of its own
-        GROUP: gl.constexpr = 1,
-        shared=None,
-        member=0,
     ):
-        """One (split, sequence, kv head, row block) of split_kernel_v3: online softmax over a range
-        of compressed tokens in the coefficient domain. With GROUP > 1 the CTA runs GROUP splits of
-        one (sequence, kv head, row block) in one-warp partitions (MEMBER), which share the query's
-        transform."""
+        """One (split, sequence, kv head, row block): online softmax over a range of compressed
+        tokens in the coefficient domain; grid (num_splits, programs), or (programs, num_splits)
+        with SPLIT_MAJOR."""
         if PDL and LOADS_BEFORE_WAIT == 0:
             _wait_for_prologue()
         if TRIGGER_DEPENDENTS:
@@ -1225,8 +1123,6 @@ if HAS_GLUON:
         else:
             split = gl.program_id(0)
             pid = gl.program_id(1)
-        if GROUP > 1:
-            split = split * GROUP + member
         stamps = clock_ptr + (pid * num_splits + split) * _PHASE_SLOTS
         if PHASE_CLOCKS:
             _stamp(stamps, 0, split)
@@ -1264,28 +1160,7 @@ if HAS_GLUON:
         all_hi = gl.min(gl.where(row_ok, row_hi, hi), axis=0)
         full_hi = lo + gl.maximum(all_hi - lo, 0) // BLOCK_N * BLOCK_N
         # ---- loop invariants
-        if QUERY_IN_SPLIT and GROUP > 1:
-            q0, q1, q2, q3, q4, q5, q6, q7, qc0, qc1 = _query_in_split_group(
-                q_ptr,
-                q_stride_b,
-                q_stride_h,
-                q_stride_t,
-                qt_ptr + kv_head * qt_stride_h,
-                k_factor_ptr,
-                k_shift_ptr,
-                qk_scale,
-                batch,
-                kv_head,
-                row_block,
-                group,
-                n_new,
-                shared,
-                member,
-                BLOCK_M,
-                BAND_COLUMNS,
-                GROUP,
-            )
-        elif QUERY_IN_SPLIT:
+        if QUERY_IN_SPLIT:
             gl.static_assert(LOADS_BEFORE_WAIT == 0, "QUERY_IN_SPLIT reads the query after the wait")
             q0, q1, q2, q3, q4, q5, q6, q7, qc0, qc1 = _query_in_split(
                 q_ptr,
@@ -1609,534 +1484,3 @@ if HAS_GLUON:
             _store_operand(a5, wsb_or_a, acc_out, *store, 80, D, sub, _C2_2, _C2_3, BAND_COLUMNS, True)
             _store_operand(a6, wsb_or_a, acc_out, *store, 96, D, sub, _C2_4, _C2_5, BAND_COLUMNS, True)
             _store_operand(a7, wsb_or_a, acc_out, *store, 112, D, sub, _C2_6, _C2_7, BAND_COLUMNS, True)
-
-    @gluon.jit
-    def split_kernel_v3(
-        qw_ptr,  # fp16 [programs, BLOCK_M, 128]: transformed query in v3 slot order (prologue)
-        qc_ptr,  # fp32 [programs, N_QC, BLOCK_M, 4]: chunk shares of each band's score offset
-        kc_ptr,  # uint8 codes [B, Hkv, capacity, CODE_ROW bytes]
-        kc_stride_b,
-        kc_stride_h,  # bytes
-        ks_ptr,  # fp16 scales [B, Hkv, capacity, SCALE_ROW]
-        ks_stride_b,
-        ks_stride_h,  # elements
-        vc_ptr,
-        vc_stride_b,
-        vc_stride_h,
-        vs_ptr,
-        vs_stride_b,
-        vs_stride_h,
-        seq_lens_ptr,  # int [B]: positions in the cache per sequence
-        v_step_ptr,  # fp32 [128] per value slot (see _plan_v3)
-        v_shift_ptr,  # fp32 [128]
-        slot_coef_ptr,  # int32 [128]: coefficient held by each value slot
-        # TRANSFORM_IN_SPLIT: T [128 channels, 128 slots] per kv head, T[c, j] = (W R_h)[coefficient of
-        # value slot j, c] in fp16, as int32 words in fragment order (value_slot_transform_words:
-        # [Hkv, 8 operands, 8 row tiles, 32 lanes, 4 words]); head stride 0: one T for every kv head
-        vt_ptr,
-        vt_stride_h,
-        v_scale_ptr,  # TRANSFORM_IN_SPLIT: fp32 [Hkv, 128] value channel scale s
-        v_scale_stride_h,
-        # QUERY_IN_SPLIT (no prologue): the query [B, Hq, n_new, 128], M_h s_k [128 slots, 128
-        # channels] per kv head as fragment-ordered words (query_slot_transform_words), the key
-        # slots' factors and shifts (the prologue's tables), and sm_scale * log2(e)
-        q_ptr,
-        q_stride_b,
-        q_stride_h,
-        q_stride_t,
-        qt_ptr,
-        qt_stride_h,
-        k_factor_ptr,
-        k_shift_ptr,
-        qk_scale,
-        m_ptr,  # fp32 [programs, n_parts, BLOCK_M]: running max (log2 domain)
-        l_ptr,  # fp32 [programs, n_parts, BLOCK_M]: softmax denominator
-        acc_ptr,  # fp32 [programs, n_parts, BLOCK_M, D]: coefficient sums (TRANSFORM_IN_SPLIT: channels)
-        n_kv_heads,
-        group,  # q heads per kv head
-        n_new,  # new tokens per sequence (1 for decode)
-        n_row_blocks,
-        num_splits,  # compressed splits; partials num_splits onwards (the exact tokens) are not written here
-        n_parts,  # partials per program (the compressed splits, then the exact tokens' chunks)
-        # each split takes span * split_num / split_den of its program's compressed span, in whole
-        # steps, the last one what is left (1 / num_splits: equal splits; see attention_config.SplitPlan)
-        split_num,
-        split_den,
-        # PHASE_CLOCKS: int64 [programs * num_splits, PHASE_SLOTS] globaltimer stamps (see _stamp)
-        clock_ptr,
-        CODE_ROW: gl.constexpr,  # int16 elements per code row (token stride)
-        SCALE_ROW: gl.constexpr,  # fp16 scales per row (token stride)
-        E4: gl.constexpr,  # first int16 element of the 4-bit band
-        E2: gl.constexpr,  # first int16 element of the 2-bit band
-        D: gl.constexpr,
-        BLOCK_M: gl.constexpr,  # query rows per program (<= 8)
-        N_QC: gl.constexpr,
-        BLOCK_N: gl.constexpr,  # tokens per step
-        SINKS: gl.constexpr,
-        WINDOW: gl.constexpr,
-        STAGES: gl.constexpr,  # code-tile ring stages: the tiles of STAGES - 1 steps ahead in flight
-        KEYS_VIA_SMEM: gl.constexpr,  # keys through the ring too (else loaded at their step, no smem)
-        KEYS_AHEAD: gl.constexpr,  # the next step's key words loaded into registers before this step's values
-        CACHE_TILES: gl.constexpr,  # the ring's copies through L1 (see _issue_stage)
-        P_ONCE: gl.constexpr,  # one layout conversion of p (scales applied in fp16 after it)
-        LAZY_RESCALE: gl.constexpr,
-        PDL: gl.constexpr = False,  # launched with programmatic dependent launch: wait for the prologue
-        # the value tiles' token indices made in the layout of their 8-byte copies (CACHE_TILES), not
-        # converted to it each step by shuffles (912 loop instructions instead of 928, no BRA.DIV)
-        COPY_LAYOUT_TOKENS: gl.constexpr = False,
-        # the value scales split straight into the value MMAs' K layout in fp16 (one conversion,
-        # not one to the scores' rows and another to the B layout; needs P_ONCE)
-        VALUE_SCALES_IN_B: gl.constexpr = False,
-        # each band's score offset as its first key MMA's accumulator input (no add per score)
-        SCORE_OFFSET_IN_MMA: gl.constexpr = False,
-        # p to the value MMAs' B layout by one movmatrix.trans per 8 x 8 block (needs P_ONCE)
-        P_MOVMATRIX: gl.constexpr = False,
-        # full steps address their code rows from a scalar pointer to the step's first row (per-lane
-        # offsets are then loop-invariant; offline 876 loop instructions instead of 904, but ptxas
-        # then uses the key words sooner after their loads: 7-9% slower, sixteenth session)
-        STEP_ROW_BASE: gl.constexpr = False,
-        # let the next kernel in the stream launch now (PDL): the exact-token kernel of
-        # LaunchConfig.exact_in_chain, which needs nothing from this one until it ends
-        TRIGGER_DEPENDENTS: gl.constexpr = False,
-        # the key and value code rows through one [tokens, 32] ring each, by 16-byte copies that
-        # cover whole sectors (needs KEYS_VIA_SMEM: the keys come from the ring too)
-        ROW_COPIES: gl.constexpr = False,
-        # the full steps' key-word loads ask L2 for 256-byte blocks on a miss (ld.global.L2::256B)
-        KEY_LOADS_L2_256B: gl.constexpr = False,
-        # each step prefetches the next step's value rows into L2 (one prefetch a lane)
-        PREFETCH_VALUE_ROWS: gl.constexpr = False,
-        # each step loads one word per 256-byte block of the next step's value rows with the
-        # L2::256B hint, and folds the previous step's words into a sink (prepared, not timed)
-        FILL_VALUE_ROWS_L2: gl.constexpr = False,
-        # every cp.async copy (the code tiles) asks L2 for 256-byte blocks on a miss: PTX patched
-        # after Triton writes it (kernels/ptx_patches.py)
-        VALUE_COPIES_L2_256B: gl.constexpr = False,
-        # every plain global load (in the loop: the scale pairs) the same, by the same patch
-        PLAIN_LOADS_L2_256B: gl.constexpr = False,
-        # with PDL: the first full steps' cache reads issued before the wait for the prologue (they
-        # need nothing from it): this many steps' key, value and scale rows prefetched into L2, and
-        # the first step's key words and scale pairs loaded into registers; the query after the
-        # wait. 0: every load after the wait
-        LOADS_BEFORE_WAIT: gl.constexpr = 0,
-        # grid (programs, num_splits) instead of (num_splits, programs): blocks go out split by
-        # split, so a plan's short last splits come after every long one (SplitPlan.split_major)
-        SPLIT_MAJOR: gl.constexpr = False,
-        # each lane's two 4-bit-band key words by one 8-byte load (the plan's key slots ordered
-        # for it: _plan_v3(key_word_pairs=True)); keys from global memory only
-        KEY_WORD_PAIRS: gl.constexpr = False,
-        # the padding rows of the MMAs' N get p = 0 (see the state's initial running max)
-        ZERO_PADDING_P: gl.constexpr = False,
-        # the value fields as fp16 subnormals summed uncentred, centred once at the store (no
-        # per-step centring: LaunchConfig.value_subnormals says when the split is short enough)
-        VALUE_SUBNORMALS: gl.constexpr = False,
-        # p times the value scales by one packed fp16 multiply per register and band (needs
-        # VALUE_SCALES_IN_B; bit-identical)
-        PACKED_P_SCALING: gl.constexpr = False,
-        # a GQA group of at most 4 rows: the MMAs' N columns 4-7 repeat the query rows, and the
-        # value MMAs' B operand is p times the 4-bit band's scales in columns 0-3 and the 2-bit
-        # band's in 4-7: one B operand and one p * scale token sum for both bands (needs P_ONCE,
-        # BLOCK_M <= 4 and rows of two scales)
-        BAND_COLUMNS: gl.constexpr = False,
-        # the full steps' value scales reach the B layout through shared memory in the order of its
-        # lanes' token pairs (no PRMTs after the loads; needs VALUE_SCALES_IN_B, 64-token steps;
-        # nothing under BAND_COLUMNS)
-        VALUE_SCALES_STAGED: gl.constexpr = False,
-        # the full-step loop counts steps (start = lo + step * BLOCK_N) instead of stepping over
-        # token positions up to full_hi, and its scale pairs come from a scalar pointer per step:
-        # ptxas then recomputes fewer loop bounds and addresses per step at the register cap
-        # (offline: 732 -> 721 loop instructions on Triton 3.6; the same loads, bit for bit)
-        COUNTED_STEPS: gl.constexpr = False,
-        # the partial's sums leave in the channel domain, centred (x - m: T x (sums / l) on the
-        # tensor cores, times s and l), so the reduce merges every partial under one softmax and
-        # maps nothing back (LaunchConfig.transform_in_split)
-        TRANSFORM_IN_SPLIT: gl.constexpr = False,
-        # the query's transform to slots computed here from the query (_query_in_split), so no
-        # prologue runs before this kernel (LaunchConfig.query_in_split; needs LOADS_BEFORE_WAIT 0)
-        QUERY_IN_SPLIT: gl.constexpr = False,
-        # a probe: each program stamps its phases into clock_ptr (LaunchConfig.phase_clocks)
-        PHASE_CLOCKS: gl.constexpr = False,
-        # splits per CTA, each in a one-warp partition of gl.warp_specialize, sharing the query's
-        # transform (LaunchConfig.split_group; needs QUERY_IN_SPLIT); the grid's split dimension
-        # counts groups (each member at 168 registers, as a one-warp program: SPLIT_GROUP_MAXNREG)
-        GROUP: gl.constexpr = 1,
-    ):
-        """One (split, sequence, kv head, row block) a program (_split_program); grid (num_splits,
-        programs), or (programs, num_splits) with SPLIT_MAJOR; with GROUP > 1 the split dimension
-        counts groups of GROUP splits, one a warp."""
-        if GROUP == 1:
-            _split_program(
-                qw_ptr,
-                qc_ptr,
-                kc_ptr,
-                kc_stride_b,
-                kc_stride_h,
-                ks_ptr,
-                ks_stride_b,
-                ks_stride_h,
-                vc_ptr,
-                vc_stride_b,
-                vc_stride_h,
-                vs_ptr,
-                vs_stride_b,
-                vs_stride_h,
-                seq_lens_ptr,
-                v_step_ptr,
-                v_shift_ptr,
-                slot_coef_ptr,
-                vt_ptr,
-                vt_stride_h,
-                v_scale_ptr,
-                v_scale_stride_h,
-                q_ptr,
-                q_stride_b,
-                q_stride_h,
-                q_stride_t,
-                qt_ptr,
-                qt_stride_h,
-                k_factor_ptr,
-                k_shift_ptr,
-                qk_scale,
-                m_ptr,
-                l_ptr,
-                acc_ptr,
-                n_kv_heads,
-                group,
-                n_new,
-                n_row_blocks,
-                num_splits,
-                n_parts,
-                split_num,
-                split_den,
-                clock_ptr,
-                CODE_ROW,
-                SCALE_ROW,
-                E4,
-                E2,
-                D,
-                BLOCK_M,
-                N_QC,
-                BLOCK_N,
-                SINKS,
-                WINDOW,
-                STAGES,
-                KEYS_VIA_SMEM,
-                KEYS_AHEAD,
-                CACHE_TILES,
-                P_ONCE,
-                LAZY_RESCALE,
-                PDL,
-                COPY_LAYOUT_TOKENS,
-                VALUE_SCALES_IN_B,
-                SCORE_OFFSET_IN_MMA,
-                P_MOVMATRIX,
-                STEP_ROW_BASE,
-                TRIGGER_DEPENDENTS,
-                ROW_COPIES,
-                KEY_LOADS_L2_256B,
-                PREFETCH_VALUE_ROWS,
-                FILL_VALUE_ROWS_L2,
-                VALUE_COPIES_L2_256B,
-                PLAIN_LOADS_L2_256B,
-                LOADS_BEFORE_WAIT,
-                SPLIT_MAJOR,
-                KEY_WORD_PAIRS,
-                ZERO_PADDING_P,
-                VALUE_SUBNORMALS,
-                PACKED_P_SCALING,
-                BAND_COLUMNS,
-                VALUE_SCALES_STAGED,
-                COUNTED_STEPS,
-                TRANSFORM_IN_SPLIT,
-                QUERY_IN_SPLIT,
-                PHASE_CLOCKS,
-            )
-        else:
-            gl.static_assert(QUERY_IN_SPLIT, "a split group shares QUERY_IN_SPLIT's transform")
-            gl.static_assert(LOADS_BEFORE_WAIT == 0, "QUERY_IN_SPLIT reads the query after the wait")
-            gl.static_assert(GROUP == 4 or GROUP == 8, "GROUP: 1, 4 or 8 splits a CTA")
-            # (the launcher installs the patch; see ptx_patches)
-            gl.inline_asm_elementwise(_MARK_CTA_BARRIER_TO_WARP, "=r", [], dtype=gl.int32, is_pure=False, pack=1)
-            # the members' query operands (fp16 B fragments) and score-offset terms (fp32), and the
-            # barrier each member arrives on once its operands are stored
-            if TRIGGER_DEPENDENTS:  # (the default partition's warps too: else the CTA counts only once it exits)
-                gl.inline_asm_elementwise(
-                    "griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1
-                )
-            q_parts = gl.allocate_shared_memory(gl.float16, [8, 16, 8], _GROUP_TILES)
-            offset_parts = gl.allocate_shared_memory(gl.float32, [8, 16, 8], _GROUP_TILES)
-            shared = (q_parts, offset_parts)
-            args = (  # runtime values (constexprs must reach the partitions as their own arguments)
-                qw_ptr,
-                qc_ptr,
-                kc_ptr,
-                kc_stride_b,
-                kc_stride_h,
-                ks_ptr,
-                ks_stride_b,
-                ks_stride_h,
-                vc_ptr,
-                vc_stride_b,
-                vc_stride_h,
-                vs_ptr,
-                vs_stride_b,
-                vs_stride_h,
-                seq_lens_ptr,
-                v_step_ptr,
-                v_shift_ptr,
-                slot_coef_ptr,
-                vt_ptr,
-                vt_stride_h,
-                v_scale_ptr,
-                v_scale_stride_h,
-                q_ptr,
-                q_stride_b,
-                q_stride_h,
-                q_stride_t,
-                qt_ptr,
-                qt_stride_h,
-                k_factor_ptr,
-                k_shift_ptr,
-                qk_scale,
-                m_ptr,
-                l_ptr,
-                acc_ptr,
-                n_kv_heads,
-                group,
-                n_new,
-                n_row_blocks,
-                num_splits,
-                n_parts,
-                split_num,
-                split_den,
-                clock_ptr,
-            )
-            if GROUP == 4:
-                gl.warp_specialize(
-                    [
-                        (_group_waits, ()),
-                        (_group_member, (args, 0, GROUP, shared, CODE_ROW, SCALE_ROW, E4, E2, D, BLOCK_M, N_QC, BLOCK_N, SINKS, WINDOW, STAGES, KEYS_VIA_SMEM, KEYS_AHEAD, CACHE_TILES, P_ONCE, LAZY_RESCALE, PDL, COPY_LAYOUT_TOKENS, VALUE_SCALES_IN_B, SCORE_OFFSET_IN_MMA, P_MOVMATRIX, STEP_ROW_BASE, TRIGGER_DEPENDENTS, ROW_COPIES, KEY_LOADS_L2_256B, PREFETCH_VALUE_ROWS, FILL_VALUE_ROWS_L2, VALUE_COPIES_L2_256B, PLAIN_LOADS_L2_256B, LOADS_BEFORE_WAIT, SPLIT_MAJOR, KEY_WORD_PAIRS, ZERO_PADDING_P, VALUE_SUBNORMALS, PACKED_P_SCALING, BAND_COLUMNS, VALUE_SCALES_STAGED, COUNTED_STEPS, TRANSFORM_IN_SPLIT, QUERY_IN_SPLIT, PHASE_CLOCKS)),
-                        (_group_member, (args, 1, GROUP, shared, CODE_ROW, SCALE_ROW, E4, E2, D, BLOCK_M, N_QC, BLOCK_N, SINKS, WINDOW, STAGES, KEYS_VIA_SMEM, KEYS_AHEAD, CACHE_TILES, P_ONCE, LAZY_RESCALE, PDL, COPY_LAYOUT_TOKENS, VALUE_SCALES_IN_B, SCORE_OFFSET_IN_MMA, P_MOVMATRIX, STEP_ROW_BASE, TRIGGER_DEPENDENTS, ROW_COPIES, KEY_LOADS_L2_256B, PREFETCH_VALUE_ROWS, FILL_VALUE_ROWS_L2, VALUE_COPIES_L2_256B, PLAIN_LOADS_L2_256B, LOADS_BEFORE_WAIT, SPLIT_MAJOR, KEY_WORD_PAIRS, ZERO_PADDING_P, VALUE_SUBNORMALS, PACKED_P_SCALING, BAND_COLUMNS, VALUE_SCALES_STAGED, COUNTED_STEPS, TRANSFORM_IN_SPLIT, QUERY_IN_SPLIT, PHASE_CLOCKS)),
-                        (_group_member, (args, 2, GROUP, shared, CODE_ROW, SCALE_ROW, E4, E2, D, BLOCK_M, N_QC, BLOCK_N, SINKS, WINDOW, STAGES, KEYS_VIA_SMEM, KEYS_AHEAD, CACHE_TILES, P_ONCE, LAZY_RESCALE, PDL, COPY_LAYOUT_TOKENS, VALUE_SCALES_IN_B, SCORE_OFFSET_IN_MMA, P_MOVMATRIX, STEP_ROW_BASE, TRIGGER_DEPENDENTS, ROW_COPIES, KEY_LOADS_L2_256B, PREFETCH_VALUE_ROWS, FILL_VALUE_ROWS_L2, VALUE_COPIES_L2_256B, PLAIN_LOADS_L2_256B, LOADS_BEFORE_WAIT, SPLIT_MAJOR, KEY_WORD_PAIRS, ZERO_PADDING_P, VALUE_SUBNORMALS, PACKED_P_SCALING, BAND_COLUMNS, VALUE_SCALES_STAGED, COUNTED_STEPS, TRANSFORM_IN_SPLIT, QUERY_IN_SPLIT, PHASE_CLOCKS)),
-                        (_group_member, (args, 3, GROUP, shared, CODE_ROW, SCALE_ROW, E4, E2, D, BLOCK_M, N_QC, BLOCK_N, SINKS, WINDOW, STAGES, KEYS_VIA_SMEM, KEYS_AHEAD, CACHE_TILES, P_ONCE, LAZY_RESCALE, PDL, COPY_LAYOUT_TOKENS, VALUE_SCALES_IN_B, SCORE_OFFSET_IN_MMA, P_MOVMATRIX, STEP_ROW_BASE, TRIGGER_DEPENDENTS, ROW_COPIES, KEY_LOADS_L2_256B, PREFETCH_VALUE_ROWS, FILL_VALUE_ROWS_L2, VALUE_COPIES_L2_256B, PLAIN_LOADS_L2_256B, LOADS_BEFORE_WAIT, SPLIT_MAJOR, KEY_WORD_PAIRS, ZERO_PADDING_P, VALUE_SUBNORMALS, PACKED_P_SCALING, BAND_COLUMNS, VALUE_SCALES_STAGED, COUNTED_STEPS, TRANSFORM_IN_SPLIT, QUERY_IN_SPLIT, PHASE_CLOCKS)),
-                    ],
-                    [1, 1, 1, 1],
-                    [168, 168, 168, 168],
-                )
-            else:
-                gl.warp_specialize(
-                    [
-                        (_group_waits, ()),
-                        (_group_member, (args, 0, GROUP, shared, CODE_ROW, SCALE_ROW, E4, E2, D, BLOCK_M, N_QC, BLOCK_N, SINKS, WINDOW, STAGES, KEYS_VIA_SMEM, KEYS_AHEAD, CACHE_TILES, P_ONCE, LAZY_RESCALE, PDL, COPY_LAYOUT_TOKENS, VALUE_SCALES_IN_B, SCORE_OFFSET_IN_MMA, P_MOVMATRIX, STEP_ROW_BASE, TRIGGER_DEPENDENTS, ROW_COPIES, KEY_LOADS_L2_256B, PREFETCH_VALUE_ROWS, FILL_VALUE_ROWS_L2, VALUE_COPIES_L2_256B, PLAIN_LOADS_L2_256B, LOADS_BEFORE_WAIT, SPLIT_MAJOR, KEY_WORD_PAIRS, ZERO_PADDING_P, VALUE_SUBNORMALS, PACKED_P_SCALING, BAND_COLUMNS, VALUE_SCALES_STAGED, COUNTED_STEPS, TRANSFORM_IN_SPLIT, QUERY_IN_SPLIT, PHASE_CLOCKS)),
-                        (_group_member, (args, 1, GROUP, shared, CODE_ROW, SCALE_ROW, E4, E2, D, BLOCK_M, N_QC, BLOCK_N, SINKS, WINDOW, STAGES, KEYS_VIA_SMEM, KEYS_AHEAD, CACHE_TILES, P_ONCE, LAZY_RESCALE, PDL, COPY_LAYOUT_TOKENS, VALUE_SCALES_IN_B, SCORE_OFFSET_IN_MMA, P_MOVMATRIX, STEP_ROW_BASE, TRIGGER_DEPENDENTS, ROW_COPIES, KEY_LOADS_L2_256B, PREFETCH_VALUE_ROWS, FILL_VALUE_ROWS_L2, VALUE_COPIES_L2_256B, PLAIN_LOADS_L2_256B, LOADS_BEFORE_WAIT, SPLIT_MAJOR, KEY_WORD_PAIRS, ZERO_PADDING_P, VALUE_SUBNORMALS, PACKED_P_SCALING, BAND_COLUMNS, VALUE_SCALES_STAGED, COUNTED_STEPS, TRANSFORM_IN_SPLIT, QUERY_IN_SPLIT, PHASE_CLOCKS)),
-                        (_group_member, (args, 2, GROUP, shared, CODE_ROW, SCALE_ROW, E4, E2, D, BLOCK_M, N_QC, BLOCK_N, SINKS, WINDOW, STAGES, KEYS_VIA_SMEM, KEYS_AHEAD, CACHE_TILES, P_ONCE, LAZY_RESCALE, PDL, COPY_LAYOUT_TOKENS, VALUE_SCALES_IN_B, SCORE_OFFSET_IN_MMA, P_MOVMATRIX, STEP_ROW_BASE, TRIGGER_DEPENDENTS, ROW_COPIES, KEY_LOADS_L2_256B, PREFETCH_VALUE_ROWS, FILL_VALUE_ROWS_L2, VALUE_COPIES_L2_256B, PLAIN_LOADS_L2_256B, LOADS_BEFORE_WAIT, SPLIT_MAJOR, KEY_WORD_PAIRS, ZERO_PADDING_P, VALUE_SUBNORMALS, PACKED_P_SCALING, BAND_COLUMNS, VALUE_SCALES_STAGED, COUNTED_STEPS, TRANSFORM_IN_SPLIT, QUERY_IN_SPLIT, PHASE_CLOCKS)),
-                        (_group_member, (args, 3, GROUP, shared, CODE_ROW, SCALE_ROW, E4, E2, D, BLOCK_M, N_QC, BLOCK_N, SINKS, WINDOW, STAGES, KEYS_VIA_SMEM, KEYS_AHEAD, CACHE_TILES, P_ONCE, LAZY_RESCALE, PDL, COPY_LAYOUT_TOKENS, VALUE_SCALES_IN_B, SCORE_OFFSET_IN_MMA, P_MOVMATRIX, STEP_ROW_BASE, TRIGGER_DEPENDENTS, ROW_COPIES, KEY_LOADS_L2_256B, PREFETCH_VALUE_ROWS, FILL_VALUE_ROWS_L2, VALUE_COPIES_L2_256B, PLAIN_LOADS_L2_256B, LOADS_BEFORE_WAIT, SPLIT_MAJOR, KEY_WORD_PAIRS, ZERO_PADDING_P, VALUE_SUBNORMALS, PACKED_P_SCALING, BAND_COLUMNS, VALUE_SCALES_STAGED, COUNTED_STEPS, TRANSFORM_IN_SPLIT, QUERY_IN_SPLIT, PHASE_CLOCKS)),
-                        (_group_member, (args, 4, GROUP, shared, CODE_ROW, SCALE_ROW, E4, E2, D, BLOCK_M, N_QC, BLOCK_N, SINKS, WINDOW, STAGES, KEYS_VIA_SMEM, KEYS_AHEAD, CACHE_TILES, P_ONCE, LAZY_RESCALE, PDL, COPY_LAYOUT_TOKENS, VALUE_SCALES_IN_B, SCORE_OFFSET_IN_MMA, P_MOVMATRIX, STEP_ROW_BASE, TRIGGER_DEPENDENTS, ROW_COPIES, KEY_LOADS_L2_256B, PREFETCH_VALUE_ROWS, FILL_VALUE_ROWS_L2, VALUE_COPIES_L2_256B, PLAIN_LOADS_L2_256B, LOADS_BEFORE_WAIT, SPLIT_MAJOR, KEY_WORD_PAIRS, ZERO_PADDING_P, VALUE_SUBNORMALS, PACKED_P_SCALING, BAND_COLUMNS, VALUE_SCALES_STAGED, COUNTED_STEPS, TRANSFORM_IN_SPLIT, QUERY_IN_SPLIT, PHASE_CLOCKS)),
-                        (_group_member, (args, 5, GROUP, shared, CODE_ROW, SCALE_ROW, E4, E2, D, BLOCK_M, N_QC, BLOCK_N, SINKS, WINDOW, STAGES, KEYS_VIA_SMEM, KEYS_AHEAD, CACHE_TILES, P_ONCE, LAZY_RESCALE, PDL, COPY_LAYOUT_TOKENS, VALUE_SCALES_IN_B, SCORE_OFFSET_IN_MMA, P_MOVMATRIX, STEP_ROW_BASE, TRIGGER_DEPENDENTS, ROW_COPIES, KEY_LOADS_L2_256B, PREFETCH_VALUE_ROWS, FILL_VALUE_ROWS_L2, VALUE_COPIES_L2_256B, PLAIN_LOADS_L2_256B, LOADS_BEFORE_WAIT, SPLIT_MAJOR, KEY_WORD_PAIRS, ZERO_PADDING_P, VALUE_SUBNORMALS, PACKED_P_SCALING, BAND_COLUMNS, VALUE_SCALES_STAGED, COUNTED_STEPS, TRANSFORM_IN_SPLIT, QUERY_IN_SPLIT, PHASE_CLOCKS)),
-                        (_group_member, (args, 6, GROUP, shared, CODE_ROW, SCALE_ROW, E4, E2, D, BLOCK_M, N_QC, BLOCK_N, SINKS, WINDOW, STAGES, KEYS_VIA_SMEM, KEYS_AHEAD, CACHE_TILES, P_ONCE, LAZY_RESCALE, PDL, COPY_LAYOUT_TOKENS, VALUE_SCALES_IN_B, SCORE_OFFSET_IN_MMA, P_MOVMATRIX, STEP_ROW_BASE, TRIGGER_DEPENDENTS, ROW_COPIES, KEY_LOADS_L2_256B, PREFETCH_VALUE_ROWS, FILL_VALUE_ROWS_L2, VALUE_COPIES_L2_256B, PLAIN_LOADS_L2_256B, LOADS_BEFORE_WAIT, SPLIT_MAJOR, KEY_WORD_PAIRS, ZERO_PADDING_P, VALUE_SUBNORMALS, PACKED_P_SCALING, BAND_COLUMNS, VALUE_SCALES_STAGED, COUNTED_STEPS, TRANSFORM_IN_SPLIT, QUERY_IN_SPLIT, PHASE_CLOCKS)),
-                        (_group_member, (args, 7, GROUP, shared, CODE_ROW, SCALE_ROW, E4, E2, D, BLOCK_M, N_QC, BLOCK_N, SINKS, WINDOW, STAGES, KEYS_VIA_SMEM, KEYS_AHEAD, CACHE_TILES, P_ONCE, LAZY_RESCALE, PDL, COPY_LAYOUT_TOKENS, VALUE_SCALES_IN_B, SCORE_OFFSET_IN_MMA, P_MOVMATRIX, STEP_ROW_BASE, TRIGGER_DEPENDENTS, ROW_COPIES, KEY_LOADS_L2_256B, PREFETCH_VALUE_ROWS, FILL_VALUE_ROWS_L2, VALUE_COPIES_L2_256B, PLAIN_LOADS_L2_256B, LOADS_BEFORE_WAIT, SPLIT_MAJOR, KEY_WORD_PAIRS, ZERO_PADDING_P, VALUE_SUBNORMALS, PACKED_P_SCALING, BAND_COLUMNS, VALUE_SCALES_STAGED, COUNTED_STEPS, TRANSFORM_IN_SPLIT, QUERY_IN_SPLIT, PHASE_CLOCKS)),
-                    ],
-                    [1, 1, 1, 1, 1, 1, 1, 1],
-                    [168, 168, 168, 168, 168, 168, 168, 168],
-                )
-
-    @gluon.jit
-    def _group_waits():
-        """A split group's default partition (gl.warp_specialize's, 4 warps): nothing to do."""
-        pass
-
-    @gluon.jit
-    def _group_member(
-        args,
-        MEMBER: gl.constexpr,
-        GROUP: gl.constexpr,
-        shared,
-        CODE_ROW: gl.constexpr,
-        SCALE_ROW: gl.constexpr,
-        E4: gl.constexpr,
-        E2: gl.constexpr,
-        D: gl.constexpr,
-        BLOCK_M: gl.constexpr,
-        N_QC: gl.constexpr,
-        BLOCK_N: gl.constexpr,
-        SINKS: gl.constexpr,
-        WINDOW: gl.constexpr,
-        STAGES: gl.constexpr,
-        KEYS_VIA_SMEM: gl.constexpr,
-        KEYS_AHEAD: gl.constexpr,
-        CACHE_TILES: gl.constexpr,
-        P_ONCE: gl.constexpr,
-        LAZY_RESCALE: gl.constexpr,
-        PDL: gl.constexpr,
-        COPY_LAYOUT_TOKENS: gl.constexpr,
-        VALUE_SCALES_IN_B: gl.constexpr,
-        SCORE_OFFSET_IN_MMA: gl.constexpr,
-        P_MOVMATRIX: gl.constexpr,
-        STEP_ROW_BASE: gl.constexpr,
-        TRIGGER_DEPENDENTS: gl.constexpr,
-        ROW_COPIES: gl.constexpr,
-        KEY_LOADS_L2_256B: gl.constexpr,
-        PREFETCH_VALUE_ROWS: gl.constexpr,
-        FILL_VALUE_ROWS_L2: gl.constexpr,
-        VALUE_COPIES_L2_256B: gl.constexpr,
-        PLAIN_LOADS_L2_256B: gl.constexpr,
-        LOADS_BEFORE_WAIT: gl.constexpr,
-        SPLIT_MAJOR: gl.constexpr,
-        KEY_WORD_PAIRS: gl.constexpr,
-        ZERO_PADDING_P: gl.constexpr,
-        VALUE_SUBNORMALS: gl.constexpr,
-        PACKED_P_SCALING: gl.constexpr,
-        BAND_COLUMNS: gl.constexpr,
-        VALUE_SCALES_STAGED: gl.constexpr,
-        COUNTED_STEPS: gl.constexpr,
-        TRANSFORM_IN_SPLIT: gl.constexpr,
-        QUERY_IN_SPLIT: gl.constexpr,
-        PHASE_CLOCKS: gl.constexpr,
-    ):
-        """One split of a group: member MEMBER (the kernel's constexprs one by one: inside a tuple
-        they would not reach a partition as constexprs)."""
-        _split_member(
-            args,
-            MEMBER + gl.program_id(0) * 0,  # a runtime value: one code for every member
-            GROUP,
-            shared,
-            CODE_ROW,
-            SCALE_ROW,
-            E4,
-            E2,
-            D,
-            BLOCK_M,
-            N_QC,
-            BLOCK_N,
-            SINKS,
-            WINDOW,
-            STAGES,
-            KEYS_VIA_SMEM,
-            KEYS_AHEAD,
-            CACHE_TILES,
-            P_ONCE,
-            LAZY_RESCALE,
-            PDL,
-            COPY_LAYOUT_TOKENS,
-            VALUE_SCALES_IN_B,
-            SCORE_OFFSET_IN_MMA,
-            P_MOVMATRIX,
-            STEP_ROW_BASE,
-            TRIGGER_DEPENDENTS,
-            ROW_COPIES,
-            KEY_LOADS_L2_256B,
-            PREFETCH_VALUE_ROWS,
-            FILL_VALUE_ROWS_L2,
-            VALUE_COPIES_L2_256B,
-            PLAIN_LOADS_L2_256B,
-            LOADS_BEFORE_WAIT,
-            SPLIT_MAJOR,
-            KEY_WORD_PAIRS,
-            ZERO_PADDING_P,
-            VALUE_SUBNORMALS,
-            PACKED_P_SCALING,
-            BAND_COLUMNS,
-            VALUE_SCALES_STAGED,
-            COUNTED_STEPS,
-            TRANSFORM_IN_SPLIT,
-            QUERY_IN_SPLIT,
-            PHASE_CLOCKS,
-        )
-
-    @gluon.jit(noinline=True)
-    def _split_member(
-        args,
-        member,
-        GROUP: gl.constexpr,
-        shared,
-        CODE_ROW: gl.constexpr,
-        SCALE_ROW: gl.constexpr,
-        E4: gl.constexpr,
-        E2: gl.constexpr,
-        D: gl.constexpr,
-        BLOCK_M: gl.constexpr,
-        N_QC: gl.constexpr,
-        BLOCK_N: gl.constexpr,
-        SINKS: gl.constexpr,
-        WINDOW: gl.constexpr,
-        STAGES: gl.constexpr,
-        KEYS_VIA_SMEM: gl.constexpr,
-        KEYS_AHEAD: gl.constexpr,
-        CACHE_TILES: gl.constexpr,
-        P_ONCE: gl.constexpr,
-        LAZY_RESCALE: gl.constexpr,
-        PDL: gl.constexpr,
-        COPY_LAYOUT_TOKENS: gl.constexpr,
-        VALUE_SCALES_IN_B: gl.constexpr,
-        SCORE_OFFSET_IN_MMA: gl.constexpr,
-        P_MOVMATRIX: gl.constexpr,
-        STEP_ROW_BASE: gl.constexpr,
-        TRIGGER_DEPENDENTS: gl.constexpr,
-        ROW_COPIES: gl.constexpr,
-        KEY_LOADS_L2_256B: gl.constexpr,
-        PREFETCH_VALUE_ROWS: gl.constexpr,
-        FILL_VALUE_ROWS_L2: gl.constexpr,
-        VALUE_COPIES_L2_256B: gl.constexpr,
-        PLAIN_LOADS_L2_256B: gl.constexpr,
-        LOADS_BEFORE_WAIT: gl.constexpr,
-        SPLIT_MAJOR: gl.constexpr,
-        KEY_WORD_PAIRS: gl.constexpr,
-        ZERO_PADDING_P: gl.constexpr,
-        VALUE_SUBNORMALS: gl.constexpr,
-        PACKED_P_SCALING: gl.constexpr,
-        BAND_COLUMNS: gl.constexpr,
-        VALUE_SCALES_STAGED: gl.constexpr,
-        COUNTED_STEPS: gl.constexpr,
-        TRANSFORM_IN_SPLIT: gl.constexpr,
-        QUERY_IN_SPLIT: gl.constexpr,
-        PHASE_CLOCKS: gl.constexpr,
-    ):
-        """_split_program as one function that every member of a group calls (each partition would
-        otherwise carry its own copy of the program: 4 or 8 copies of a 720-instruction loop on one
-        SM, where one-warp programs share one)."""
-        _split_program(
-            *args,
-            CODE_ROW,
-            SCALE_ROW,
-            E4,
-            E2,
-            D,
-            BLOCK_M,
-            N_QC,
-            BLOCK_N,
-            SINKS,
-            WINDOW,
-            STAGES,
-            KEYS_VIA_SMEM,
-            KEYS_AHEAD,
-            CACHE_TILES,
-            P_ONCE,
-            LAZY_RESCALE,
-            PDL,
-            COPY_LAYOUT_TOKENS,
-            VALUE_SCALES_IN_B,
-            SCORE_OFFSET_IN_MMA,
-            P_MOVMATRIX,
-            STEP_ROW_BASE,
-            TRIGGER_DEPENDENTS,
-            ROW_COPIES,
-            KEY_LOADS_L2_256B,
-            PREFETCH_VALUE_ROWS,
-            FILL_VALUE_ROWS_L2,
-            VALUE_COPIES_L2_256B,
-            PLAIN_LOADS_L2_256B,
-            LOADS_BEFORE_WAIT,
-            SPLIT_MAJOR,
-            KEY_WORD_PAIRS,
-            ZERO_PADDING_P,
-            VALUE_SUBNORMALS,
-            PACKED_P_SCALING,
-            BAND_COLUMNS,
-            VALUE_SCALES_STAGED,
-            COUNTED_STEPS,
-            TRANSFORM_IN_SPLIT,
-            QUERY_IN_SPLIT,
-            PHASE_CLOCKS,
-            GROUP,
-            shared,
-            member,
-        )

@@ -692,6 +692,20 @@ def test_access_stream_probe_issues_the_split_kernels_loads(tmp_path):
     )
 
 
+def test_instruction_fetch_probe_times_the_code_it_claims(tmp_path):
+    # benchmarks/probe_instruction_fetch.py compares straight-line code with the same FMAs in a loop
+    # (RESULTS.md, thirty-fourth session): its straight variants must compile to 8 x rounds FFMAs of
+    # straight-line code (1,024 and 4,096), its looped ones to a loop body of 8 x 16
+    import re
+
+    out = _run_sm90_tool("probe_instruction_fetch.py", tmp_path, "--sass")
+    found = re.findall(r"(\w+): (\d+) FFMA, (\d+) instructions", out)
+    counts = {name: (int(f), int(n)) for name, f, n in found}
+    assert counts["fma_128_straight"][0] == 1024 and counts["fma_512_straight"][0] == 4096, counts
+    assert counts["fma_128_loop"][0] == counts["fma_512_loop"][0] == 128, counts
+    assert counts["fma_512_straight"][1] - counts["fma_512_straight"][0] < 100, counts  # little else
+
+
 def test_band_warps_spike_compiles_for_sm90(tmp_path):
     # benchmarks/spike_band_warps.py measures a two-warp step offline (one band per warp); its
     # batched MMAs, movmatrix transposes and trivial layout restatements must keep compiling

@@ -783,39 +783,6 @@ def test_gpu_v3_split_major_grid_changes_no_result(small, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("group", [4, 8])
-def test_gpu_v3_split_group_changes_no_result(group, monkeypatch):
-    # split_group runs `group` splits of a program in one CTA, one a warp, each computing a share of
-    # the query's transform and reading the rest from shared memory: the same operands, summed in
-    # the same order, so the output is bit-identical. The grid counts groups (split-major here); a
-    # split count that is no multiple of the group runs one split a CTA
-    tuned = K.SMALL_LAUNCH_CONFIGS[(128, 4, "affine")]
-    assert tuned.split_major_grid and tuned.query_in_split
-    grouped = dataclasses.replace(tuned, split_group=group)
-    seq_lens = [4096, 1, 1000, 2049, 133]  # ragged: length 1, lengths off the 64-token steps
-    codec, args = make_case(UNIFORM_REAL, 5, 2, 4, 1, 128, seq_lens, 4096, torch.bfloat16, "cuda", "full")
-    want = dense_reference(codec, args, 128**-0.5)
-    grids = []
-    launch = K.launch
-
-    def spy(kernel, grid, *rest, **options):
-        if "split_kernel_v3" in str(getattr(kernel, "fn", kernel)):
-            grids.append((tuple(grid), options.get("GROUP", 1), options["num_warps"]))
-        return launch(kernel, grid, *rest, **options)
-
-    monkeypatch.setattr(K, "launch", spy)
-    for splits in (8, 64, 7):
-        plain = _run_triton(args, codec, 128**-0.5, config=tuned, num_splits=splits)
-        got = _run_triton(args, codec, 128**-0.5, config=grouped, num_splits=splits)
-        assert not got.isnan().any()
-        assert torch.equal(got, plain), (splits, (got - plain).abs().max())
-        size = group if splits % group == 0 else 1
-        assert grids[-2:] == [((10, splits), 1, 1), ((10, splits // size), size, 4 if size > 1 else 1)], grids
-        assert rel_err(got, want) <= 1e-2, (splits, rel_err(got, want))
-    assert not K._V3_FAILURE, K._V3_FAILURE
-
-
-@pytest.mark.gpu
 @pytest.mark.parametrize("small", [True, False])
 def test_gpu_v3_phase_clocks_stamp_every_program_in_order(small):
     # the probe's stamps (LaunchConfig.phase_clocks) change no output bit; every program writes its
