@@ -202,6 +202,10 @@ class LaunchConfig:
     # epilogue-transform words (32 + 32 KB a head, read by every block) can hit L1 instead of L2:
     # the phase stamps put those two at 3.1 and 2.3 us of a block's 13.8
     split_major_grid: bool = False
+    # v3 at small launches: this many consecutive splits of one (sequence, kv head) in one CTA, a
+    # warp each, sharing the query's transform and the epilogue's T (kernels/wavelet_attention_cta.py;
+    # 0: one split a program). Only the small-launch config's path (cta_splits_reason says why not)
+    cta_splits: int = 0
     # with transform_in_split: a row's channels per merge program (a power of two; grid (rows, D /
     # this)), and its warps
     channel_merge_channels: int = 32

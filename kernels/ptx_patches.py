@@ -31,6 +31,9 @@ PATCHES: dict[str, tuple[re.Pattern, str]] = {
         re.compile(r"\b(cp\.async\.c[ag]\.shared(?:::cta)?\.global)(?=\s)"),
         r"\1.L2::256B",
     ),
+    # every CTA barrier Triton emits becomes a warp barrier: for a kernel whose warps share nothing
+    # but what it exchanges behind named barriers of its own (kernels/wavelet_attention_cta.py)
+    "warp_barriers": (re.compile(r"\bbar\.sync\s+0;"), "bar.warp.sync -1;"),
     # plain global loads (no cache or eviction qualifier yet) ask the same
     "ld_global_l2_256b": (
         re.compile(r"\bld\.global\.((?:v[248]\.)?[bfsu](?:8|16|32|64))(?=\s)"),

@@ -3015,7 +3015,6 @@ def _launch_v3(
     kernel is enqueued (the caller joins it back before the reduce), else None. carveout: the
     exact-token kernel's (_launch_exact). plan: how the splits cut each span (equal splits of
     dims' num_splits when None)."""
-    from .wavelet_attention_gluon import split_kernel_v3
 
     qw, qc, m_part, l_part, acc_part = parts
     hkv, group, tq, n_row_blocks, num_splits, n_qc, block_m, d, programs, qk_scale, n_parts, _ = dims
@@ -3046,6 +3045,82 @@ def _launch_v3(
             raise ValueError("query_in_split needs the query and its slot transform (query_args)")
     else:  # unread
         query_args = (qw, 0, 0, 0, plan2.slot_coef, 0, plan2.v_step, plan2.v_step, 1.0)
+    if config.cta_splits:
+        reason = cta_splits_reason(config, plan, dims, layout, k_scales)
+        if reason:
+            raise ValueError(f"LaunchConfig.cta_splits={config.cta_splits}: {reason}")
+        _launch_cta(
+            k_codes,
+            k_scales,
+            v_codes,
+            v_scales,
+            seq_lens,
+            plan2,
+            parts,
+            dims,
+            layout,
+            config,
+            split_options,
+            value_channels,
+            query_args,
+            chain,
+            clocks,
+        )
+    else:
+        _launch_split_v3(
+            qw,
+            qc,
+            k_codes,
+            k_scales,
+            v_codes,
+            v_scales,
+            seq_lens,
+            plan2,
+            parts,
+            dims,
+            layout,
+            config,
+            split_options,
+            plan,
+            split_major,
+            clocks,
+            value_channels,
+            query_args,
+            chain,
+        )
+    if config.exact_in_chain:  # in order after the split kernel (beside it with PDL)
+        _launch_exact(q, common_exact, parts, dims, layout, config, chain=chain, carveout=carveout)
+    if side is not None and not config.exact_before_split:
+        with torch.cuda.stream(side):
+            _launch_exact(q, common_exact, parts, dims, layout, config, carveout=carveout)
+
+
+def _launch_split_v3(
+    qw,
+    qc,
+    k_codes,
+    k_scales,
+    v_codes,
+    v_scales,
+    seq_lens,
+    plan2,
+    parts,
+    dims,
+    layout,
+    config,
+    split_options,
+    plan,
+    split_major,
+    clocks,
+    value_channels,
+    query_args,
+    chain,
+) -> None:
+    """split_kernel_v3's launch (_launch_v3's, one split a program)."""
+    from .wavelet_attention_gluon import split_kernel_v3
+
+    m_part, l_part, acc_part = parts[2:]
+    hkv, group, tq, n_row_blocks, num_splits, n_qc, block_m, d, programs, qk_scale, n_parts, _ = dims
     launch(
         split_kernel_v3,
         (programs, num_splits) if split_major else (num_splits, programs),
@@ -3123,13 +3198,130 @@ def _launch_v3(
         **({"SPLIT_MAJOR": True} if split_major else {}),
         num_warps=1,
         **split_options,
-        **_dependent(_pdl(config, q.device)),
+        **_dependent(_pdl(config, k_codes.device)),
     )
-    if config.exact_in_chain:  # in order after the split kernel (beside it with PDL)
-        _launch_exact(q, common_exact, parts, dims, layout, config, chain=chain, carveout=carveout)
-    if side is not None and not config.exact_before_split:
-        with torch.cuda.stream(side):
-            _launch_exact(q, common_exact, parts, dims, layout, config, carveout=carveout)
+
+
+def cta_splits_reason(
+    config: LaunchConfig, plan: SplitPlan, dims: tuple, layout: CompressedLayout, k_scales: torch.Tensor
+) -> str | None:
+    """None when LaunchConfig.cta_splits can run this launch (kernels/wavelet_attention_cta.py
+    implements the small-launch config's path only), else what stands in the way."""
+    from .wavelet_attention_cta import WARPS
+
+    hkv, group, tq, n_row_blocks, num_splits, n_qc, block_m, d, programs, qk_scale, n_parts, _ = dims
+    needs = [
+        (config.cta_splits == WARPS, f"{WARPS} splits a CTA (the kernel's warps)"),
+        (
+            d == 128 and config.block_n == 64 and config.num_stages == 1,
+            "head_dim 128, 64-token steps, one stage",
+        ),
+        (
+            group == 4 and tq == 1 and n_row_blocks == 1 and block_m == 4,
+            "a GQA group of 4 rows, one new token",
+        ),
+        (
+            config.band_columns and config.query_in_split and config.transform_in_split,
+            "band_columns, query_in_split, transform_in_split",
+        ),
+        (
+            config.keys_ahead and config.key_loads_l2_256b and not config.keys_via_smem,
+            "keys a step ahead, L2::256B loads",
+        ),
+        (
+            not config.key_word_pairs and not config.row_copies and config.cache_tiles,
+            "no key_word_pairs, row_copies; cache_tiles",
+        ),
+        (
+            config.score_offset_in_mma and config.p_movmatrix and config.convert_p_once,
+            "score_offset_in_mma, p_movmatrix",
+        ),
+        (not config.lazy_rescale, "no lazy_rescale"),
+        (plan.split_num == 1 and plan.split_den == num_splits and not plan.split_major, "equal splits"),
+        (k_scales.stride(2) == 2 and layout.n_bands == 2, "two fp16 scales a row"),
+    ]
+    missing = [what for ok, what in needs if not ok]
+    return "needs " + "; ".join(missing) if missing else None
+
+
+def _launch_cta(
+    k_codes,
+    k_scales,
+    v_codes,
+    v_scales,
+    seq_lens,
+    plan2,
+    parts,
+    dims,
+    layout,
+    config,
+    split_options,
+    value_channels,
+    query_args,
+    chain,
+    clocks,
+) -> None:
+    """split_kernel_cta's launch: grid (programs, CTAs of cta_splits splits), a warp a split."""
+    from . import ptx_patches
+    from .wavelet_attention_cta import WARPS, split_kernel_cta
+
+    ptx_patches.install()  # its warp-barrier patch, before the kernel compiles
+
+    m_part, l_part, acc_part = parts[2:]
+    hkv, group, tq, n_row_blocks, num_splits, n_qc, block_m, d, programs, qk_scale, n_parts, _ = dims
+    q, q_sb, q_sh, _, qt_words, qt_stride, k_factor, k_shift, q_scale = query_args
+    vt_words, vt_stride, v_cs, v_cs_stride = value_channels
+    launch(
+        split_kernel_cta,
+        (programs, -(-num_splits // WARPS)),
+        k_codes,
+        k_codes.stride(0),
+        k_codes.stride(1),
+        k_scales,
+        k_scales.stride(0),
+        k_scales.stride(1),
+        v_codes,
+        v_codes.stride(0),
+        v_codes.stride(1),
+        v_scales,
+        v_scales.stride(0),
+        v_scales.stride(1),
+        seq_lens,
+        plan2.v_step,
+        plan2.v_shift,
+        vt_words,
+        vt_stride,
+        v_cs,
+        v_cs_stride,
+        q,
+        q_sb,
+        q_sh,
+        qt_words,
+        qt_stride,
+        k_factor,
+        k_shift,
+        q_scale,
+        m_part,
+        l_part,
+        acc_part,
+        hkv,
+        num_splits,
+        n_parts,
+        clocks,
+        CODE_ROW=k_codes.stride(2) // 2,
+        E4=layout.band_byte_offsets[0] // 2,
+        E2=layout.band_byte_offsets[1] // 2,
+        D=d,
+        BLOCK_N=config.block_n,
+        SINKS=layout.sinks,
+        WINDOW=layout.window,
+        TRIGGER_DEPENDENTS=chain,
+        VALUE_SUBNORMALS=config.value_subnormals,
+        PHASE_CLOCKS=config.phase_clocks,
+        num_warps=WARPS,
+        **split_options,
+        **_dependent(_pdl(config, k_codes.device)),
+    )
 
 
 def wavelet_attention_triton(
