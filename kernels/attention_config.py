@@ -202,9 +202,11 @@ class LaunchConfig:
     # epilogue-transform words (32 + 32 KB a head, read by every block) can hit L1 instead of L2:
     # the phase stamps put those two at 3.1 and 2.3 us of a block's 13.8
     split_major_grid: bool = False
-    # v3 at small launches: this many consecutive splits of one (sequence, kv head) in one CTA, a
-    # warp each, sharing the query's transform and the epilogue's T (kernels/wavelet_attention_cta.py;
-    # 0: one split a program). Only the small-launch config's path (cta_splits_reason says why not)
+    # v3: this many consecutive equal splits of one (sequence, kv head) in one CTA, a warp each,
+    # sharing the query's transform and the epilogue's T and merging their partials into one
+    # (kernels/wavelet_attention_cta.py; 0: one split a program). It implements the small-launch
+    # config's path only; elsewhere the launch runs one split a program
+    # (wavelet_attention.cta_splits_reason says why)
     cta_splits: int = 0
     # with transform_in_split: a row's channels per merge program (a power of two; grid (rows, D /
     # this)), and its warps
@@ -762,6 +764,11 @@ SMALL_LAUNCH_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
         # +19.5%
         overlap_exact=False,
         exact_in_chain=True,
+        # thirty-fifth session (H200, 4 rounds, grid of diag configs): four splits a CTA sharing the
+        # query's transform and T, one merged partial a CTA (kernels/wavelet_attention_cta.py):
+        # -6.0% (-7.0 .. -4.6); the phase stamps' medians: the query's transform 3.07 -> 1.79-2.05
+        # us, the loops' end 11.26 -> 9.98, the epilogue's 13.31 -> 12.29
+        cta_splits=4,
     ),
 }
 # where v3 cannot run a small launch (other layouts, no Gluon, the interpreter): v1's own best
@@ -816,6 +823,7 @@ V3_ONLY_OPTIONS = (
     "row_copies",
     "loads_before_pdl_wait",
     "exact_before_split",
+    "cta_splits",
 )
 
 

@@ -3032,7 +3032,7 @@ def _launch_v3(
     # a remainder plan's short splits go out last; split_major_grid: neighbouring blocks take
     # neighbouring programs (kv heads) instead of a program's neighbouring splits
     split_major = plan.split_major or config.split_major_grid
-    clocks = _phase_clock_buffer(config, programs * num_splits, q.device)
+    clocks = _phase_clock_buffer(config, programs * plan.num_splits, q.device)
     if clocks is None:  # unread
         clocks = m_part
     if config.transform_in_split:
@@ -3045,10 +3045,7 @@ def _launch_v3(
             raise ValueError("query_in_split needs the query and its slot transform (query_args)")
     else:  # unread
         query_args = (qw, 0, 0, 0, plan2.slot_coef, 0, plan2.v_step, plan2.v_step, 1.0)
-    if config.cta_splits:
-        reason = cta_splits_reason(config, plan, dims, layout, k_scales)
-        if reason:
-            raise ValueError(f"LaunchConfig.cta_splits={config.cta_splits}: {reason}")
+    if config.cta_splits:  # (checked by the caller: cta_splits_reason)
         _launch_cta(
             k_codes,
             k_scales,
@@ -3065,6 +3062,7 @@ def _launch_v3(
             query_args,
             chain,
             clocks,
+            plan.num_splits,
         )
     else:
         _launch_split_v3(
@@ -3203,13 +3201,15 @@ def _launch_split_v3(
 
 
 def cta_splits_reason(
-    config: LaunchConfig, plan: SplitPlan, dims: tuple, layout: CompressedLayout, k_scales: torch.Tensor
+    config: LaunchConfig, plan: SplitPlan, shape: tuple, layout: CompressedLayout, k_scales: torch.Tensor
 ) -> str | None:
     """None when LaunchConfig.cta_splits can run this launch (kernels/wavelet_attention_cta.py
-    implements the small-launch config's path only), else what stands in the way."""
+    implements the small-launch config's path only), else what stands in the way. shape: (GQA
+    group, new tokens, row blocks, rows a block, head_dim)."""
     from .wavelet_attention_cta import WARPS
 
-    hkv, group, tq, n_row_blocks, num_splits, n_qc, block_m, d, programs, qk_scale, n_parts, _ = dims
+    group, tq, n_row_blocks, block_m, d = shape
+    num_splits = plan.num_splits
     needs = [
         (config.cta_splits == WARPS, f"{WARPS} splits a CTA (the kernel's warps)"),
         (
@@ -3260,15 +3260,17 @@ def _launch_cta(
     query_args,
     chain,
     clocks,
+    num_splits: int,
 ) -> None:
-    """split_kernel_cta's launch: grid (programs, CTAs of cta_splits splits), a warp a split."""
+    """split_kernel_cta's launch: grid (programs, CTAs of cta_splits splits), a warp a split;
+    num_splits: the splits (dims carry the CTAs' partials, one a CTA)."""
     from . import ptx_patches
     from .wavelet_attention_cta import WARPS, split_kernel_cta
 
     ptx_patches.install()  # its warp-barrier patch, before the kernel compiles
 
     m_part, l_part, acc_part = parts[2:]
-    hkv, group, tq, n_row_blocks, num_splits, n_qc, block_m, d, programs, qk_scale, n_parts, _ = dims
+    hkv, _, _, _, _, _, _, d, programs, _, n_parts, _ = dims
     q, q_sb, q_sh, _, qt_words, qt_stride, k_factor, k_shift, q_scale = query_args
     vt_words, vt_stride, v_cs, v_cs_stride = value_channels
     launch(
@@ -3419,7 +3421,17 @@ def wavelet_attention_triton(
     # partials per program: the compressed splits, then the exact tokens' (v3: exact_chunks of them,
     # from their own kernel; v1 and v2: one, from the split kernel's last split)
     exact_programs, exact_slots = exact_chunks(config, layout) if use_v3 else (1, 0)
-    n_parts = num_splits + exact_programs
+    # the compressed partials: one a split, or with cta_splits one a CTA (its warps' splits merged)
+    compressed_parts = num_splits
+    if use_v3 and config.cta_splits:
+        # where the CTA kernel's path does not fit (cta_splits_reason says why: another GQA group,
+        # several new tokens, a launch of more waves than query_in_split takes ...), one split a
+        # program, as query_in_split and value_subnormals apply where they fit
+        if cta_splits_reason(config, plan, (group, tq, n_row_blocks, block_m, d), layout, k_scales):
+            config = replace(config, cta_splits=0)
+        else:
+            compressed_parts = -(-num_splits // config.cta_splits)
+    n_parts = compressed_parts + exact_programs
     device = q.device
     if use_v3 or use_v2:
         plan2 = (
@@ -3575,7 +3587,7 @@ def wavelet_attention_triton(
                     seq_lens,
                     plan2,
                     (qw, qc, m_part, l_part, acc_part),
-                    (hkv, group, tq, n_row_blocks, num_splits, n_qc, block_m, d, programs, qk_scale)
+                    (hkv, group, tq, n_row_blocks, compressed_parts, n_qc, block_m, d, programs, qk_scale)
                     + (n_parts, exact_slots),
                     layout,
                     config,

@@ -10,16 +10,23 @@ by each warp:
 
 - the query's slots: warp v computes slot tiles v and v + 4 of M_h s_k q (8 KB of words), the CTA
   shares them through shared memory, and every warp takes the 8 key operands from there;
-- the epilogue: each warp's coefficient means go to shared memory, and warp v maps the channel
-  tiles v and v + 4 of all four partials (8 KB of T words), then stores them.
+- the epilogue: each warp's coefficient means (its sums over its l, in fp16), running max and
+  denominator go to shared memory; after one meeting every warp weights the four means into the
+  CTA's (exp2(m_w - m) l_w / l) and warp v maps channel tiles v and v + 4 of them through T (8 KB
+  of words). One partial a CTA: the merge kernel after it reads a quarter as many.
 
 Every tensor of the step has the warp as its leading dimension (rank 3, warps_per_cta [4, 1, 1]),
 so a warp's reductions stay inside it; the transforms use rank-2 layouts with the warps along M.
-The arithmetic is the tuned kernel's in the same order, so the partials are bit-identical to
-split_kernel_v3's with the one-sequence config (a GPU test checks it). Supported: the small-launch
-config's path only (kernels/attention_config.py SMALL_LAUNCH_CONFIGS: BAND_COLUMNS with a GQA group
-of 4 rows and one new token, query and T in the split, keys a step ahead with the L2::256B hint,
-value tiles by 8-byte copies through L1 in a one-stage ring); the launcher checks the config first.
+The warps meet only at named barriers of their own (`_all_warps`): Triton's barrier-0 barriers,
+which here guard each warp's own shared memory, become warp barriers through a PTX patch
+(kernels/ptx_patches.py), so no warp waits for another inside the loop. The step is the one-warp
+kernel's arithmetic in the same order; only the means' rounding to fp16 moves (once a CTA instead
+of once a split), so the outputs are within fp16 rounding of split_kernel_v3's (a GPU test checks
+it). Supported: the small-launch config's path only (kernels/attention_config.py
+SMALL_LAUNCH_CONFIGS: BAND_COLUMNS with a GQA group of 4 rows and one new token, query and T in the
+split, keys a step ahead with the L2::256B hint, value tiles by 8-byte copies through L1 in a
+one-stage ring, equal splits); elsewhere the launcher runs one split a program
+(wavelet_attention.cta_splits_reason says why).
 """
 
 from __future__ import annotations
@@ -91,11 +98,6 @@ if HAS_GLUON:
     def _warps(parent: gl.constexpr):
         """The warp index [W] of a rank-3 layout, for [W, tokens] tensors (w[:, None])."""
         return gl.arange(0, _W, layout=gl.SliceLayout(1, gl.SliceLayout(2, parent)))
-
-    @gluon.jit
-    def _warps_cols(parent: gl.constexpr):
-        """The warp index [W] of a rank-3 layout, for [W, columns] tensors (w[:, None])."""
-        return gl.arange(0, _W, layout=gl.SliceLayout(1, gl.SliceLayout(1, parent)))
 
     @gluon.jit
     def _stamp3(clock_ptr, first_row, slot, after, rows_left):
@@ -320,7 +322,7 @@ if HAS_GLUON:
         means_smem,
         acc,
         sums,
-        inv_l,
+        weight,
         keep,
         v_step_ptr,
         v_shift_ptr,
@@ -329,28 +331,64 @@ if HAS_GLUON:
         C_LO: gl.constexpr,
         C_HI: gl.constexpr,
     ):
-        """One operand's coefficient means per warp ([W, 16 slots, 8], _operand_values / l, the
-        columns of the other band zeroed) into means_smem [128 slots, W, 8] fp16 at rows SLOT0 ..."""
+        """One operand's coefficient means per warp ([W, 16 slots, 8]: _operand_values times
+        `weight`, 1 / l per column), the columns of the other band zeroed, into means_smem [128
+        slots, W, 8] fp16 at rows SLOT0 ..."""
         slots = SLOT0 + gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, _MMA3)))
         step = gl.load(v_step_ptr + slots)[None, :, None]
         shift = gl.load(v_shift_ptr + slots)[None, :, None]
         if SUBNORMALS:
-            upper_rows = (gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, _MMA3))) >= 8)[
-                None, :, None
-            ]
-            mid = gl.where(upper_rows, C_HI - MAGIC, C_LO - MAGIC)
+            rows = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, _MMA3)))
+            mid = gl.where((rows >= 8)[None, :, None], C_HI - MAGIC, C_LO - MAGIC)
             values = (acc * _INV_SUBNORMAL_UNIT + (shift - mid) * sums) * step
         else:
             values = (acc + shift * sums) * step
-        means = gl.where(keep[:, None, :], values * inv_l[:, None, :], 0.0)
+        means = gl.where(keep[:, None, :], values * weight[:, None, :], 0.0)
         means_smem.slice(SLOT0, 16, 0).permute([1, 0, 2]).store(means.to(gl.float16))
 
     @gluon.jit
-    def _transform_means(out, means_smem, vt_words, J: gl.constexpr):
-        """out [128 channels, W * 8] += T[:, slots 16J ..] x the four partials' means of those
-        slots (shared memory), the channel tiles v and v + 4 in warp v."""
-        b = means_smem.reshape([128, _W * 8]).slice(16 * J, 16, 0).load(_B_T)
-        return mma_v2(_fragment_tiles_w(vt_words + J * (8 * 32 * 4)), b, out)
+    def _merge_stats(m_smem, l_smem, layout: gl.constexpr):
+        """The CTA's running max m and denominator l per column ([8] in `layout`) from its warps'
+        ([W, 8] in shared memory)."""
+        m_flat = m_smem.reshape([_W * 8])
+        l_flat = l_smem.reshape([_W * 8])
+        m = m_flat.slice(0, 8, 0).load(layout)
+        for w in gl.static_range(1, _W):
+            m = gl.maximum(m, m_flat.slice(8 * w, 8, 0).load(layout))
+        total = gl.zeros_like(m)
+        for w in gl.static_range(_W):
+            total += gl.exp2(m_flat.slice(8 * w, 8, 0).load(layout) - m) * l_flat.slice(8 * w, 8, 0).load(
+                layout
+            )
+        return m, total
+
+    @gluon.jit
+    def _merge_weights(m_smem, l_smem, layout: gl.constexpr):
+        """Each warp's weight in the CTA's means, exp2(m_w - m) l_w / l per column: a tuple of W
+        [8] in `layout` (zeros where the CTA saw no token)."""
+        m, total = _merge_stats(m_smem, l_smem, layout)
+        inv = gl.where(total > 0, 1.0 / total, 0.0)
+        m_flat = m_smem.reshape([_W * 8])
+        l_flat = l_smem.reshape([_W * 8])
+        u0 = gl.exp2(m_flat.slice(0, 8, 0).load(layout) - m) * l_flat.slice(0, 8, 0).load(layout) * inv
+        u1 = gl.exp2(m_flat.slice(8, 8, 0).load(layout) - m) * l_flat.slice(8, 8, 0).load(layout) * inv
+        u2 = gl.exp2(m_flat.slice(16, 8, 0).load(layout) - m) * l_flat.slice(16, 8, 0).load(layout) * inv
+        u3 = gl.exp2(m_flat.slice(24, 8, 0).load(layout) - m) * l_flat.slice(24, 8, 0).load(layout) * inv
+        return u0, u1, u2, u3
+
+    @gluon.jit
+    def _transform_means(out, means_smem, tile, weights, J: gl.constexpr):
+        """out [128 channels, 8] += T[:, slots 16J ..] (tile: its A fragments, channel tiles v and
+        v + 4 in warp v) x the CTA's means of those slots: the warps' means weighted in fp32, then
+        fp16 as the one-warp kernel's B operand."""
+        gl.static_assert(_W == 4, "four weights")
+        u0, u1, u2, u3 = weights
+        rows = means_smem.reshape([128, _W * 8]).slice(16 * J, 16, 0)
+        b = rows.slice(0, 8, 1).load(_B_T).to(gl.float32) * u0[None, :]
+        b += rows.slice(8, 8, 1).load(_B_T).to(gl.float32) * u1[None, :]
+        b += rows.slice(16, 8, 1).load(_B_T).to(gl.float32) * u2[None, :]
+        b += rows.slice(24, 8, 1).load(_B_T).to(gl.float32) * u3[None, :]
+        return mma_v2(tile, b.to(gl.float16), out)
 
     @gluon.jit
     def split_kernel_cta(
@@ -403,9 +441,9 @@ if HAS_GLUON:
         PHASE_CLOCKS: gl.constexpr = False,
     ):
         """Grid (sequences x kv heads, CTAs of W splits); split cta * W + v in warp v, equal splits
-        of num_splits over the (sequence, kv head)'s compressed span, partials as split_kernel_v3's
-        (one per split, channel domain). One new token, a GQA group of 4 rows (columns 4-7 repeat
-        them: BAND_COLUMNS)."""
+        of num_splits over the (sequence, kv head)'s compressed span; one partial a CTA, at index
+        cta of the program's n_parts (in the channel domain, as split_kernel_v3's). One new token,
+        a GQA group of 4 rows (columns 4-7 repeat them: BAND_COLUMNS)."""
         gl.static_assert(D == 128, "the CTA kernel is written for head_dim 128")
         gl.static_assert(BLOCK_N == 64, "the CTA kernel is written for 64-token steps")
         if PDL:
@@ -492,6 +530,11 @@ if HAS_GLUON:
         ones = gl.full([_W, 16, BLOCK_N], 1.0, gl.float16, layout=_A3)
         v4s = gl.allocate_shared_memory(gl.int16, [_W, BLOCK_N, 16], _TILE3)
         v2s = gl.allocate_shared_memory(gl.int16, [_W, BLOCK_N, 16], _TILE3)
+        # the epilogue's exchange, allocated here so that no buffer of the loop shares its memory:
+        # the warps then need not meet between their loops and their stores to it
+        means_smem = gl.allocate_shared_memory(gl.float16, [128, _W, 8], _TILE3)
+        m_smem = gl.allocate_shared_memory(gl.float32, [_W, 8], _PLAIN2)
+        l_smem = gl.allocate_shared_memory(gl.float32, [_W, 8], _PLAIN2)
         _all_warps()  # every warp's share of the query's slots is in q_smem and s_smem
         q = (
             _key_operand(q_smem, 0),
@@ -507,7 +550,7 @@ if HAS_GLUON:
         acc0 = gl.zeros([_W, 16, 8], gl.float32, layout=_MMA3)
         m0 = gl.full([_W, 8], _NEG_BIG, gl.float32, layout=gl.SliceLayout(1, _MMA3))
         state = (m0,) + (acc0,) * 10
-        _all_warps()  # every warp has read them (the loop's buffers may reuse their shared memory)
+        _all_warps()  # every warp has read them (the loop's conversion scratch may reuse that memory)
         if PHASE_CLOCKS:
             _stamp3(clock_ptr, first_row, 1, w_stamp * 0 + gl.max(qc0 + qc1, axis=0).to(gl.int32), rows_left)
             gl.store(sm_row + 9, (n_full + w_stamp * 0).to(gl.int64), mask=w_stamp < rows_left)
@@ -554,22 +597,29 @@ if HAS_GLUON:
             async_copy.wait_group(0)
             state = _step_values(s, state, v_words, select, v4s, v2s, ones, VALUE_SUBNORMALS)
             _cta_barrier()
-        # ---- partials: m and l per warp, the sums mapped to channels by T, shared by the warps
+        # ---- one partial a CTA: its splits merged under one softmax, mapped to channels by T
         if PHASE_CLOCKS:
             _stamp3(clock_ptr, first_row, 6, gl.max(gl.max(state[8], axis=2), axis=1), rows_left)
-        _all_warps()  # every warp's loop is done with its shared memory (the means may reuse it)
         m_i, a0, a1, a2, a3, a4, a5, a6, a7, l_acc, wsa = state
-        local = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, _MMA3)))
-        split_m = cta * _W + _warps_cols(_MMA3)
-        part_m = pid * n_parts + split_m
-        kept = (local < 4)[None, :] & (split_m < num_splits)[:, None]
-        l_cols = gl.max(l_acc, axis=1)
-        gl.store(m_ptr + part_m[:, None] * 4 + local[None, :], m_i, mask=kept)
-        gl.store(l_ptr + part_m[:, None] * 4 + local[None, :], l_cols, mask=kept)
+        # the epilogue's global reads first: their latency then passes while the warps meet
+        vt_words = vt_ptr + kv_head * vt_stride_h
+        t0 = _fragment_tiles_w(vt_words + 0 * 1024)
+        t1 = _fragment_tiles_w(vt_words + 1 * 1024)
+        t2 = _fragment_tiles_w(vt_words + 2 * 1024)
+        t3 = _fragment_tiles_w(vt_words + 3 * 1024)
+        t4 = _fragment_tiles_w(vt_words + 4 * 1024)
+        t5 = _fragment_tiles_w(vt_words + 5 * 1024)
+        t6 = _fragment_tiles_w(vt_words + 6 * 1024)
+        t7 = _fragment_tiles_w(vt_words + 7 * 1024)
+        channel = gl.arange(0, 128, layout=gl.SliceLayout(1, _MMA_T))
+        scale = gl.load(v_scale_ptr + kv_head * v_scale_stride_h + channel)
+        # each warp's coefficient means (sums / its l, as the one-warp kernel's partial) in fp16,
+        # its running max and denominator, to shared memory
+        l_cols = gl.max(l_acc, axis=1)  # [W, 8]: the token-sum MMA's rows are equal
         inv_l = gl.where(l_cols > 0, 1.0 / l_cols, 0.0)  # an empty split's sums are zeros
-        keep_a = (local < 4)[None, :] & (split_m >= 0)[:, None]  # (every warp)
-        keep_b = (local >= 4)[None, :] & (split_m >= 0)[:, None]
-        means_smem = gl.allocate_shared_memory(gl.float16, [128, _W, 8], _TILE3)
+        local = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, _MMA3)))
+        keep_a = (local < 4)[None, :] & (m_i == m_i)  # [W, 8]: the columns of each band
+        keep_b = (local >= 4)[None, :] & (m_i == m_i)
         tr = (v_step_ptr, v_shift_ptr)
         sub = VALUE_SUBNORMALS
         _means_to_smem(means_smem, a0, wsa, inv_l, keep_a, *tr, 0, sub, _C4_0, _C4_0)
@@ -580,14 +630,23 @@ if HAS_GLUON:
         _means_to_smem(means_smem, a5, wsa, inv_l, keep_b, *tr, 80, sub, _C2_2, _C2_3)
         _means_to_smem(means_smem, a6, wsa, inv_l, keep_b, *tr, 96, sub, _C2_4, _C2_5)
         _means_to_smem(means_smem, a7, wsa, inv_l, keep_b, *tr, 112, sub, _C2_6, _C2_7)
-        l_smem = gl.allocate_shared_memory(gl.float32, [_W, 8], _PLAIN2)
+        m_smem.store(m_i)
         l_smem.store(l_cols)
         _all_warps()
-        vt_words = vt_ptr + kv_head * vt_stride_h
-        out = gl.zeros([128, _W * 8], gl.float32, layout=_MMA_T)
-        for j in gl.static_range(8):
-            out = _transform_means(out, means_smem, vt_words, j)
-        # row c's two band shares sit in columns c and c + 4 of each partial: lanes t, t + 2
+        # the CTA's running max and denominator per column, and each warp's weight in its means
+        # (exp2(m_w - m) l_w / l): in the B operand's columns, and in the output's
+        weights = _merge_weights(m_smem, l_smem, gl.SliceLayout(0, _B_T))
+        m_t, l_t = _merge_stats(m_smem, l_smem, gl.SliceLayout(0, _MMA_T))
+        out = gl.zeros([128, 8], gl.float32, layout=_MMA_T)
+        out = _transform_means(out, means_smem, t0, weights, 0)
+        out = _transform_means(out, means_smem, t1, weights, 1)
+        out = _transform_means(out, means_smem, t2, weights, 2)
+        out = _transform_means(out, means_smem, t3, weights, 3)
+        out = _transform_means(out, means_smem, t4, weights, 4)
+        out = _transform_means(out, means_smem, t5, weights, 5)
+        out = _transform_means(out, means_smem, t6, weights, 6)
+        out = _transform_means(out, means_smem, t7, weights, 7)
+        # row c's two band shares sit in columns c and c + 4: lanes t, t + 2
         bits = out.to(gl.int32, bitcast=True)
         other = gl.inline_asm_elementwise(
             "shfl.sync.bfly.b32 $0, $1, 2, 0x1f, 0xffffffff;",
@@ -598,15 +657,12 @@ if HAS_GLUON:
             pack=1,
         )
         out = out + other.to(gl.float32, bitcast=True)
-        columns = gl.arange(0, _W * 8, layout=gl.SliceLayout(0, _MMA_T))
-        l_all = l_smem.reshape([_W * 8]).load(gl.SliceLayout(0, _MMA_T))
-        channel = gl.arange(0, 128, layout=gl.SliceLayout(1, _MMA_T))
-        scale = gl.load(v_scale_ptr + kv_head * v_scale_stride_h + channel)
-        out = out * scale[:, None] * l_all[None, :]  # the sums again, not their means
-        split_t = cta * _W + columns // 8
-        part_t = pid * n_parts + split_t
-        ok = ((columns % 8) < 4) & (split_t < num_splits)
-        target = acc_ptr + (part_t * 4 + columns % 8)[None, :] * D + channel[:, None]
-        gl.store(target, out, mask=ok[None, :])
+        columns = gl.arange(0, 8, layout=gl.SliceLayout(0, _MMA_T))
+        out = out * scale[:, None] * l_t[None, :]  # the sums again, not their means
+        part = pid * n_parts + cta
+        gl.store(m_ptr + part * 4 + columns, m_t, mask=columns < 4)
+        gl.store(l_ptr + part * 4 + columns, l_t, mask=columns < 4)
+        target = acc_ptr + (part * 4 + columns)[None, :] * D + channel[:, None]
+        gl.store(target, out, mask=(columns < 4)[None, :])
         if PHASE_CLOCKS:
             _stamp3(clock_ptr, first_row, 7, _warps(_MMA3), rows_left)

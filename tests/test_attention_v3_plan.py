@@ -667,6 +667,57 @@ def test_query_in_split_leaves_the_loop_and_adds_one_transform(tmp_path):
     assert 200 <= kernel_q - kernel <= 600, (kernel, kernel_q)
 
 
+def test_cta_kernel_runs_the_one_warp_step_and_its_warps_meet_only_at_named_barriers(tmp_path):
+    # LaunchConfig.cta_splits (kernels/wavelet_attention_cta.py): each warp runs the one-sequence
+    # config's step on its own split, so the full-step loop costs about the one-warp kernel's (738
+    # against 720 instructions on Triton 3.6, thirty-fifth session), with no spill; after the
+    # warp-barrier patch no CTA-wide barrier is left, the loop has none, and the warps meet three
+    # times (the query's slots, before the loop, the epilogue's means)
+    import re
+
+    def number(pattern: str, out: str) -> int:
+        return int(re.search(pattern, out).group(1))
+
+    cta = _run_sm90_tool("sass_attention_cta.py", tmp_path / "cta")
+    one_warp = _run_sm90_tool(
+        "sass_attention_v3.py",
+        tmp_path / "v3",
+        *("--tuned", "--pdl", "--band-columns", "--without", "key_word_pairs", "--split-major"),
+    )
+    assert number(r"loop spill instructions: (\d+)", cta) == 0, cta
+    assert number(r"STACK:(\d+)", cta) == 0, cta
+    assert number(r"CTA barriers \(bar.sync 0\) in the PTX: (\d+)", cta) == 0, cta
+    assert number(r"named barriers \(bar.sync 1, 128\) in the PTX: (\d+)", cta) == 3, cta
+    assert number(r"loop barriers: (\d+)", cta) == 0, cta
+    loop = number(r"full-step loop: (\d+) instructions", cta)
+    assert 0 <= loop - number(r"full-step loop: (\d+) instructions", one_warp) <= 30, (cta, one_warp)
+    assert number(r"shared (\d+) B per CTA", cta) <= 48 * 1024  # two CTAs (8 warps) an SM and more
+
+
+def test_cta_splits_reason_names_what_stands_in_the_way():
+    # the CTA kernel implements the small-launch config's path: anything else runs one split a
+    # program, and cta_splits_reason says why
+    small = K.SMALL_LAUNCH_CONFIGS[(128, 4, "affine")]
+    assert small.cta_splits == 4
+    layout = ops.compressed_layout("default", 128)
+    scales = torch.empty(1, 8, 64, layout.n_bands, dtype=torch.float16)
+    decode = (4, 1, 1, 4, 128)  # a GQA group of 4 rows, one new token, head_dim 128
+    equal = K.SplitPlan(128)
+
+    def reason(config=small, plan=equal, shape=decode):
+        return K.cta_splits_reason(config, plan, shape, layout, scales)
+
+    assert reason() is None
+    assert reason(plan=K.SplitPlan(7)) is None  # (a last CTA of three splits)
+    assert "GQA group of 4 rows" in reason(shape=(8, 1, 1, 8, 128))
+    assert "one new token" in reason(shape=(2, 2, 1, 4, 128))
+    assert "head_dim 128" in reason(shape=(4, 1, 1, 4, 64))
+    assert "band_columns" in reason(dataclasses.replace(small, band_columns=False))
+    assert "query_in_split" in reason(dataclasses.replace(small, query_in_split=False))
+    assert "equal splits" in reason(plan=K.SplitPlan(7, 2, 13))
+    assert "4 splits a CTA" in reason(dataclasses.replace(small, cta_splits=2))
+
+
 def test_access_stream_probe_issues_the_split_kernels_loads(tmp_path):
     # benchmarks/probe_access_stream.py times "the op's loads without its math" (RESULTS.md,
     # thirty-second session): its step loop must issue the same global loads as the tuned split

@@ -46,6 +46,25 @@ def test_plain_loads_get_the_hint_qualified_ones_keep_theirs():
     assert "cp.async.ca.shared.global [ %r194" in got  # a copy: not this patch's
 
 
+BARRIERS = """
+	mov.u32 %r1, 0; // wmoe-ptx-patch: warp_barriers
+	bar.sync 	0;
+	st.shared.v2.b32 	[%r24+16384], {%r2139, %r2138};
+	bar.warp.sync 	-1;
+	bar.sync 1, 128; // the kernel's own meeting of its four warps
+	bar.sync 	0;
+"""
+
+
+def test_cta_barriers_become_warp_barriers_named_ones_stay():
+    # kernels/wavelet_attention_cta.py: Triton's barrier-0 barriers guard each warp's own shared
+    # memory there, so a warp barrier does; the warps' exchanges use named barrier 1
+    got = ptx_patches.patch_ptx(BARRIERS)
+    assert "bar.sync \t0;" not in got and got.count("bar.warp.sync -1;") == 2
+    assert "bar.sync 1, 128;" in got and "st.shared.v2.b32" in got
+    assert got.count("bar.warp.sync") == 3  # (the one there already, unchanged)
+
+
 def test_unmarked_ptx_comes_back_unchanged():
     unmarked = COPIES.replace("// wmoe-ptx-patch: cp_async_l2_256b", "")
     assert ptx_patches.patch_ptx(unmarked) == unmarked

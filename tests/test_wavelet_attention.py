@@ -330,7 +330,7 @@ def test_tuned_config_by_launch_size():
     # (twenty-sixth session), so no cache read goes before the PDL wait; one sequence's blocks go
     # out split-major (its SMs' blocks then share kv heads, twenty-eighth session) and its exact
     # tokens run in the PDL chain, not on a side stream (the merge keeps its programmatic launch,
-    # twenty-ninth session)
+    # twenty-ninth session); four of its splits a CTA, sharing the transforms (thirty-fifth)
     assert small == dataclasses.replace(
         large,
         min_split_tokens=256,
@@ -342,8 +342,9 @@ def test_tuned_config_by_launch_size():
         split_major_grid=True,
         overlap_exact=False,
         exact_in_chain=True,
+        cta_splits=4,
     )
-    assert not large.split_major_grid
+    assert not large.split_major_grid and not large.cta_splits
     assert large.overlap_exact and not large.exact_in_chain
     assert large.transform_in_split and large.channel_merge_channels == 64
     assert large.query_in_split and large.query_in_split_waves == 1 and not large.loads_before_pdl_wait
@@ -719,7 +720,8 @@ def test_gpu_v3_query_in_split_matches_the_prologue(group, tq, channel, small):
         _run_triton(args, codec, 128**-0.5, config=config)
         torch.cuda.synchronize()
     names = {e.name for e in prof.events()}
-    assert not any("prologue" in n for n in names) and any("split_kernel_v3" in n for n in names), names
+    split_kernel = "split_kernel_cta" if small and group == 4 and tq == 1 else "split_kernel_v3"
+    assert not any("prologue" in n for n in names) and any(split_kernel in n for n in names), names
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         captured = _run_triton(args, codec, 128**-0.5, config=config)
@@ -760,7 +762,7 @@ def test_gpu_v3_split_major_grid_changes_no_result(small, monkeypatch):
     # so the output is bit-identical for every split count; the grid is (programs, splits)
     tuned = (K.SMALL_LAUNCH_CONFIGS if small else K.TUNED_CONFIGS)[(128, 4, "affine")]
     assert tuned.split_major_grid == small  # (on at one sequence since the twenty-eighth session)
-    config = dataclasses.replace(tuned, split_major_grid=False)
+    config = dataclasses.replace(tuned, split_major_grid=False, cta_splits=0)  # one split a program
     reordered = dataclasses.replace(config, split_major_grid=True)
     seq_lens = [4096, 1, 1000, 2049, 133]
     codec, args = make_case(UNIFORM_REAL, 5, 2, 4, 1, 128, seq_lens, 4096, torch.bfloat16, "cuda", "full")
@@ -779,6 +781,84 @@ def test_gpu_v3_split_major_grid_changes_no_result(small, monkeypatch):
         assert torch.equal(got, plain), splits
         assert grids[-2:] == [((splits, 10), False), ((10, splits), True)], grids
     assert not got.isnan().any() and rel_err(got, dense_reference(codec, args, 128**-0.5)) <= 1e-2
+    assert not K._V3_FAILURE, K._V3_FAILURE
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("channel", ["scale", "full"])
+@pytest.mark.parametrize(
+    "batch, hkv, seq_lens, capacity",
+    [
+        (5, 2, [4096, 1, 1000, 2049, 133], 4096),  # ragged: empty splits, CTAs of mixed lengths
+        (1, 8, [31001], 32768),  # one sequence of the real shape, a length off the step
+    ],
+)
+def test_gpu_v3_cta_splits_match_one_split_a_program_and_the_reference(
+    batch, hkv, seq_lens, capacity, channel
+):
+    # LaunchConfig.cta_splits (the small-launch config's): four splits a CTA sharing the
+    # transforms and merging into one partial. Its outputs differ from one split a program only
+    # by where the means round to fp16 (once a CTA instead of once a split), for every split
+    # count (a last CTA of 1-3 splits, empty ones); the CTA kernel must be what ran, its grid
+    # (programs, CTAs); from a CUDA graph too, with a fresh query
+    config = K.SMALL_LAUNCH_CONFIGS[(128, 4, "affine")]
+    assert config.cta_splits == 4
+    plain = dataclasses.replace(config, cta_splits=0)
+    codec, args = make_case(
+        UNIFORM_REAL, batch, hkv, 4, 1, 128, seq_lens, capacity, torch.bfloat16, "cuda", channel
+    )
+    want = dense_reference(codec, args, 128**-0.5)
+    grids = []
+    launch = K.launch
+
+    def spy(kernel, grid, *rest, **options):
+        grids.append((str(getattr(kernel, "fn", kernel)), tuple(grid)))
+        return launch(kernel, grid, *rest, **options)
+
+    K.launch = spy
+    try:
+        for splits in (None, 1, 3, 7, 70):
+            got = _run_triton(args, codec, 128**-0.5, config=config, num_splits=splits)
+            ran = [grid for name, grid in grids if "split_kernel_cta" in name]
+            grids.clear()
+            one_split = _run_triton(args, codec, 128**-0.5, config=plain, num_splits=splits)
+            assert not got.isnan().any(), splits
+            assert rel_err(got, one_split.double()) <= 3e-3, (splits, rel_err(got, one_split.double()))
+            assert rel_err(got, want) <= 1e-2, (splits, rel_err(got, want))
+            if splits is not None:
+                assert ran == [(batch * hkv, -(-splits // 4))], (splits, ran)
+            assert not any("split_kernel_cta" in name for name, _ in grids), grids
+            grids.clear()
+    finally:
+        K.launch = launch
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = _run_triton(args, codec, 128**-0.5, config=config)
+    args[0].copy_(torch.randn_like(args[0]))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, _run_triton(args, codec, 128**-0.5, config=config))
+    assert not K._V3_FAILURE, K._V3_FAILURE
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("group, tq", [(8, 1), (4, 2)])
+def test_gpu_v3_cta_splits_where_they_do_not_fit_run_one_split_a_program(group, tq):
+    # another GQA group or several new tokens: the small-launch config runs one split a program
+    # (cta_splits_reason says why), bit for bit as with cta_splits off
+    config = K.SMALL_LAUNCH_CONFIGS[(128, 4, "affine")]
+    shape = (group, tq, 1, K._block_m(group * tq), 128)
+    layout = ops.compressed_layout(UNIFORM_REAL, 128)
+    codec, args = make_case(
+        UNIFORM_REAL, 2, 2, group, tq, 128, [3000, 77], 4096, torch.bfloat16, "cuda", "full"
+    )
+    assert K.cta_splits_reason(config, K.SplitPlan(7), shape, layout, args[2])
+    got = _run_triton(args, codec, 128**-0.5, config=config, num_splits=7)
+    plain = _run_triton(
+        args, codec, 128**-0.5, config=dataclasses.replace(config, cta_splits=0), num_splits=7
+    )
+    assert torch.equal(got, plain)
+    assert rel_err(got, dense_reference(codec, args, 128**-0.5)) <= 1e-2
     assert not K._V3_FAILURE, K._V3_FAILURE
 
 
