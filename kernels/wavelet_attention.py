@@ -3015,7 +3015,6 @@ def _launch_v3(
     kernel is enqueued (the caller joins it back before the reduce), else None. carveout: the
     exact-token kernel's (_launch_exact). plan: how the splits cut each span (equal splits of
     dims' num_splits when None)."""
-
     qw, qc, m_part, l_part, acc_part = parts
     hkv, group, tq, n_row_blocks, num_splits, n_qc, block_m, d, programs, qk_scale, n_parts, _ = dims
     if config.value_copies_l2_256b or config.plain_loads_l2_256b:
