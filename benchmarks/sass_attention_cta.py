@@ -19,9 +19,7 @@ import pathlib
 import re
 
 import triton
-from sass_attention_v3 import disassemble, kernel_instructions, loop_instructions
-from triton.backends.compiler import GPUTarget
-from triton.experimental.gluon._runtime import GluonASTSource
+from sass_attention_v3 import compile_sm90, disassemble, kernel_instructions, loop_instructions
 from wmoe_compile.kernels import ptx_patches
 from wmoe_compile.kernels.attention_config import SMALL_LAUNCH_CONFIGS
 
@@ -47,31 +45,7 @@ def compile_cta(out: pathlib.Path, phase_clocks: bool) -> tuple[str, str, int, s
         VALUE_SUBNORMALS=config.value_subnormals,
         PHASE_CLOCKS=phase_clocks,
     )
-    pointer_types = dict(kc_ptr="*u8", vc_ptr="*u8", ks_ptr="*fp16", vs_ptr="*fp16", seq_lens_ptr="*i32")
-    pointer_types.update(vt_ptr="*i32", qt_ptr="*i32", q_ptr="*bf16", clock_ptr="*i64")
-    signature = {}
-    for name in fn.arg_names:
-        if name in constexprs:
-            signature[name] = "constexpr"
-        elif name.endswith("_ptr"):
-            signature[name] = pointer_types.get(name, "*fp32")
-        elif name == "qk_scale":
-            signature[name] = "fp32"
-        else:
-            signature[name] = "i32"
-    aligned = {
-        (i,): [["tt.divisibility", 16]]
-        for i, name in enumerate(fn.arg_names)
-        if signature[name] != "constexpr" and (signature[name].startswith("*") or "stride" in name)
-    }
-    source = GluonASTSource(
-        fn=fn,
-        signature=signature,
-        constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()},
-        attrs=aligned,
-    )
-    options = dict(num_warps=WARPS, maxnreg=config.maxnreg)
-    kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+    kernel = compile_sm90(fn, constexprs, dict(num_warps=WARPS, maxnreg=config.maxnreg))
     usage, sass = disassemble(kernel, out, "split_kernel_cta")
     return usage, sass, kernel.metadata.shared, kernel.asm["ptx"]
 

@@ -133,20 +133,32 @@ def compile_v3(args: argparse.Namespace) -> tuple[str, str, int, str]:
         QUERY_IN_SPLIT=args.query_in_split,
         PHASE_CLOCKS=args.phase_clocks,
     )
-    pointer_types = dict(qw_ptr="*fp16", kc_ptr="*u8", vc_ptr="*u8", ks_ptr="*fp16", vs_ptr="*fp16")
-    pointer_types.update(seq_lens_ptr="*i32", slot_coef_ptr="*i32", vt_ptr="*i32", qt_ptr="*i32")
-    pointer_types.update(q_ptr="*bf16", clock_ptr="*i64")
+    options = dict(num_warps=1, **({"maxnreg": args.maxnreg} if args.maxnreg else {}))
+    kernel = compile_sm90(fn, constexprs, options)
+    usage, sass = disassemble(kernel, pathlib.Path(args.out), "split_kernel_v3")
+    return usage, sass, kernel.metadata.shared, kernel.asm["ptx"]
+
+
+# the split kernels' pointer arguments (the rest are fp32)
+POINTER_TYPES = dict(qw_ptr="*fp16", kc_ptr="*u8", vc_ptr="*u8", ks_ptr="*fp16", vs_ptr="*fp16")
+POINTER_TYPES.update(seq_lens_ptr="*i32", slot_coef_ptr="*i32", vt_ptr="*i32", qt_ptr="*i32")
+POINTER_TYPES.update(q_ptr="*bf16", clock_ptr="*i64")
+
+
+def compile_sm90(fn, constexprs: dict, options: dict):
+    """A Gluon split kernel compiled for sm_90 with these constexprs, its other arguments typed as
+    the launcher passes them (POINTER_TYPES, fp32 qk_scale, int32 the rest) and 16-byte aligned
+    as the JIT specialises aligned tensors and strides."""
     signature = {}
     for name in fn.arg_names:
         if name in constexprs:
             signature[name] = "constexpr"
         elif name.endswith("_ptr"):
-            signature[name] = pointer_types.get(name, "*fp32")
+            signature[name] = POINTER_TYPES.get(name, "*fp32")
         elif name == "qk_scale":
             signature[name] = "fp32"
         else:
             signature[name] = "i32"
-    # what the JIT specialises for 16-byte aligned tensors and strides
     aligned = {
         (i,): [["tt.divisibility", 16]]
         for i, name in enumerate(fn.arg_names)
@@ -158,10 +170,7 @@ def compile_v3(args: argparse.Namespace) -> tuple[str, str, int, str]:
         constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()},
         attrs=aligned,
     )
-    options = dict(num_warps=1, **({"maxnreg": args.maxnreg} if args.maxnreg else {}))
-    kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
-    usage, sass = disassemble(kernel, pathlib.Path(args.out), "split_kernel_v3")
-    return usage, sass, kernel.metadata.shared, kernel.asm["ptx"]
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
 
 
 def loads_before_pdl_wait(ptx: str) -> int:
