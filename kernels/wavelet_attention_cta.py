@@ -618,7 +618,10 @@ if HAS_GLUON:
         l_cols = gl.max(l_acc, axis=1)  # [W, 8]: the token-sum MMA's rows are equal
         inv_l = gl.where(l_cols > 0, 1.0 / l_cols, 0.0)  # an empty split's sums are zeros
         local = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, _MMA3)))
-        keep_a = (local < 4)[None, :] & (m_i == m_i)  # [W, 8]: the columns of each band
+        # [W, 8]: the columns of each band, every warp (m_i == m_i only broadcasts: a running max
+        # is never NaN, gl.maximum keeps the number where a score is NaN, and the NaN reaches the
+        # sums through p instead)
+        keep_a = (local < 4)[None, :] & (m_i == m_i)
         keep_b = (local >= 4)[None, :] & (m_i == m_i)
         tr = (v_step_ptr, v_shift_ptr)
         sub = VALUE_SUBNORMALS
