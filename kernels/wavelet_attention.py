@@ -3044,24 +3044,64 @@ def _launch_v3(
             raise ValueError("query_in_split needs the query and its slot transform (query_args)")
     else:  # unread
         query_args = (qw, 0, 0, 0, plan2.slot_coef, 0, plan2.v_step, plan2.v_step, 1.0)
-    if config.cta_splits:  # (checked by the caller: cta_splits_reason)
-        _launch_cta(
+    if config.cta_splits:  # (checked by the caller: cta_splits_reason) a CTA of splits, a warp each
+        from . import ptx_patches
+        from .wavelet_attention_cta import WARPS, split_kernel_cta
+
+        ptx_patches.install()  # its warp-barrier patch, before the kernel compiles
+
+        _, q_sb, q_sh, _, qt_words, qt_stride, k_factor, k_shift, q_scale = query_args  # (q itself)
+        vt_words, vt_stride, v_cs, v_cs_stride = value_channels
+        launch(
+            split_kernel_cta,
+            (programs, -(-plan.num_splits // WARPS)),
             k_codes,
+            k_codes.stride(0),
+            k_codes.stride(1),
             k_scales,
+            k_scales.stride(0),
+            k_scales.stride(1),
             v_codes,
+            v_codes.stride(0),
+            v_codes.stride(1),
             v_scales,
+            v_scales.stride(0),
+            v_scales.stride(1),
             seq_lens,
-            plan2,
-            parts,
-            dims,
-            layout,
-            config,
-            split_options,
-            value_channels,
-            query_args,
-            chain,
+            plan2.v_step,
+            plan2.v_shift,
+            vt_words,
+            vt_stride,
+            v_cs,
+            v_cs_stride,
+            q,
+            q_sb,
+            q_sh,
+            qt_words,
+            qt_stride,
+            k_factor,
+            k_shift,
+            q_scale,
+            m_part,
+            l_part,
+            acc_part,
+            hkv,
+            plan.num_splits,  # (dims carry the CTAs' partials, one a CTA)
+            n_parts,
             clocks,
-            plan.num_splits,
+            CODE_ROW=k_codes.stride(2) // 2,
+            E4=layout.band_byte_offsets[0] // 2,
+            E2=layout.band_byte_offsets[1] // 2,
+            D=d,
+            BLOCK_N=config.block_n,
+            SINKS=layout.sinks,
+            WINDOW=layout.window,
+            TRIGGER_DEPENDENTS=chain,
+            VALUE_SUBNORMALS=config.value_subnormals,
+            PHASE_CLOCKS=config.phase_clocks,
+            num_warps=WARPS,
+            **split_options,
+            **_dependent(_pdl(config, k_codes.device)),
         )
     else:
         from .wavelet_attention_gluon import split_kernel_v3
@@ -3194,88 +3234,6 @@ def cta_splits_reason(
     ]
     missing = [what for ok, what in needs if not ok]
     return "needs " + "; ".join(missing) if missing else None
-
-
-def _launch_cta(
-    k_codes,
-    k_scales,
-    v_codes,
-    v_scales,
-    seq_lens,
-    plan2,
-    parts,
-    dims,
-    layout,
-    config,
-    split_options,
-    value_channels,
-    query_args,
-    chain,
-    clocks,
-    num_splits: int,
-) -> None:
-    """split_kernel_cta's launch: grid (programs, CTAs of cta_splits splits), a warp a split;
-    num_splits: the splits (dims carry the CTAs' partials, one a CTA)."""
-    from . import ptx_patches
-    from .wavelet_attention_cta import WARPS, split_kernel_cta
-
-    ptx_patches.install()  # its warp-barrier patch, before the kernel compiles
-
-    m_part, l_part, acc_part = parts[2:]
-    hkv, _, _, _, _, _, _, d, programs, _, n_parts, _ = dims
-    q, q_sb, q_sh, _, qt_words, qt_stride, k_factor, k_shift, q_scale = query_args
-    vt_words, vt_stride, v_cs, v_cs_stride = value_channels
-    launch(
-        split_kernel_cta,
-        (programs, -(-num_splits // WARPS)),
-        k_codes,
-        k_codes.stride(0),
-        k_codes.stride(1),
-        k_scales,
-        k_scales.stride(0),
-        k_scales.stride(1),
-        v_codes,
-        v_codes.stride(0),
-        v_codes.stride(1),
-        v_scales,
-        v_scales.stride(0),
-        v_scales.stride(1),
-        seq_lens,
-        plan2.v_step,
-        plan2.v_shift,
-        vt_words,
-        vt_stride,
-        v_cs,
-        v_cs_stride,
-        q,
-        q_sb,
-        q_sh,
-        qt_words,
-        qt_stride,
-        k_factor,
-        k_shift,
-        q_scale,
-        m_part,
-        l_part,
-        acc_part,
-        hkv,
-        num_splits,
-        n_parts,
-        clocks,
-        CODE_ROW=k_codes.stride(2) // 2,
-        E4=layout.band_byte_offsets[0] // 2,
-        E2=layout.band_byte_offsets[1] // 2,
-        D=d,
-        BLOCK_N=config.block_n,
-        SINKS=layout.sinks,
-        WINDOW=layout.window,
-        TRIGGER_DEPENDENTS=chain,
-        VALUE_SUBNORMALS=config.value_subnormals,
-        PHASE_CLOCKS=config.phase_clocks,
-        num_warps=WARPS,
-        **split_options,
-        **_dependent(_pdl(config, k_codes.device)),
-    )
 
 
 def wavelet_attention_triton(
