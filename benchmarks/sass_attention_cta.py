@@ -50,6 +50,20 @@ def compile_cta(out: pathlib.Path, phase_clocks: bool) -> tuple[str, str, int, s
     return usage, sass, kernel.metadata.shared, kernel.asm["ptx"]
 
 
+def epilogue_instructions(sass: str) -> list[str]:
+    """The instructions after the kernel's last loop (backward branch; not the trailing `BRA` to
+    itself that ends nvdisasm's listing): the epilogue."""
+    lines = sass.splitlines()
+    labels = {m.group(1): i for i, line in enumerate(lines) if (m := re.match(r"^\.(L_x_\d+):", line))}
+    last = 0
+    for i, line in enumerate(lines):
+        m = re.search(r"BRA\s+`\(\.(L_x_\d+)\)", line)
+        if m and m.group(1) in labels and labels[m.group(1)] < i - 1:
+            last = i
+    body = (re.search(r"\*/\s+([^;]+);", b) for b in lines[last + 1 :])
+    return [b.group(1).strip() for b in body if b]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="build/sass_cta")
@@ -67,6 +81,12 @@ def main() -> None:
     print(f"CTA barriers (bar.sync 0) in the PTX: {cta_barriers}")
     print(f"named barriers (bar.sync 1, 128) in the PTX: {named}")
     print(f"loop barriers: {sum(1 for i in loop if i.startswith('BAR.'))}")
+    # after the loops the T words (16-byte loads) and the channel scales are the only global reads:
+    # the value slots' step and shift come from shared memory (each 4-byte load batch there was an
+    # L2 round trip the epilogue waited for)
+    loads = [i for i in epilogue_instructions(sass) if re.match(r"(?:@!?P\w+\s+)?LDG\b", i)]
+    wide = sum(1 for i in loads if ".128" in i.split()[0] or ".128" in i.split()[-1])
+    print(f"epilogue global loads: {len(loads)} ({wide} of 16 bytes)")
 
 
 if __name__ == "__main__":

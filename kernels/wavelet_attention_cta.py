@@ -86,6 +86,8 @@ if HAS_GLUON:
     # [warps, tokens] per-token scale words: two tokens a lane (t and t + 32), as _SCALE_PAIRS
     _SCALE3 = gl.constexpr(gl.BlockedLayout([1, 1], [1, 32], [WARPS, 1], [1, 0]))
     _PLAIN2 = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0]))
+    _PLAIN1 = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0]))
+    _SLOT_VECTOR = gl.constexpr(gl.BlockedLayout([1], [32], [WARPS], [0]))  # [128]: a slot a thread
     _MARK_WARP_BARRIERS = gl.constexpr(ptx_patches.marker_asm("warp_barriers"))
 
     @gluon.jit
@@ -324,8 +326,8 @@ if HAS_GLUON:
         sums,
         weight,
         keep,
-        v_step_ptr,
-        v_shift_ptr,
+        step_smem,
+        shift_smem,
         SLOT0: gl.constexpr,
         SUBNORMALS: gl.constexpr,
         C_LO: gl.constexpr,
@@ -333,10 +335,11 @@ if HAS_GLUON:
     ):
         """One operand's coefficient means per warp ([W, 16 slots, 8]: _operand_values times
         `weight`, 1 / l per column), the columns of the other band zeroed, into means_smem [128
-        slots, W, 8] fp16 at rows SLOT0 ..."""
-        slots = SLOT0 + gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, _MMA3)))
-        step = gl.load(v_step_ptr + slots)[None, :, None]
-        shift = gl.load(v_shift_ptr + slots)[None, :, None]
+        slots, W, 8] fp16 at rows SLOT0 ... (the slots' step and shift from step_smem and
+        shift_smem, [128] fp32)"""
+        slot_layout: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(2, _MMA3))
+        step = step_smem.slice(SLOT0, 16).load(slot_layout)[None, :, None]
+        shift = shift_smem.slice(SLOT0, 16).load(slot_layout)[None, :, None]
         if SUBNORMALS:
             rows = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, _MMA3)))
             mid = gl.where((rows >= 8)[None, :, None], C_HI - MAGIC, C_LO - MAGIC)
@@ -476,6 +479,11 @@ if HAS_GLUON:
         batch = pid // n_kv_heads
         q_smem = gl.allocate_shared_memory(gl.float16, [128, 8], _PLAIN2)
         s_smem = gl.allocate_shared_memory(gl.float32, [128, 8], _PLAIN2)
+        # the value slots' step and shift, staged in shared memory for the epilogue: loaded there
+        # from global memory they were 3-4 serial L2 round trips after the loop (thirty-sixth session)
+        every_slot = gl.arange(0, 128, layout=_SLOT_VECTOR)
+        step_all = gl.load(v_step_ptr + every_slot)
+        shift_all = gl.load(v_shift_ptr + every_slot)
         _query_slots(
             q_ptr + batch * q_stride_b,
             q_stride_h,
@@ -535,7 +543,9 @@ if HAS_GLUON:
         means_smem = gl.allocate_shared_memory(gl.float16, [128, _W, 8], _TILE3)
         m_smem = gl.allocate_shared_memory(gl.float32, [_W, 8], _PLAIN2)
         l_smem = gl.allocate_shared_memory(gl.float32, [_W, 8], _PLAIN2)
-        _all_warps()  # every warp's share of the query's slots is in q_smem and s_smem
+        step_smem = gl.allocate_shared_memory(gl.float32, [128], _PLAIN1, step_all)
+        shift_smem = gl.allocate_shared_memory(gl.float32, [128], _PLAIN1, shift_all)
+        _all_warps()  # the query's slots in q_smem and s_smem, the value slots' step and shift in theirs
         q = (
             _key_operand(q_smem, 0),
             _key_operand(q_smem, 1),
@@ -623,7 +633,7 @@ if HAS_GLUON:
         # sums through p instead)
         keep_a = (local < 4)[None, :] & (m_i == m_i)
         keep_b = (local >= 4)[None, :] & (m_i == m_i)
-        tr = (v_step_ptr, v_shift_ptr)
+        tr = (step_smem, shift_smem)
         sub = VALUE_SUBNORMALS
         _means_to_smem(means_smem, a0, wsa, inv_l, keep_a, *tr, 0, sub, _C4_0, _C4_0)
         _means_to_smem(means_smem, a1, wsa, inv_l, keep_a, *tr, 16, sub, _C4_1, _C4_1)

@@ -672,7 +672,10 @@ def test_cta_kernel_runs_the_one_warp_step_and_its_warps_meet_only_at_named_barr
     # config's step on its own split, so the full-step loop costs about the one-warp kernel's (738
     # against 720 instructions on Triton 3.6, thirty-fifth session), with no spill; after the
     # warp-barrier patch no CTA-wide barrier is left, the loop has none, and the warps meet three
-    # times (the query's slots, before the loop, the epilogue's means)
+    # times (the query's slots, before the loop, the epilogue's means). After the loops the only
+    # global reads are T's words (16 bytes a load) and the 4 channel scales: the value slots' step
+    # and shift come from shared memory (read from global memory there, their 32 loads went out in
+    # 3-4 batches the epilogue waited for; thirty-sixth session)
     import re
 
     def number(pattern: str, out: str) -> int:
@@ -692,6 +695,9 @@ def test_cta_kernel_runs_the_one_warp_step_and_its_warps_meet_only_at_named_barr
     loop = number(r"full-step loop: (\d+) instructions", cta)
     assert 0 <= loop - number(r"full-step loop: (\d+) instructions", one_warp) <= 30, (cta, one_warp)
     assert number(r"shared (\d+) B per CTA", cta) <= 48 * 1024  # two CTAs (8 warps) an SM and more
+    epilogue_loads = re.search(r"epilogue global loads: (\d+) \((\d+) of 16 bytes\)", cta)
+    assert epilogue_loads, cta
+    assert int(epilogue_loads.group(2)) == 16 and int(epilogue_loads.group(1)) - 16 <= 4, cta
 
 
 def test_cta_splits_reason_names_what_stands_in_the_way():
