@@ -669,8 +669,10 @@ def test_query_in_split_leaves_the_loop_and_adds_one_transform(tmp_path):
 
 def test_cta_kernel_runs_the_one_warp_step_and_its_warps_meet_only_at_named_barriers(tmp_path):
     # LaunchConfig.cta_splits (kernels/wavelet_attention_cta.py): each warp runs the one-sequence
-    # config's step on its own split, so the full-step loop costs about the one-warp kernel's (738
-    # against 720 instructions on Triton 3.6, thirty-fifth session), with no spill; after the
+    # config's step on its own split, so the full-step loop costs about the one-warp kernel's (750
+    # against 720 instructions on Triton 3.6, 746 against 715 on 3.9: the step's own, plus the
+    # branch that skips step 0's value copies, issued before the query's transform), with no
+    # spill; after the
     # warp-barrier patch no CTA-wide barrier is left, the loop has none, and the warps meet three
     # times (the query's slots, before the loop, the epilogue's means). After the loops the only
     # global reads are T's words (16 bytes a load) and the 4 channel scales: the value slots' step
@@ -693,7 +695,7 @@ def test_cta_kernel_runs_the_one_warp_step_and_its_warps_meet_only_at_named_barr
     assert number(r"named barriers \(bar.sync 1, 128\) in the PTX: (\d+)", cta) == 3, cta
     assert number(r"loop barriers: (\d+)", cta) == 0, cta
     loop = number(r"full-step loop: (\d+) instructions", cta)
-    assert 0 <= loop - number(r"full-step loop: (\d+) instructions", one_warp) <= 30, (cta, one_warp)
+    assert 0 <= loop - number(r"full-step loop: (\d+) instructions", one_warp) <= 40, (cta, one_warp)
     assert number(r"shared (\d+) B per CTA", cta) <= 48 * 1024  # two CTAs (8 warps) an SM and more
     epilogue_loads = re.search(r"epilogue global loads: (\d+) \((\d+) of 16 bytes\)", cta)
     assert epilogue_loads, cta
