@@ -767,7 +767,10 @@ SMALL_LAUNCH_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
         # thirty-fifth session (H200, 4 rounds, grid of diag configs): four splits a CTA sharing the
         # query's transform and T, one merged partial a CTA (kernels/wavelet_attention_cta.py):
         # -6.0% (-7.0 .. -4.6); the phase stamps' medians: the query's transform 3.07 -> 1.79-2.05
-        # us, the loops' end 11.26 -> 9.98, the epilogue's 13.31 -> 12.29
+        # us, the loops' end 11.26 -> 9.98, the epilogue's 13.31 -> 12.29. Thirty-sixth session (4
+        # rounds): with it 192- / 320-token splits +4.3% / +11.1%; at the large shapes, on this
+        # path, four splits a CTA +1.3% / +8.2% at (8, 131072) / (8, 32768) against one split a
+        # program (+4.2% / +11.0% against the tuned config there), so they keep TUNED_CONFIGS
         cta_splits=4,
     ),
 }
