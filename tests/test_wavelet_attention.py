@@ -130,6 +130,22 @@ def _run_triton(args, codec, sm_scale, **kw):
     return K.wavelet_attention_triton(*args, layout, sm_scale, **kw)
 
 
+def _replay_with_fresh_inputs(args, codec, fresh=(0,), want_kw=None, **kw):
+    """Capture the op in a CUDA graph, give the captured tensors args[i] for i in `fresh` new random
+    values (0: the query; 5, 6: the exact keys and values), replay, and check the replay equals an
+    ordinary call on the new values (with `want_kw` in place of `kw` where given) bit for bit: a
+    graph must hold no host value of the call it was captured from. Returns the replay's output."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = _run_triton(args, codec, 128**-0.5, **kw)
+    for i in fresh:
+        args[i].copy_(torch.randn_like(args[i]))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, _run_triton(args, codec, 128**-0.5, **(kw if want_kw is None else want_kw)))
+    return captured
+
+
 CASES = [
     # head_dim, dtype, Tq, group (q heads per kv head)
     (64, torch.float16, 1, 4),
@@ -722,13 +738,7 @@ def test_gpu_v3_query_in_split_matches_the_prologue(group, tq, channel, small):
     names = {e.name for e in prof.events()}
     split_kernel = "split_kernel_cta" if small and group == 4 and tq == 1 else "split_kernel_v3"
     assert not any("prologue" in n for n in names) and any(split_kernel in n for n in names), names
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = _run_triton(args, codec, 128**-0.5, config=config)
-    args[0].copy_(torch.randn_like(args[0]))
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(captured, _run_triton(args, codec, 128**-0.5, config=config))
+    _replay_with_fresh_inputs(args, codec, config=config)
     assert not K._V3_FAILURE, K._V3_FAILURE
 
 
@@ -831,13 +841,7 @@ def test_gpu_v3_cta_splits_match_one_split_a_program_and_the_reference(
             grids.clear()
     finally:
         K.launch = launch
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = _run_triton(args, codec, 128**-0.5, config=config)
-    args[0].copy_(torch.randn_like(args[0]))
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(captured, _run_triton(args, codec, 128**-0.5, config=config))
+    _replay_with_fresh_inputs(args, codec, config=config)
     assert not K._V3_FAILURE, K._V3_FAILURE
 
 
@@ -1115,17 +1119,9 @@ def test_gpu_exact_tokens_on_a_side_stream_equal_the_in_order_launch_also_in_a_c
         _run_triton(args, codec, 128**-0.5, config=in_order),
     )
     assert K._SIDE_STREAMS, "overlap_exact made no side stream"
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = _run_triton(args, codec, 128**-0.5, config=overlap)
-    for exact in (args[5], args[6]):  # k_exact, v_exact: fresh values in the captured tensors
-        exact.copy_(torch.randn_like(exact))
-    args[0].copy_(torch.randn_like(args[0]))  # and a fresh query
-    graph.replay()
-    torch.cuda.synchronize()
-    want = _run_triton(args, codec, 128**-0.5, config=in_order)
-    assert torch.equal(captured, want)
-    assert rel_err(want, dense_reference(codec, args, 128**-0.5)) <= 1e-2
+    # fresh exact keys and values and a fresh query in the captured tensors
+    captured = _replay_with_fresh_inputs(args, codec, (5, 6, 0), dict(config=in_order), config=overlap)
+    assert rel_err(captured, dense_reference(codec, args, 128**-0.5)) <= 1e-2
     assert not K._V3_FAILURE, K._V3_FAILURE
 
 
@@ -1150,14 +1146,8 @@ def test_gpu_v3_exact_tokens_in_chunks_match_one_exact_partial(chunks, exact_blo
         assert not torch.isnan(got).any()
         assert rel_err(got, one) <= 2e-3, (overlap, rel_err(got, one))
         assert rel_err(got, ref) <= rel_err(one, ref) * 1.1 + 1e-4, (rel_err(got, ref), rel_err(one, ref))
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = _run_triton(args, codec, 128**-0.5, config=config, num_splits=7)
-    for exact in (args[5], args[6]):  # k_exact, v_exact: fresh values in the captured tensors
-        exact.copy_(torch.randn_like(exact))
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(captured, _run_triton(args, codec, 128**-0.5, config=config, num_splits=7))
+    # fresh exact keys and values in the captured tensors
+    captured = _replay_with_fresh_inputs(args, codec, (5, 6), config=config, num_splits=7)
     assert rel_err(captured, dense_reference(codec, args, 128**-0.5)) <= 1e-2
     assert not K._V3_FAILURE, K._V3_FAILURE
 
@@ -1311,13 +1301,7 @@ def test_gpu_v3_takes_a_split_plan_launched_split_major(plan):
     equal = _run_triton(args, codec, 128**-0.5, config=config, num_splits=plan.num_splits)
     assert rel_err(got, equal) <= 2e-3  # the same sums split elsewhere (bf16 outputs)
     # the package's own plan for a one-wave launch of this config, from a CUDA graph
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = _run_triton(args, codec, 128**-0.5, config=config)
-    args[0].copy_(torch.randn_like(args[0]))
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(captured, _run_triton(args, codec, 128**-0.5, config=config))
+    _replay_with_fresh_inputs(args, codec, config=config)
 
 
 @pytest.mark.gpu
