@@ -87,6 +87,15 @@ def main() -> None:
     loads = [i for i in epilogue_instructions(sass) if re.match(r"(?:@!?P\w+\s+)?LDG\b", i)]
     wide = sum(1 for i in loads if ".128" in i.split()[0] or ".128" in i.split()[-1])
     print(f"epilogue global loads: {len(loads)} ({wide} of 16 bytes)")
+    # step 0's reads go out before the query's transform runs, and after its word loads (which a
+    # fence keeps above the split ranges' arithmetic)
+    prologue = kernel_instructions(sass)
+    prologue = prologue[: next(i for i, ins in enumerate(prologue) if "HMMA" in ins.split()[0])]
+    copies = [i for i, ins in enumerate(prologue) if ins.startswith("LDGSTS")]
+    words = [i for i, ins in enumerate(prologue) if ins.startswith("LDG") and ".128" in ins.split()[0]]
+    print(f"before the first MMA: {len(copies)} value copies, {len(words)} 16-byte loads")
+    in_order = bool(words and copies and words[-1] < copies[0])
+    print(f"the transform's word loads before step 0's copies: {in_order}")
 
 
 if __name__ == "__main__":

@@ -671,13 +671,14 @@ def test_cta_kernel_runs_the_one_warp_step_and_its_warps_meet_only_at_named_barr
     # LaunchConfig.cta_splits (kernels/wavelet_attention_cta.py): each warp runs the one-sequence
     # config's step on its own split, so the full-step loop costs about the one-warp kernel's (750
     # against 720 instructions on Triton 3.6, 746 against 715 on 3.9: the step's own, plus the
-    # branch that skips step 0's value copies, issued before the query's transform), with no
-    # spill; after the
-    # warp-barrier patch no CTA-wide barrier is left, the loop has none, and the warps meet three
-    # times (the query's slots, before the loop, the epilogue's means). After the loops the only
-    # global reads are T's words (16 bytes a load) and the 4 channel scales: the value slots' step
-    # and shift come from shared memory (read from global memory there, their 32 loads went out in
-    # 3-4 batches the epilogue waited for; thirty-sixth session)
+    # branch that skips step 0's value copies), with no spill; after the warp-barrier patch no
+    # CTA-wide barrier is left, the loop has none, and the warps meet three times (the query's
+    # slots, before the loop, the epilogue's means). Thirty-sixth session: step 0's 16 value
+    # copies go out before the query's transform runs (its first MMA) and after its 16 word loads
+    # (fenced above the split ranges, below which ptxas had sunk them); after the loops the only
+    # global reads are T's words (16 bytes a load) and the 4 channel scales, the value slots' step
+    # and shift coming from shared memory (read from global memory there, their 32 loads went out
+    # in 3-4 batches the epilogue waited for)
     import re
 
     def number(pattern: str, out: str) -> int:
@@ -700,6 +701,8 @@ def test_cta_kernel_runs_the_one_warp_step_and_its_warps_meet_only_at_named_barr
     epilogue_loads = re.search(r"epilogue global loads: (\d+) \((\d+) of 16 bytes\)", cta)
     assert epilogue_loads, cta
     assert int(epilogue_loads.group(2)) == 16 and int(epilogue_loads.group(1)) - 16 <= 4, cta
+    assert "before the first MMA: 16 value copies, 16 16-byte loads" in cta, cta
+    assert "the transform's word loads before step 0's copies: True" in cta, cta
 
 
 def test_cta_splits_reason_names_what_stands_in_the_way():
