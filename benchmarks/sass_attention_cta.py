@@ -19,7 +19,14 @@ import pathlib
 import re
 
 import triton
-from sass_attention_v3 import compile_sm90, disassemble, kernel_instructions, loop_instructions
+from sass_attention_v3 import (
+    backward_branches,
+    compile_sm90,
+    disassemble,
+    kernel_instructions,
+    line_instructions,
+    loop_instructions,
+)
 from wmoe_compile.kernels import ptx_patches
 from wmoe_compile.kernels.attention_config import SMALL_LAUNCH_CONFIGS
 
@@ -54,14 +61,8 @@ def epilogue_instructions(sass: str) -> list[str]:
     """The instructions after the kernel's last loop (backward branch; not the trailing `BRA` to
     itself that ends nvdisasm's listing): the epilogue."""
     lines = sass.splitlines()
-    labels = {m.group(1): i for i, line in enumerate(lines) if (m := re.match(r"^\.(L_x_\d+):", line))}
-    last = 0
-    for i, line in enumerate(lines):
-        m = re.search(r"BRA\s+`\(\.(L_x_\d+)\)", line)
-        if m and m.group(1) in labels and labels[m.group(1)] < i - 1:
-            last = i
-    body = (re.search(r"\*/\s+([^;]+);", b) for b in lines[last + 1 :])
-    return [b.group(1).strip() for b in body if b]
+    last = max((branch for label, branch in backward_branches(lines) if label < branch - 1), default=0)
+    return line_instructions(lines[last + 1 :])
 
 
 def main() -> None:

@@ -39,16 +39,28 @@ def loop_mix(sass: str) -> collections.Counter:
     )
 
 
-def loop_instructions(sass: str) -> list[str]:
-    """The instructions (predicate, opcode and operands) of the first backward-branch loop."""
-    lines = sass.splitlines()
+def backward_branches(lines: list[str]) -> list[tuple[int, int]]:
+    """(label line, branch line) of each branch in nvdisasm output to a label above it, in order."""
     labels = {m.group(1): i for i, line in enumerate(lines) if (m := re.match(r"^\.(L_x_\d+):", line))}
+    found = []
     for i, line in enumerate(lines):
         m = re.search(r"BRA\s+`\(\.(L_x_\d+)\)", line)
         if m and m.group(1) in labels and labels[m.group(1)] < i:
-            body = (re.search(r"\*/\s+([^;]+);", b) for b in lines[labels[m.group(1)] : i + 1])
-            return [b.group(1).strip() for b in body if b]
-    return []
+            found.append((labels[m.group(1)], i))
+    return found
+
+
+def line_instructions(lines: list[str]) -> list[str]:
+    """The instructions (predicate, opcode and operands) on nvdisasm output lines."""
+    body = (re.search(r"\*/\s+([^;]+);", b) for b in lines)
+    return [b.group(1).strip() for b in body if b]
+
+
+def loop_instructions(sass: str) -> list[str]:
+    """The instructions (predicate, opcode and operands) of the first backward-branch loop."""
+    lines = sass.splitlines()
+    loops = backward_branches(lines)
+    return line_instructions(lines[loops[0][0] : loops[0][1] + 1]) if loops else []
 
 
 def kernel_instructions(sass: str) -> list[str]:
