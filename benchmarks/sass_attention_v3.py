@@ -144,7 +144,6 @@ def compile_v3(args: argparse.Namespace) -> tuple[str, str, int, str]:
         TRANSFORM_IN_SPLIT=args.transform_in_split,
         QUERY_IN_SPLIT=args.query_in_split,
         PHASE_CLOCKS=args.phase_clocks,
-        CLAIM_STEPS=args.claim_steps,
     )
     options = dict(num_warps=1, **({"maxnreg": args.maxnreg} if args.maxnreg else {}))
     kernel = compile_sm90(fn, constexprs, options)
@@ -155,7 +154,7 @@ def compile_v3(args: argparse.Namespace) -> tuple[str, str, int, str]:
 # the split kernels' pointer arguments (the rest are fp32)
 POINTER_TYPES = dict(qw_ptr="*fp16", kc_ptr="*u8", vc_ptr="*u8", ks_ptr="*fp16", vs_ptr="*fp16")
 POINTER_TYPES.update(seq_lens_ptr="*i32", slot_coef_ptr="*i32", vt_ptr="*i32", qt_ptr="*i32")
-POINTER_TYPES.update(q_ptr="*bf16", clock_ptr="*i64", claims_ptr="*i32")
+POINTER_TYPES.update(q_ptr="*bf16", clock_ptr="*i64")
 
 
 def compile_sm90(fn, constexprs: dict, options: dict):
@@ -265,7 +264,6 @@ def main() -> None:
     p.add_argument(
         "--key-word-pairs", action="store_true", help="a lane's two 4-bit key words by one 8-byte load"
     )
-    p.add_argument("--claim-steps", type=int, default=0, help="splits claim chunks of this many steps")
     p.add_argument("--zero-padding-p", action="store_true", help="p = 0 in the MMAs' padding rows")
     p.add_argument(
         "--band-columns", action="store_true", help="the MMAs' columns 4-7 serve the 2-bit band (GQA 4)"

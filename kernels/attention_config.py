@@ -202,8 +202,6 @@ class LaunchConfig:
     # epilogue-transform words (32 + 32 KB a head, read by every block) can hit L1 instead of L2:
     # the phase stamps put those two at 3.1 and 2.3 us of a block's 13.8
     split_major_grid: bool = False
-    claim_steps: int = 0  # EXPERIMENT
-    claim_first: float = 0.75  # EXPERIMENT
     # v3: this many consecutive equal splits of one (sequence, kv head) in one CTA, a warp each,
     # sharing the query's transform and the epilogue's T and merging their partials into one
     # (kernels/wavelet_attention_cta.py; 0: one split a program). It implements the small-launch

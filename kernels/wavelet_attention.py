@@ -2985,19 +2985,6 @@ def _phase_clock_buffer(config: LaunchConfig, programs: int, device: torch.devic
     return buffer
 
 
-_CLAIM_COUNTERS: dict[torch.device, torch.Tensor] = {}
-
-
-def _claim_counters(programs: int, device: torch.device) -> torch.Tensor:
-    """LaunchConfig.claim_steps' int32 counters, one a program: zero between launches (each launch
-    leaves them zero), so one buffer per device serves every launch ordered on a stream."""
-    counters = _CLAIM_COUNTERS.get(device)
-    if counters is None or counters.numel() < programs:
-        counters = torch.zeros(max(programs, 1024), dtype=torch.int32, device=device)
-        _CLAIM_COUNTERS[device] = counters
-    return counters
-
-
 def _launch_v3(
     q: torch.Tensor,
     common_exact: tuple,
@@ -3085,7 +3072,6 @@ def _launch_v3(
         SINKS=layout.sinks,
         WINDOW=layout.window,
     )
-    split_share = (plan.split_num, plan.split_den)
     if config.cta_splits:  # (checked by the caller: cta_splits_reason) a CTA of splits, a warp each
         from . import ptx_patches
         from .wavelet_attention_cta import WARPS, split_kernel_cta
@@ -3130,7 +3116,7 @@ def _launch_v3(
 
         launch(
             split_kernel_v3,
-            (programs, num_splits) if split_major or config.claim_steps else (num_splits, programs),
+            (programs, num_splits) if split_major else (num_splits, programs),
             qw,
             qc,
             *cache_args,
@@ -3146,9 +3132,9 @@ def _launch_v3(
             n_row_blocks,
             num_splits,
             n_parts,
-            *((int(1000 * config.claim_first), 1000 * num_splits) if config.claim_steps else split_share),
+            plan.split_num,
+            plan.split_den,
             clocks,
-            _claim_counters(programs, q.device) if config.claim_steps else seq_lens,  # (else unread)
             **cache_constants,
             SCALE_ROW=k_scales.stride(2),
             BLOCK_M=block_m,
@@ -3182,8 +3168,7 @@ def _launch_v3(
             VALUE_COPIES_L2_256B=config.value_copies_l2_256b,
             PLAIN_LOADS_L2_256B=config.plain_loads_l2_256b,
             **({"LOADS_BEFORE_WAIT": config.loads_before_pdl_wait} if config.loads_before_pdl_wait else {}),
-            **({"SPLIT_MAJOR": True} if split_major or config.claim_steps else {}),
-            **({"CLAIM_STEPS": config.claim_steps} if config.claim_steps else {}),
+            **({"SPLIT_MAJOR": True} if split_major else {}),
             num_warps=1,
             **split_options,
             **_dependent(_pdl(config, k_codes.device)),

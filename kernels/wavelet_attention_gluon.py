@@ -875,158 +875,6 @@ if HAS_GLUON:
         return q0, q1, q2, q3, q4, q5, q6, q7, qc0, qc1
 
     @gluon.jit
-    def _chunk_start(chunk, lo, firsts, first_steps, CLAIM_STEPS: gl.constexpr, BLOCK_N: gl.constexpr):
-        """CLAIM_STEPS: the first token of claimed chunk `chunk` of a program's full steps from lo:
-        `firsts` chunks of first_steps steps, then chunks of CLAIM_STEPS."""
-        steps = gl.where(
-            chunk < firsts, chunk * first_steps, firsts * first_steps + (chunk - firsts) * CLAIM_STEPS
-        )
-        return lo + steps * BLOCK_N
-
-    @gluon.jit
-    def _full_step(
-        start,
-        step,
-        last_full,
-        then,
-        cache,
-        query,
-        state,
-        carried,
-        CODE_ROW: gl.constexpr,
-        SCALE_ROW: gl.constexpr,
-        E4: gl.constexpr,
-        E2: gl.constexpr,
-        BLOCK_N: gl.constexpr,
-        STAGES: gl.constexpr,
-        KEYS_VIA_SMEM: gl.constexpr,
-        KEYS_AHEAD: gl.constexpr,
-        CACHE_TILES: gl.constexpr,
-        P_ONCE: gl.constexpr,
-        LAZY_RESCALE: gl.constexpr,
-        VALUE_SCALES_IN_B: gl.constexpr,
-        SCORE_OFFSET_IN_MMA: gl.constexpr,
-        P_MOVMATRIX: gl.constexpr,
-        STEP_ROW_BASE: gl.constexpr,
-        ROW_COPIES: gl.constexpr,
-        KEY_LOADS_L2_256B: gl.constexpr,
-        KEY_WORD_PAIRS: gl.constexpr,
-        VALUE_SUBNORMALS: gl.constexpr,
-        PACKED_P_SCALING: gl.constexpr,
-        BAND_COLUMNS: gl.constexpr,
-        VALUE_SCALES_STAGED: gl.constexpr,
-        COUNTED_STEPS: gl.constexpr,
-        PHASE_CLOCKS: gl.constexpr,
-        PREFETCH_VALUE_ROWS: gl.constexpr,
-        FILL_VALUE_ROWS_L2: gl.constexpr,
-        CLAIMED: gl.constexpr = False,
-    ):
-        """split_kernel_v3's full step at token `start` (its `step`-th; the ring's stages ahead
-        clamped at last_full), with its scale pairs and (KEYS_AHEAD) key words in `carried`, loaded
-        a step ahead; loads the next step's: at start + BLOCK_N, clamped at last_full, or (CLAIMED)
-        at `then` after the chunk's last step (last_full). cache: the ring, the caches, the token index
-        vectors, the ones operand, the staged value scales' buffers, BAND_COLUMNS' selector and
-        the phase stamps. Returns the state and the carried values for the step at nxt."""
-        ring, kcodes, vcodes, kscales, vscales, vt, st, sv, kt, ones, vs_bufs, select, stamps = cache
-        q0, q1, q2, q3, q4, q5, q6, q7, qc0, qc1 = query
-        k_pair, v_pair, next4, next2, fill, sink = carried
-        ahead = gl.minimum(start + (STAGES - 1) * BLOCK_N, last_full)
-        slot = (step + STAGES - 1) % STAGES  # the stage the previous step read
-        k_base, ahead_tok = _step_rows(kcodes, ahead, vt, CODE_ROW, STEP_ROW_BASE)
-        v_base, _ = _step_rows(vcodes, ahead, vt, CODE_ROW, STEP_ROW_BASE)
-        _issue_stage(
-            ring,
-            slot,
-            k_base,
-            v_base,
-            ahead_tok,
-            CODE_ROW,
-            E4,
-            E2,
-            KEYS_VIA_SMEM,
-            CACHE_TILES,
-            ROW_COPIES,
-            STEP_ROW_BASE,
-        )
-        k0, k1 = _split_scales(k_pair)
-        if BAND_COLUMNS:
-            w0 = gl.convert_layout(v_pair, gl.SliceLayout(1, _B))
-            w1 = select
-        elif VALUE_SCALES_STAGED:
-            w0, w1 = _value_scales_staged(v_pair, vs_bufs[0], vs_bufs[1])
-        elif VALUE_SCALES_IN_B:
-            w0, w1 = _split_value_scales(v_pair)
-        else:
-            w0, w1 = _split_scales(v_pair)
-        if CLAIMED:
-            nxt = gl.where(start < last_full, start + BLOCK_N, then)
-        else:
-            nxt = gl.minimum(start + BLOCK_N, last_full)
-        if PREFETCH_VALUE_ROWS:  # the next step's value rows, for its copies to find in L2
-            _fetch_rows_into_l2(vcodes + nxt * CODE_ROW, CODE_ROW, BLOCK_N)
-        if FILL_VALUE_ROWS_L2:  # last step's words are in by now; this step's wait a step
-            sink = sink ^ fill
-            fill = _fill_rows_into_l2(vcodes + nxt * CODE_ROW, CODE_ROW, BLOCK_N)
-        if COUNTED_STEPS:  # scalar per-step pointers, loop-invariant lane offsets
-            k_pair = _load_scale_pairs(kscales + nxt * SCALE_ROW, st, SCALE_ROW)
-        else:
-            k_pair = _load_scale_pairs(kscales, nxt + st, SCALE_ROW)
-        if BAND_COLUMNS:
-            v_pair = _load_scale_words(vscales, nxt + st, SCALE_ROW)
-        elif COUNTED_STEPS:
-            v_pair = _load_scale_pairs(vscales + nxt * SCALE_ROW, sv, SCALE_ROW)
-        else:
-            v_pair = _load_scale_pairs(vscales, nxt + sv, SCALE_ROW)
-        cur = step % STAGES
-        k4t, k2t, v4t, v2t = _stage_tiles(ring, cur, ROW_COPIES)
-        if KEYS_VIA_SMEM:
-            async_copy.wait_group(STAGES - 1)  # this step's group has landed
-            raw4 = k4t.load(_A)
-            raw2 = k2t.load(_A)
-        elif KEYS_AHEAD:
-            raw4 = _key_elements(next4)
-            raw2 = _key_elements(next2)
-        else:
-            k_rows, k_tok = _step_rows(kcodes, start, kt, CODE_ROW, STEP_ROW_BASE)
-            if KEY_LOADS_L2_256B:  # the hinted loads take words: the same elements
-                w4, w2 = _load_key_words(k_rows, k_tok, CODE_ROW, E4, E2, STEP_ROW_BASE, True, KEY_WORD_PAIRS)
-                raw4 = _key_elements(w4)
-                raw2 = _key_elements(w2)
-            else:
-                raw4, raw2 = _load_keys(k_rows, k_tok, CODE_ROW, E4, E2, STEP_ROW_BASE, KEY_WORD_PAIRS)
-        s = _scores(
-            raw4, raw2, k0, k1, q0, q1, q2, q3, q4, q5, q6, q7, qc0, qc1, BLOCK_N, SCORE_OFFSET_IN_MMA
-        )
-        if KEYS_AHEAD and not KEYS_VIA_SMEM:
-            # this step's key words are spent: their registers take the next step's, whose
-            # global latency then hides behind this step's value work
-            k_rows, k_tok = _step_rows(kcodes, nxt, kt, CODE_ROW, STEP_ROW_BASE)
-            next4, next2 = _load_key_words(
-                k_rows, k_tok, CODE_ROW, E4, E2, STEP_ROW_BASE, KEY_LOADS_L2_256B, KEY_WORD_PAIRS
-            )
-        if not KEYS_VIA_SMEM:
-            async_copy.wait_group(STAGES - 1)
-        state = _accumulate_values(
-            s,
-            state,
-            w0,
-            w1,
-            v4t,
-            v2t,
-            ones,
-            LAZY_RESCALE,
-            P_ONCE,
-            VALUE_SCALES_IN_B,
-            P_MOVMATRIX,
-            VALUE_SUBNORMALS,
-            PACKED_P_SCALING,
-            BAND_COLUMNS,
-        )
-        if PHASE_CLOCKS:  # after the step's last value MMA
-            _stamp(stamps, 2 + gl.minimum(step, 3), gl.max(gl.max(state[8], axis=1), axis=0))
-        return state, k_pair, v_pair, next4, next2, fill, sink
-
-    @gluon.jit
     def _masked_steps(
         rest,
         query,
@@ -1159,8 +1007,6 @@ if HAS_GLUON:
         split_den,
         # PHASE_CLOCKS: int64 [programs * num_splits, PHASE_SLOTS] globaltimer stamps (see _stamp)
         clock_ptr,
-        # CLAIM_STEPS: int32 [programs] claim counters, zero before the launch and left zero after it
-        claims_ptr,
         CODE_ROW: gl.constexpr,  # int16 elements per code row (token stride)
         SCALE_ROW: gl.constexpr,  # fp16 scales per row (token stride)
         E4: gl.constexpr,  # first int16 element of the 4-bit band
@@ -1218,10 +1064,6 @@ if HAS_GLUON:
         # grid (programs, num_splits) instead of (num_splits, programs): blocks go out split by
         # split, so a plan's short last splits come after every long one (SplitPlan.split_major)
         SPLIT_MAJOR: gl.constexpr = False,
-        # > 0: a program's splits share its full steps by claiming chunks from claims_ptr[pid]:
-        # first one of span * split_num / split_den steps each, then chunks of this many steps
-        # (LaunchConfig.claim_steps)
-        CLAIM_STEPS: gl.constexpr = 0,
         # each lane's two 4-bit-band key words by one 8-byte load (the plan's key slots ordered
         # for it: _plan_v3(key_word_pairs=True)); keys from global memory only
         KEY_WORD_PAIRS: gl.constexpr = False,
@@ -1293,7 +1135,7 @@ if HAS_GLUON:
         batch = pid // (n_row_blocks * n_kv_heads)
         # query rows on the MMAs' N (8; rows >= BLOCK_M are padding)
         local = gl.arange(0, 8, layout=gl.SliceLayout(0, _MMA))
-        select = 0  # unread unless BAND_COLUMNS
+        select = None
         if BAND_COLUMNS:  # columns 4-7 repeat rows 0-3 (limits, masks and all)
             gl.static_assert(BLOCK_M <= 4, "BAND_COLUMNS needs BLOCK_M <= 4")
             gl.static_assert(SCALE_ROW == 2, "BAND_COLUMNS reads each token's two scales as a word")
@@ -1310,19 +1152,13 @@ if HAS_GLUON:
         limit = gl.where(row_ok, seq_len - n_new + token + 1, 0)
         comp_hi = gl.minimum(gl.maximum(seq_len - WINDOW, SINKS), gl.max(limit, axis=0))
         span = gl.maximum(comp_hi - SINKS, 0).to(gl.int64)  # (x split_num may pass 2^31)
-        if CLAIM_STEPS > 0:  # the whole span, shared by claims below
-            lo = SINKS + 0 * split
-            hi = comp_hi
-        else:
-            chunk = gl.cdiv(gl.cdiv(span * split_num, split_den).to(gl.int32), BLOCK_N) * BLOCK_N
-            lo = SINKS + split * chunk
-            hi = gl.minimum(lo + chunk, comp_hi)
+        chunk = gl.cdiv(gl.cdiv(span * split_num, split_den).to(gl.int32), BLOCK_N) * BLOCK_N
+        lo = SINKS + split * chunk
+        hi = gl.minimum(lo + chunk, comp_hi)
         row_hi = gl.minimum(limit, hi)
         # steps below every real row's limit need no score mask
         all_hi = gl.min(gl.where(row_ok, row_hi, hi), axis=0)
         full_hi = lo + gl.maximum(all_hi - lo, 0) // BLOCK_N * BLOCK_N
-        if CLAIM_STEPS > 0:  # only the last split takes the masked rest
-            hi = gl.where(split == num_splits - 1, hi, full_hi)
         # ---- loop invariants
         if QUERY_IN_SPLIT:
             gl.static_assert(LOADS_BEFORE_WAIT == 0, "QUERY_IN_SPLIT reads the query after the wait")
@@ -1368,9 +1204,6 @@ if HAS_GLUON:
             stage_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[3, 2, 1, 0])
             vs_buf0 = gl.allocate_shared_memory(gl.float16, [4, 4, 2, 2], stage_layout)
             vs_buf1 = gl.allocate_shared_memory(gl.float16, [4, 4, 2, 2], stage_layout)
-            vs_bufs = (vs_buf0, vs_buf1)
-        else:
-            vs_bufs = (0, 0)  # unread
         if ROW_COPIES:
             vt = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, _ROW_COPY))
         elif CACHE_TILES and COPY_LAYOUT_TOKENS:  # already in the 8-byte copies' layout: no shuffles
@@ -1400,102 +1233,9 @@ if HAS_GLUON:
             # query is zero, their scores 0), at no cost in instructions; real rows are untouched
             m0 = gl.where(row_ok, m0, -_NEG_BIG)
         state = (m0,) + (acc0,) * 11
-        cache = (ring, kcodes, vcodes, kscales, vscales, vt, st, sv, kt, ones, vs_bufs, select, stamps)
         # ---- full steps: every token below every row's limit, no masks or clamps. The tiles of
         # step i + STAGES - 1 are in flight while step i computes; scales one step ahead.
-        if CLAIM_STEPS > 0:
-            # the program's full steps shared by its splits: each claims chunks from the program's
-            # counter until none is left (see LaunchConfig.claim_steps); the last split also takes
-            # the masked rest. Every split makes exactly two claims past the end, so the one that
-            # draws chunk n_chunks + 2 num_splits - 1 made the last claim and zeroes the counter for
-            # the next launch.
-            gl.static_assert(
-                STAGES == 1 and KEYS_AHEAD and not KEYS_VIA_SMEM and not COUNTED_STEPS,
-                "CLAIM_STEPS carries one step's key words and scales across chunks (STAGES 1, KEYS_AHEAD)",
-            )
-            gl.static_assert(
-                LOADS_BEFORE_WAIT == 0 and not PREFETCH_VALUE_ROWS and not FILL_VALUE_ROWS_L2,
-                "CLAIM_STEPS does not take LOADS_BEFORE_WAIT, PREFETCH_VALUE_ROWS or FILL_VALUE_ROWS_L2",
-            )
-            claims = claims_ptr + pid
-            n_steps = (full_hi - lo) // BLOCK_N
-            first_steps = (n_steps.to(gl.int64) * split_num // split_den).to(gl.int32)
-            firsts = gl.where(first_steps > 0, num_splits, 0)  # chunks of first_steps, then CLAIM_STEPS
-            n_chunks = gl.where(n_steps > 0, firsts + gl.cdiv(n_steps - firsts * first_steps, CLAIM_STEPS), 0)
-            # chunk `split` first, unclaimed (without first chunks: a claimed one); the counter
-            # numbers the claimed chunks from 0
-            if firsts > 0:
-                cur = split + 0 * firsts
-            else:
-                cur = gl.atomic_add(claims, 1, sem="relaxed")
-            upcoming = firsts + gl.atomic_add(claims, 1, sem="relaxed")
-            if cur < n_chunks:
-                last_full = full_hi - BLOCK_N
-                c_lo = _chunk_start(cur, lo, firsts, first_steps, CLAIM_STEPS, BLOCK_N)
-                k_pair = _load_scale_pairs(kscales, c_lo + st, SCALE_ROW)
-                if BAND_COLUMNS:
-                    v_pair = _load_scale_words(vscales, c_lo + st, SCALE_ROW)
-                else:
-                    v_pair = _load_scale_pairs(vscales, c_lo + sv, SCALE_ROW)
-                next4, next2 = _load_key_words(
-                    kcodes, c_lo + kt, CODE_ROW, E4, E2, False, KEY_LOADS_L2_256B, KEY_WORD_PAIRS
-                )
-                fill = 0  # unread
-                sink = 0
-                while cur < n_chunks:
-                    c_lo = _chunk_start(cur, lo, firsts, first_steps, CLAIM_STEPS, BLOCK_N)
-                    c_len = gl.where(cur < firsts, first_steps, CLAIM_STEPS) * BLOCK_N
-                    c_hi = gl.minimum(c_lo + c_len, full_hi)
-                    claimed = upcoming  # (drawn a chunk ago)
-                    upcoming = firsts + gl.atomic_add(claims, 1, sem="relaxed")
-                    # the chunk after this one; past the end a harmless repeat of the last step
-                    then = _chunk_start(
-                        gl.minimum(claimed, n_chunks - 1), lo, firsts, first_steps, CLAIM_STEPS, BLOCK_N
-                    )
-                    then = gl.where(claimed < n_chunks, then, last_full)
-                    for start in range(c_lo, c_hi, BLOCK_N):
-                        state, k_pair, v_pair, next4, next2, fill, sink = _full_step(
-                            start,
-                            (start - c_lo) // BLOCK_N,
-                            c_hi - BLOCK_N,
-                            then,
-                            cache,
-                            (q0, q1, q2, q3, q4, q5, q6, q7, qc0, qc1),
-                            state,
-                            (k_pair, v_pair, next4, next2, fill, sink),
-                            CODE_ROW,
-                            SCALE_ROW,
-                            E4,
-                            E2,
-                            BLOCK_N,
-                            STAGES,
-                            KEYS_VIA_SMEM,
-                            KEYS_AHEAD,
-                            CACHE_TILES,
-                            P_ONCE,
-                            LAZY_RESCALE,
-                            VALUE_SCALES_IN_B,
-                            SCORE_OFFSET_IN_MMA,
-                            P_MOVMATRIX,
-                            STEP_ROW_BASE,
-                            ROW_COPIES,
-                            KEY_LOADS_L2_256B,
-                            KEY_WORD_PAIRS,
-                            VALUE_SUBNORMALS,
-                            PACKED_P_SCALING,
-                            BAND_COLUMNS,
-                            VALUE_SCALES_STAGED,
-                            COUNTED_STEPS,
-                            PHASE_CLOCKS,
-                            PREFETCH_VALUE_ROWS,
-                            FILL_VALUE_ROWS_L2,
-                            True,
-                        )
-                    cur = claimed
-                async_copy.wait_group(0)
-            if upcoming == n_chunks + 2 * num_splits - 1:
-                gl.atomic_xchg(claims, 0, sem="relaxed")
-        elif full_hi > lo:
+        if full_hi > lo:
             last_full = full_hi - BLOCK_N
             for i in gl.static_range(STAGES - 1):
                 ahead = gl.minimum(lo + i * BLOCK_N, last_full)  # past the end: a harmless repeat
@@ -1538,12 +1278,6 @@ if HAS_GLUON:
             if FILL_VALUE_ROWS_L2:
                 fill = gl.zeros([32], gl.int32, layout=_LANES)
                 sink = gl.zeros([32], gl.int32, layout=_LANES)
-            else:
-                fill = 0  # unread
-                sink = 0
-            if not KEYS_AHEAD:
-                next4 = 0  # unread
-                next2 = 0
             # COUNTED_STEPS: the loop over step numbers (start from the step), else over positions
             for step_or_start in range(
                 0 if COUNTED_STEPS else lo,
@@ -1556,42 +1290,101 @@ if HAS_GLUON:
                 else:
                     start = step_or_start
                     step = (start - lo) // BLOCK_N
-                state, k_pair, v_pair, next4, next2, fill, sink = _full_step(
-                    start,
-                    step,
-                    last_full,
-                    last_full,
-                    cache,
-                    (q0, q1, q2, q3, q4, q5, q6, q7, qc0, qc1),
-                    state,
-                    (k_pair, v_pair, next4, next2, fill, sink),
+                ahead = gl.minimum(start + (STAGES - 1) * BLOCK_N, last_full)
+                slot = (step + STAGES - 1) % STAGES  # the stage the previous step read
+                k_base, ahead_tok = _step_rows(kcodes, ahead, vt, CODE_ROW, STEP_ROW_BASE)
+                v_base, _ = _step_rows(vcodes, ahead, vt, CODE_ROW, STEP_ROW_BASE)
+                _issue_stage(
+                    ring,
+                    slot,
+                    k_base,
+                    v_base,
+                    ahead_tok,
                     CODE_ROW,
-                    SCALE_ROW,
                     E4,
                     E2,
-                    BLOCK_N,
-                    STAGES,
                     KEYS_VIA_SMEM,
-                    KEYS_AHEAD,
                     CACHE_TILES,
-                    P_ONCE,
-                    LAZY_RESCALE,
-                    VALUE_SCALES_IN_B,
-                    SCORE_OFFSET_IN_MMA,
-                    P_MOVMATRIX,
-                    STEP_ROW_BASE,
                     ROW_COPIES,
-                    KEY_LOADS_L2_256B,
-                    KEY_WORD_PAIRS,
+                    STEP_ROW_BASE,
+                )
+                k0, k1 = _split_scales(k_pair)
+                if BAND_COLUMNS:
+                    w0 = gl.convert_layout(v_pair, gl.SliceLayout(1, _B))
+                    w1 = select
+                elif VALUE_SCALES_STAGED:
+                    w0, w1 = _value_scales_staged(v_pair, vs_buf0, vs_buf1)
+                elif VALUE_SCALES_IN_B:
+                    w0, w1 = _split_value_scales(v_pair)
+                else:
+                    w0, w1 = _split_scales(v_pair)
+                nxt = gl.minimum(start + BLOCK_N, last_full)
+                if PREFETCH_VALUE_ROWS:  # the next step's value rows, for its copies to find in L2
+                    _fetch_rows_into_l2(vcodes + nxt * CODE_ROW, CODE_ROW, BLOCK_N)
+                if FILL_VALUE_ROWS_L2:  # last step's words are in by now; this step's wait a step
+                    sink = sink ^ fill
+                    fill = _fill_rows_into_l2(vcodes + nxt * CODE_ROW, CODE_ROW, BLOCK_N)
+                if COUNTED_STEPS:  # scalar per-step pointers, loop-invariant lane offsets
+                    k_pair = _load_scale_pairs(kscales + nxt * SCALE_ROW, st, SCALE_ROW)
+                else:
+                    k_pair = _load_scale_pairs(kscales, nxt + st, SCALE_ROW)
+                if BAND_COLUMNS:
+                    v_pair = _load_scale_words(vscales, nxt + st, SCALE_ROW)
+                elif COUNTED_STEPS:
+                    v_pair = _load_scale_pairs(vscales + nxt * SCALE_ROW, sv, SCALE_ROW)
+                else:
+                    v_pair = _load_scale_pairs(vscales, nxt + sv, SCALE_ROW)
+                cur = step % STAGES
+                k4t, k2t, v4t, v2t = _stage_tiles(ring, cur, ROW_COPIES)
+                if KEYS_VIA_SMEM:
+                    async_copy.wait_group(STAGES - 1)  # this step's group has landed
+                    raw4 = k4t.load(_A)
+                    raw2 = k2t.load(_A)
+                elif KEYS_AHEAD:
+                    raw4 = _key_elements(next4)
+                    raw2 = _key_elements(next2)
+                else:
+                    k_rows, k_tok = _step_rows(kcodes, start, kt, CODE_ROW, STEP_ROW_BASE)
+                    if KEY_LOADS_L2_256B:  # the hinted loads take words: the same elements
+                        w4, w2 = _load_key_words(
+                            k_rows, k_tok, CODE_ROW, E4, E2, STEP_ROW_BASE, True, KEY_WORD_PAIRS
+                        )
+                        raw4 = _key_elements(w4)
+                        raw2 = _key_elements(w2)
+                    else:
+                        raw4, raw2 = _load_keys(
+                            k_rows, k_tok, CODE_ROW, E4, E2, STEP_ROW_BASE, KEY_WORD_PAIRS
+                        )
+                s = _scores(
+                    raw4, raw2, k0, k1, q0, q1, q2, q3, q4, q5, q6, q7, qc0, qc1, BLOCK_N, SCORE_OFFSET_IN_MMA
+                )
+                if KEYS_AHEAD and not KEYS_VIA_SMEM:
+                    # this step's key words are spent: their registers take the next step's, whose
+                    # global latency then hides behind this step's value work
+                    k_rows, k_tok = _step_rows(kcodes, nxt, kt, CODE_ROW, STEP_ROW_BASE)
+                    next4, next2 = _load_key_words(
+                        k_rows, k_tok, CODE_ROW, E4, E2, STEP_ROW_BASE, KEY_LOADS_L2_256B, KEY_WORD_PAIRS
+                    )
+                if not KEYS_VIA_SMEM:
+                    async_copy.wait_group(STAGES - 1)
+                state = _accumulate_values(
+                    s,
+                    state,
+                    w0,
+                    w1,
+                    v4t,
+                    v2t,
+                    ones,
+                    LAZY_RESCALE,
+                    P_ONCE,
+                    VALUE_SCALES_IN_B,
+                    P_MOVMATRIX,
                     VALUE_SUBNORMALS,
                     PACKED_P_SCALING,
                     BAND_COLUMNS,
-                    VALUE_SCALES_STAGED,
-                    COUNTED_STEPS,
-                    PHASE_CLOCKS,
-                    PREFETCH_VALUE_ROWS,
-                    FILL_VALUE_ROWS_L2,
                 )
+                if PHASE_CLOCKS:  # after the step's last value MMA
+                    _stamp(stamps, 2 + gl.minimum(step, 3), gl.max(gl.max(state[8], axis=1), axis=0))
             async_copy.wait_group(0)
             if FILL_VALUE_ROWS_L2:
                 # a store no run makes (n_new >= 1), which the compiler cannot know: it keeps the
