@@ -779,6 +779,24 @@ def test_band_warps_spike_compiles_for_sm90(tmp_path):
     assert int(re.search(r"(\d+)\s+MOVM", out).group(1)) == 16, out  # p and p * scale
 
 
+def test_tma_rows_spike_copies_a_step_in_one_tma_copy_and_reads_bands_by_ldmatrix(tmp_path):
+    # benchmarks/spike_tma_rows.py: a step's 64 code rows of one cache by one TMA copy of a [64, 32]
+    # box over the cache viewed as [tokens, 24] int16 (Gluon's blocks are powers of two), the bands
+    # read as slices by ldmatrix (transposed for the value operand), no global loads (thirty-seventh
+    # session, offline on Triton 3.6 and 3.9)
+    import ast
+
+    out = _run_sm90_tool("spike_tma_rows.py", tmp_path)
+    facts = {line.split(" ", 1)[0]: ast.literal_eval(line.split(" ", 1)[1]) for line in out.splitlines()}
+    assert set(facts) == {"keys", "values", "band2"}, out
+    for name, f in facts.items():
+        assert f["tma_copies"] == 1 and f["global_loads"] == 0, (name, f)
+        assert f["shared_bytes"] >= 64 * 32 * 2, (name, f)
+    assert facts["keys"]["ldmatrix"] == 4 and facts["keys"]["ldmatrix_transposed"] == 0, facts
+    assert facts["values"]["ldmatrix_transposed"] == 4, facts
+    assert facts["band2"]["ldmatrix"] == 2, facts
+
+
 @pytest.mark.parametrize("tq,group,chunks", [(1, 4, 1), (2, 4, 1), (1, 4, 3), (2, 4, 8)])
 def test_exact_kernel_writes_the_exact_tokens_partial(tq, group, chunks):
     # v3's exact sink/window tokens run in their own Triton kernel (Gluon cannot call Triton
