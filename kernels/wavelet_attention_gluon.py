@@ -544,6 +544,7 @@ if HAS_GLUON:
         SUBNORMALS: gl.constexpr = False,
         PACKED_SCALING: gl.constexpr = False,
         BAND_COLUMNS: gl.constexpr = False,
+        TILES_LOADED: gl.constexpr = False,
     ):
         """Online-softmax update of one step: rescale when a running max grows, p = exp2(s - m),
         then the value fields of both bands against p * scale, centred through the accumulator
@@ -555,7 +556,9 @@ if HAS_GLUON:
         takes the centres off once (_store_operand). BAND_COLUMNS (needs P_ONCE): columns 4-7
         repeat the query rows, w0 holds the tokens' scale words and w1 the per-column PRMT
         selectors; one B operand p * scale serves both bands (4-bit fields read columns 0-3, 2-bit
-        fields 4-7), its token sums accumulate in wsa (columns as the bands) and wsb stays."""
+        fields 4-7), its token sums accumulate in wsa (columns as the bands) and wsb stays.
+        TILES_LOADED: tile4 / tile2 are the value operands already in registers (a caller reading
+        its tiles another way: benchmarks/spike_tma_step.py)."""
         m_i, a0, a1, a2, a3, a4, a5, a6, a7, l_acc, wsa, wsb = state
         m_new = gl.maximum(m_i, gl.max(s, axis=0))
         if (not LAZY_RESCALE) or gl.max(m_new - m_i, axis=0) > 0:
@@ -597,8 +600,12 @@ if HAS_GLUON:
         l_acc = mma_v2(ones, p16, l_acc)
         slot = gl.arange(0, 16, layout=gl.SliceLayout(1, _A))
         upper = (slot >= 8)[:, None]
-        r4 = tile4.permute([1, 0]).load(_A)  # [16 elements, BLOCK_N tokens]
-        r2 = tile2.permute([1, 0]).load(_A)
+        if TILES_LOADED:  # the caller's registers: r4, r2 [16 elements, BLOCK_N tokens] in _A
+            r4 = tile4
+            r2 = tile2
+        else:
+            r4 = tile4.permute([1, 0]).load(_A)  # [16 elements, BLOCK_N tokens]
+            r2 = tile2.permute([1, 0]).load(_A)
         o0, o1, o2, o3, o4, o5, o6, o7 = _band_operands(r4, r2, upper, SUBNORMALS)
         if SUBNORMALS:
             # the sums of p * scale straight in their accumulators, the fields' sums uncentred
