@@ -88,7 +88,7 @@
 #                                                 # breakdown (Nsight Compute)
 set -u
 case "${1:-}" in
-tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce | exact_remainder | key_word_pairs | clocks | zero_padding_p | value_subnormals | value_subnormals_sustained | band_columns | value_scales_staged | counted_steps | transform_in_split | one_sequence_merge | query_in_split | one_wave | merge_pass | final26 | small_bench | exact_tail_prologue | prologue_tiles | two_wave_tail | one_sequence_l2 | phases | one_sequence_28 | split_major_grid) ;;
+tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce | exact_remainder | key_word_pairs | clocks | zero_padding_p | value_subnormals | value_subnormals_sustained | band_columns | value_scales_staged | counted_steps | transform_in_split | one_sequence_merge | query_in_split | one_wave | merge_pass | final26 | small_bench | exact_tail_prologue | prologue_tiles | two_wave_tail | one_sequence_l2 | phases | one_sequence_28 | split_major_grid | tma_spike) ;;
 grid | timeline | sustained)
     if [ ! -f "${2:-}" ]; then
         echo "$1 needs a JSON file of LaunchConfig dicts (e.g. benchmarks/probe_one_block_step.json), got '${2:-}'" >&2
@@ -96,7 +96,7 @@ grid | timeline | sustained)
     fi
     ;;
 *)
-    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|reduce|remainder|small_reduce|exact_remainder|key_word_pairs|clocks|zero_padding_p|value_subnormals|value_subnormals_sustained|band_columns|value_scales_staged|counted_steps|transform_in_split|one_sequence_merge|query_in_split|one_wave|merge_pass|final26|small_bench|exact_tail_prologue|prologue_tiles|two_wave_tail|one_sequence_l2|phases|one_sequence_28|split_major_grid|grid FILE.json|timeline FILE.json|sustained FILE.json|stalls [tuned|keys_in_step]" >&2
+    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|reduce|remainder|small_reduce|exact_remainder|key_word_pairs|clocks|zero_padding_p|value_subnormals|value_subnormals_sustained|band_columns|value_scales_staged|counted_steps|transform_in_split|one_sequence_merge|query_in_split|one_wave|merge_pass|final26|small_bench|exact_tail_prologue|prologue_tiles|two_wave_tail|one_sequence_l2|phases|one_sequence_28|split_major_grid|tma_spike|grid FILE.json|timeline FILE.json|sustained FILE.json|stalls [tuned|keys_in_step]" >&2
     exit 2
     ;;
 esac
@@ -367,6 +367,21 @@ two_wave_tail)
     # 32 channels a program, 4 or 6 exact programs a pair; 5 rounds in rotated order, (32, 32768)
     # beside it
     probe_grid benchmarks/probe_two_wave_tail.json "8,131072;32,32768" two_wave_tail 300
+    ;;
+tma_spike)
+    # thirty-seventh session, prepared: the code rows by TMA copies (benchmarks/spike_tma_rows.py,
+    # spike_tma_step.py; docs/ATTENTION.md, "One bulk copy per step and cache"). First whether the
+    # copy and the band reads return the rows, then the step loop alone at (8, 131072)'s size with
+    # two and three stages, against the tuned op's split kernel in the same call
+    run 120 python3 -P benchmarks/spike_tma_rows.py --check
+    for stages in 2 3; do
+        run 180 python3 -P benchmarks/spike_tma_step.py --time --stages "$stages"
+    done
+    python3 -c "import dataclasses, json
+from wmoe_compile.kernels import wavelet_attention as K
+print(json.dumps([dataclasses.asdict(K.TUNED_CONFIGS[(128, 4, 'affine')])]))" > "$OUT/tuned.json"
+    run 300 python3 -P benchmarks/probe_attention.py kernels --configs "$OUT/tuned.json" --shapes "8,131072" |
+        sed -E 's/\{[^}]*\}/tuned/'
     ;;
 one_sequence_l2)
     # twenty-seventh session: at one sequence each of the split kernel's 1,024 programs reads 32 KB
