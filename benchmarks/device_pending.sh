@@ -382,6 +382,11 @@ from wmoe_compile.kernels import wavelet_attention as K
 print(json.dumps([dataclasses.asdict(K.TUNED_CONFIGS[(128, 4, 'affine')])]))" > "$OUT/tuned.json"
     run 300 python3 -P benchmarks/probe_attention.py kernels --configs "$OUT/tuned.json" --shapes "8,131072" |
         sed -E 's/\{[^}]*\}/tuned/'
+    # then the split kernel with LaunchConfig.tma_rows (prepared the same session): its GPU tests
+    # (bit-identical to the same config without it), and a grid against the tuned config
+    attention_tests "tma_rows"
+    run 420 python3 -P benchmarks/probe_attention.py grid --configs benchmarks/probe_tma_rows.json \
+        --shapes "8,131072;32,32768;8,32768" --out "$OUT/tma_rows" | grep -v "^\["
     ;;
 one_sequence_l2)
     # twenty-seventh session: at one sequence each of the split kernel's 1,024 programs reads 32 KB

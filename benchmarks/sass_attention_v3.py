@@ -144,6 +144,7 @@ def compile_v3(args: argparse.Namespace) -> tuple[str, str, int, str]:
         TRANSFORM_IN_SPLIT=args.transform_in_split,
         QUERY_IN_SPLIT=args.query_in_split,
         PHASE_CLOCKS=args.phase_clocks,
+        TMA_ROWS=args.tma_rows,
     )
     options = dict(num_warps=1, **({"maxnreg": args.maxnreg} if args.maxnreg else {}))
     kernel = compile_sm90(fn, constexprs, options)
@@ -159,12 +160,19 @@ POINTER_TYPES.update(q_ptr="*bf16", clock_ptr="*i64")
 
 def compile_sm90(fn, constexprs: dict, options: dict):
     """A Gluon split kernel compiled for sm_90 with these constexprs, its other arguments typed as
-    the launcher passes them (POINTER_TYPES, fp32 qk_scale, int32 the rest) and 16-byte aligned
-    as the JIT specialises aligned tensors and strides."""
+    the launcher passes them (POINTER_TYPES, fp32 qk_scale, int32 the rest; with TMA_ROWS the row
+    descriptors, else int32 pointers) and 16-byte aligned as the JIT specialises aligned tensors
+    and strides."""
     signature = {}
     for name in fn.arg_names:
         if name in constexprs:
             signature[name] = "constexpr"
+        elif name.endswith("_rows_desc"):
+            signature[name] = (
+                f"tensordesc<i16[64, 32],{gluon_kernels.TMA_ROWS_LAYOUT!r}>"
+                if constexprs.get("TMA_ROWS")
+                else "*i32"
+            )
         elif name.endswith("_ptr"):
             signature[name] = POINTER_TYPES.get(name, "*fp32")
         elif name == "qk_scale":
@@ -264,6 +272,7 @@ def main() -> None:
     p.add_argument(
         "--key-word-pairs", action="store_true", help="a lane's two 4-bit key words by one 8-byte load"
     )
+    p.add_argument("--tma-rows", action="store_true", help="code rows by TMA copies (needs --stages >= 2)")
     p.add_argument("--zero-padding-p", action="store_true", help="p = 0 in the MMAs' padding rows")
     p.add_argument(
         "--band-columns", action="store_true", help="the MMAs' columns 4-7 serve the 2-bit band (GQA 4)"

@@ -63,7 +63,7 @@ def _repeat_halves(x, DIM: gl.constexpr):
 def _issue(k_desc, v_desc, krows, vrows, bars, stage, first):
     """One stage: both caches' 64 rows from token `first`, completing on bars[stage]."""
     bar = bars.index(stage)
-    mbarrier.expect(bar, 2 * 64 * 48)  # the rows' bytes (the box's zero-filled columns are not read)
+    mbarrier.expect(bar, 2 * 64 * 32 * 2)  # the boxes' bytes: the zero-filled columns count too
     _tma_load(k_desc, [first, 0], bar, krows.index(stage))
     _tma_load(v_desc, [first, 0], bar, vrows.index(stage))
 

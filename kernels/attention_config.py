@@ -202,6 +202,14 @@ class LaunchConfig:
     # epilogue-transform words (32 + 32 KB a head, read by every block) can hit L1 instead of L2:
     # the phase stamps put those two at 3.1 and 2.3 us of a block's 13.8
     split_major_grid: bool = False
+    # v3: each step's key and value code rows by one TMA copy a cache (a [64, 32] int16 box over
+    # the codes viewed as [rows, 24]) into num_stages-deep rings in shared memory, the bands read
+    # from there by ldmatrix, instead of the key words loaded into registers and the value tiles
+    # copied 8 bytes a lane (benchmarks/spike_tma_step.py: 682-685 loop instructions against the
+    # tuned 728 offline, thirty-seventh session). Needs num_stages >= 2, keys_ahead and
+    # key_word_pairs off, the default codec's 48-byte rows and contiguous codes (else the launch
+    # runs without it: wavelet_attention.tma_rows_reason). Prepared, not yet run on a GPU
+    tma_rows: bool = False
     # v3: this many consecutive equal splits of one (sequence, kv head) in one CTA, a warp each,
     # sharing the query's transform and the epilogue's T and merging their partials into one
     # (kernels/wavelet_attention_cta.py; 0: one split a program). It implements the small-launch
@@ -431,8 +439,22 @@ class LaunchConfig:
                 "LaunchConfig.query_in_split reads the query after the PDL wait: it needs "
                 f"loads_before_pdl_wait=0, got {self.loads_before_pdl_wait}"
             )
+        if self.tma_rows:
+            clashes = [
+                name
+                for name in ("keys_ahead", "key_word_pairs", "keys_via_smem", "row_copies", "counted_steps")
+                + ("prefetch_value_rows", "fill_value_rows_l2", "band_columns")
+                if getattr(self, name)
+            ]
+            if self.num_stages < 2 or self.loads_before_pdl_wait or self.cta_splits or clashes:
+                raise ValueError(
+                    "LaunchConfig.tma_rows reads the keys and values from a ring of TMA copies: it needs "
+                    f"num_stages >= 2 (got {self.num_stages}), loads_before_pdl_wait=0 (got "
+                    f"{self.loads_before_pdl_wait}), cta_splits=0 (got {self.cta_splits}) and none of "
+                    f"{clashes} on"
+                )
         extras = ("zero_padding_p", "value_subnormals", "counted_steps")
-        extras += ("transform_in_split", "query_in_split", "phase_clocks", "split_major_grid")
+        extras += ("transform_in_split", "query_in_split", "phase_clocks", "split_major_grid", "tma_rows")
         for name in ("prefetch_value_rows", "fill_value_rows_l2", *extras, *hints):
             if getattr(self, name) and self.kernel != "v3":
                 raise ValueError(
@@ -813,6 +835,7 @@ V3_ONLY_OPTIONS = (
     "query_in_split",
     "phase_clocks",
     "split_major_grid",
+    "tma_rows",
     "prefetch_value_rows",
     "fill_value_rows_l2",
     "value_copies_l2_256b",
@@ -883,6 +906,8 @@ def resident_programs_per_sm(
     if config.kernel == "v3":
         tiles = 2 if config.keys_via_smem else 1  # value tiles, plus key tiles through the ring
         ring = config.num_stages * tiles * 2 * config.block_n * 16 * 2  # two bands, 16 int16 a row
+        if config.tma_rows:  # both caches' [block_n, 32] int16 row tiles a stage instead
+            ring = config.num_stages * 2 * config.block_n * 32 * 2
         resident = min(resident, shared_per_sm // (ring + _SHARED_RESERVED_PER_PROGRAM))
     return max(resident, 1)
 

@@ -74,15 +74,25 @@ def interpreting() -> bool:
 
 
 def argument_key(args: tuple) -> tuple:
-    """What a compiled kernel depends on in its runtime arguments (see the module docstring)."""
+    """What a compiled kernel depends on in its runtime arguments (see the module docstring): a
+    tensor descriptor by its dtype, block shape and layout (its shape and strides are runtime)."""
     return tuple(
         [
             (a.dtype, a.data_ptr() % 16 == 0)
             if isinstance(a, torch.Tensor)
-            else (float if isinstance(a, float) else a)
+            else (
+                ("tensordesc", a.base.dtype, tuple(a.block_shape), repr(a.layout))
+                if _is_tensor_descriptor(a)
+                else (float if isinstance(a, float) else a)
+            )
             for a in args
         ]
     )
+
+
+def _is_tensor_descriptor(a) -> bool:
+    """A Triton host tensor descriptor (Gluon's or Triton's), by shape rather than import."""
+    return hasattr(a, "block_shape") and hasattr(a, "base") and hasattr(a, "layout")
 
 
 _CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT = 9

@@ -3135,6 +3135,9 @@ def _launch_v3(
             plan.split_num,
             plan.split_den,
             clocks,
+            *(
+                _tma_row_descriptors(k_codes, v_codes) if config.tma_rows else (seq_lens, seq_lens)
+            ),  # else unread
             **cache_constants,
             SCALE_ROW=k_scales.stride(2),
             BLOCK_M=block_m,
@@ -3169,6 +3172,7 @@ def _launch_v3(
             PLAIN_LOADS_L2_256B=config.plain_loads_l2_256b,
             **({"LOADS_BEFORE_WAIT": config.loads_before_pdl_wait} if config.loads_before_pdl_wait else {}),
             **({"SPLIT_MAJOR": True} if split_major else {}),
+            **({"TMA_ROWS": True} if config.tma_rows else {}),
             num_warps=1,
             **split_options,
             **_dependent(_pdl(config, k_codes.device)),
@@ -3178,6 +3182,43 @@ def _launch_v3(
     if side is not None and not config.exact_before_split:
         with torch.cuda.stream(side):
             _launch_exact(q, common_exact, parts, dims, layout, config, carveout=carveout)
+
+
+def tma_rows_reason(layout: CompressedLayout, k_codes: torch.Tensor, v_codes: torch.Tensor) -> str | None:
+    """None when LaunchConfig.tma_rows can run on these caches, else what stands in the way: the
+    kernel reads the default codec's 48-byte rows (the 4-bit band's 32 bytes, then the 2-bit
+    band's 16) through a tensor descriptor of every row of a cache in turn, which Hopper's TMA unit
+    copies (16-byte aligned, contiguous codes)."""
+    needs = [
+        (
+            layout.n_code_bytes == 48 and tuple(layout.band_byte_offsets) == (0, 32),
+            "48-byte code rows, bands at 0 and 32",
+        ),
+        (
+            k_codes.is_cuda and torch.cuda.get_device_capability(k_codes.device)[0] >= 9,
+            "a GPU with TMA (sm_90+)",
+        ),
+        (
+            all(c.is_contiguous() and c.data_ptr() % 16 == 0 for c in (k_codes, v_codes)),
+            "contiguous, 16-byte aligned codes",
+        ),
+    ]
+    missing = [what for ok, what in needs if not ok]
+    return None if not missing else "tma_rows needs " + ", ".join(missing)
+
+
+def _tma_row_descriptors(k_codes: torch.Tensor, v_codes: torch.Tensor) -> tuple:
+    """TMA_ROWS' tensor descriptors: each cache's codes as [rows, 24] int16 (every (sequence, kv
+    head)'s rows in turn), [64, 32] blocks (the box's columns 24-31 fall outside: zero-filled)."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from .wavelet_attention_gluon import TMA_ROWS_LAYOUT
+
+    def rows(codes: torch.Tensor):
+        view = codes.view(torch.int16).view(-1, codes.shape[-1] // 2)
+        return TensorDescriptor.from_tensor(view, [64, 32], TMA_ROWS_LAYOUT)
+
+    return rows(k_codes), rows(v_codes)
 
 
 def cta_splits_reason(
@@ -3329,6 +3370,8 @@ def wavelet_attention_triton(
             config = replace(config, cta_splits=0)
         else:
             compressed_parts = -(-num_splits // config.cta_splits)
+    if use_v3 and config.tma_rows and tma_rows_reason(layout, k_codes, v_codes):
+        config = replace(config, tma_rows=False)  # (the same step, its rows by loads and copies)
     n_parts = compressed_parts + exact_programs
     device = q.device
     if use_v3 or use_v2:

@@ -49,10 +49,12 @@ try:  # Gluon ships with Triton >= 3.5; without it v3 is simply unavailable
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
+    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
     # Triton 3.6 names the cp.async copy async_copy_global_to_shared; 3.9 renamed it async_load
     # (the old name raises there)
     _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
+    _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared  # (the same)
     # the CTA barrier: thread_barrier on Triton 3.6, barrier on 3.9 (both bar.sync)
     _cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
     HAS_GLUON = True
@@ -95,6 +97,13 @@ if HAS_GLUON:
         # KEY_WORD_PAIRS: [tokens, 8] int32 words of the 4-bit band, two adjacent words a lane
         # (lane (g, t): words 2t, 2t + 1 of rows g, g + 8, ...), so each pair is one 8-byte load
         _KEY_PAIRS = gl.constexpr(gl.BlockedLayout([1, 2], [8, 4], [1, 1], [1, 0]))
+        # TMA_ROWS: a step's 64 code rows of one cache, copied by TMA as a [64, 32] int16 box
+        # (columns 24-31 outside the [tokens, 24] view: zeros) in 64-byte rows whose 16-byte
+        # chunks are swizzled so that ldmatrix's 8 rows hit 8 bank groups; and half of an A
+        # operand's columns (lane (g, t): columns 2t, 2t + 1 of rows g + 8i), for the 2-bit band
+        TMA_ROWS_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=16, rank=2)
+        _TMA_ROWS = gl.constexpr(TMA_ROWS_LAYOUT)
+        _HALF_A = gl.constexpr(gl.BlockedLayout([1, 2], [8, 4], [1, 1], [1, 0]))
         # TRANSFORM_IN_SPLIT, QUERY_IN_SPLIT: [row tiles, 32 lanes, 4 words] of a matrix in MMA
         # fragment order, a lane's 4 words of a tile contiguous (one 16-byte load)
         _T_WORDS = gl.constexpr(gl.BlockedLayout([1, 1, 4], [1, 32, 1], [1, 1, 1], [2, 1, 0]))
@@ -882,6 +891,42 @@ if HAS_GLUON:
         return q0, q1, q2, q3, q4, q5, q6, q7, qc0, qc1
 
     @gluon.jit
+    def _repeat_halves(x, DIM: gl.constexpr):
+        """TMA_ROWS: the 2-bit band's 8 elements x ([tokens, 8] for keys, DIM 1; [8, tokens] for
+        values, DIM 0) in _HALF_A -> its operand [tokens, 16] / [16, tokens] in _A, the 8 repeated
+        along DIM as the cp.async tiles hold them; assert_trivial proves no data moves."""
+        both = gl.join(x, x)
+        if DIM == 1:
+            both = gl.reshape(gl.permute(both, [0, 2, 1]), [x.shape[0], 16])
+        else:
+            both = gl.reshape(gl.permute(both, [2, 0, 1]), [16, x.shape[1]])
+        return gl.convert_layout(both, _A, assert_trivial=True)
+
+    @gluon.jit
+    def _issue_rows_tma(k_desc, v_desc, krows, vrows, bars, stage, k_row, v_row, pred):
+        """TMA_ROWS: the caches' 64 code rows from flat rows k_row / v_row into stage `stage` of
+        the row rings, completing on bars[stage] (pred False: nothing is issued)."""
+        bar = bars.index(stage)
+        # the boxes' bytes: TMA writes (and counts) the zero-filled columns 24-31 too
+        mbarrier.expect(bar, 2 * 64 * 32 * 2, pred=pred)
+        _tma_load(k_desc, [k_row, 0], bar, krows.index(stage), pred=pred)
+        _tma_load(v_desc, [v_row, 0], bar, vrows.index(stage), pred=pred)
+
+    @gluon.jit
+    def _tma_operands(krows, vrows, bars, stage, phase):
+        """TMA_ROWS: wait for stage `stage`'s copy (its `phase`-th completion), then its key
+        operands raw4 / raw2 [tokens, 16] and value operands r4 / r2 [16, tokens] in _A, from
+        ldmatrix reads of the bands' slices."""
+        mbarrier.wait(bars.index(stage), phase)
+        ktile = krows.index(stage)
+        vtile = vrows.index(stage)
+        raw4 = ktile.slice(0, 16, dim=1).load(_A)
+        raw2 = _repeat_halves(ktile.slice(16, 8, dim=1).load(_HALF_A), 1)
+        r4 = vtile.slice(0, 16, dim=1).permute([1, 0]).load(_A)
+        r2 = _repeat_halves(vtile.slice(16, 8, dim=1).permute([1, 0]).load(_HALF_A), 0)
+        return raw4, raw2, r4, r2
+
+    @gluon.jit
     def _masked_steps(
         rest,
         query,
@@ -903,20 +948,33 @@ if HAS_GLUON:
         PACKED_P_SCALING: gl.constexpr = False,
         BAND_COLUMNS: gl.constexpr = False,
         select=None,
+        TMA_ROWS: gl.constexpr = False,
+        tma_rows=None,
     ):
         """split_kernel_v3's steps after its full ones (rest: the ring, the caches, the range
         full_hi .. hi, the rows' limits, the token index vectors and the ones operand): tokens
         clamped to the range (loads stay in bounds), scores masked per row, one stage in flight.
+        TMA_ROWS: the code rows by TMA instead, tma_rows = (the two descriptors, the row rings,
+        their barriers, the flat row of token 0 in each cache, the ring's next copy number); rows
+        past the range are read unclamped (the scores mask them; past the view TMA fills zeros).
         Returns the updated softmax state."""
         ring, kcodes, vcodes, kscales, vscales, full_hi, hi, row_hi, vt, st, kt, mt, ones = rest
         q0, q1, q2, q3, q4, q5, q6, q7, qc0, qc1 = query
         BLOCK_N: gl.constexpr = ones.shape[1]
         last = hi - 1
         for start in range(full_hi, hi, BLOCK_N):
-            tok = gl.minimum(start + vt, last)
-            _issue_stage(
-                ring, 0, kcodes, vcodes, tok, CODE_ROW, E4, E2, KEYS_VIA_SMEM, CACHE_TILES, ROW_COPIES
-            )
+            if TMA_ROWS:
+                k_desc, v_desc, krows, vrows, bars, k_row0, v_row0, g0 = tma_rows
+                RING: gl.constexpr = krows.shape[0]
+                g = g0 + (start - full_hi) // BLOCK_N  # this copy's number in the ring
+                _issue_rows_tma(
+                    k_desc, v_desc, krows, vrows, bars, g % RING, k_row0 + start, v_row0 + start, True
+                )
+            else:
+                tok = gl.minimum(start + vt, last)
+                _issue_stage(
+                    ring, 0, kcodes, vcodes, tok, CODE_ROW, E4, E2, KEYS_VIA_SMEM, CACHE_TILES, ROW_COPIES
+                )
             k0, k1 = _split_scales(_load_scale_pairs(kscales, gl.minimum(start + st, last), SCALE_ROW))
             if BAND_COLUMNS:
                 words = _load_scale_words(vscales, gl.minimum(start + st, last), SCALE_ROW)
@@ -928,16 +986,19 @@ if HAS_GLUON:
                     w0, w1 = _split_value_scales(w_pair)
                 else:
                     w0, w1 = _split_scales(w_pair)
-            k4t, k2t, v4t, v2t = _stage_tiles(ring, 0, ROW_COPIES)
-            if KEYS_VIA_SMEM:
-                async_copy.wait_group(0)
-                raw4 = k4t.load(_A)
-                raw2 = k2t.load(_A)
+            if TMA_ROWS:
+                raw4, raw2, v4t, v2t = _tma_operands(krows, vrows, bars, g % RING, (g // RING) & 1)
             else:
-                raw4, raw2 = _load_keys(
-                    kcodes, gl.minimum(start + kt, last), CODE_ROW, E4, E2, False, KEY_WORD_PAIRS
-                )
-                async_copy.wait_group(0)
+                k4t, k2t, v4t, v2t = _stage_tiles(ring, 0, ROW_COPIES)
+                if KEYS_VIA_SMEM:
+                    async_copy.wait_group(0)
+                    raw4 = k4t.load(_A)
+                    raw2 = k2t.load(_A)
+                else:
+                    raw4, raw2 = _load_keys(
+                        kcodes, gl.minimum(start + kt, last), CODE_ROW, E4, E2, False, KEY_WORD_PAIRS
+                    )
+                    async_copy.wait_group(0)
             s = _scores(
                 raw4, raw2, k0, k1, q0, q1, q2, q3, q4, q5, q6, q7, qc0, qc1, BLOCK_N, SCORE_OFFSET_IN_MMA
             )
@@ -957,6 +1018,7 @@ if HAS_GLUON:
                 VALUE_SUBNORMALS,
                 PACKED_P_SCALING,
                 BAND_COLUMNS,
+                TMA_ROWS,
             )
         return state
 
@@ -1014,6 +1076,10 @@ if HAS_GLUON:
         split_den,
         # PHASE_CLOCKS: int64 [programs * num_splits, PHASE_SLOTS] globaltimer stamps (see _stamp)
         clock_ptr,
+        # TMA_ROWS: tensor descriptors of the key and value codes viewed as [rows, 24] int16
+        # (every (sequence, kv head)'s rows in turn), [64, 32] blocks in _TMA_ROWS (else unread)
+        k_rows_desc,
+        v_rows_desc,
         CODE_ROW: gl.constexpr,  # int16 elements per code row (token stride)
         SCALE_ROW: gl.constexpr,  # fp16 scales per row (token stride)
         E4: gl.constexpr,  # first int16 element of the 4-bit band
@@ -1071,6 +1137,10 @@ if HAS_GLUON:
         # grid (programs, num_splits) instead of (num_splits, programs): blocks go out split by
         # split, so a plan's short last splits come after every long one (SplitPlan.split_major)
         SPLIT_MAJOR: gl.constexpr = False,
+        # each step's code rows by one TMA copy a cache into STAGES-deep rings, the bands read by
+        # ldmatrix (LaunchConfig.tma_rows; benchmarks/spike_tma_step.py); needs the default
+        # codec's 48-byte rows, STAGES >= 2 and the keys from there (not KEYS_AHEAD)
+        TMA_ROWS: gl.constexpr = False,
         # each lane's two 4-bit-band key words by one 8-byte load (the plan's key slots ordered
         # for it: _plan_v3(key_word_pairs=True)); keys from global memory only
         KEY_WORD_PAIRS: gl.constexpr = False,
@@ -1219,7 +1289,36 @@ if HAS_GLUON:
             vt = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, _TOKEN_ROWS))
         mt = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, _MMA))
         # the ring of code tiles: stage i holds step i's key and value tiles
-        if ROW_COPIES:
+        if TMA_ROWS:
+            gl.static_assert(
+                STAGES >= 2 and not KEYS_AHEAD and not KEYS_VIA_SMEM and not ROW_COPIES,
+                "TMA_ROWS: a ring of STAGES >= 2 row tiles, the keys read from it",
+            )
+            gl.static_assert(
+                CODE_ROW == 24 and E4 == 0 and E2 == 16 and not KEY_WORD_PAIRS and not BAND_COLUMNS,
+                "TMA_ROWS reads the default codec's rows: the 4-bit band's 16 elements, the 2-bit band's 8",
+            )
+            gl.static_assert(
+                not COUNTED_STEPS
+                and LOADS_BEFORE_WAIT == 0
+                and not PREFETCH_VALUE_ROWS
+                and not FILL_VALUE_ROWS_L2,
+                "TMA_ROWS: no COUNTED_STEPS, LOADS_BEFORE_WAIT, PREFETCH_VALUE_ROWS or FILL_VALUE_ROWS_L2",
+            )
+            krows_t = gl.allocate_shared_memory(gl.int16, [STAGES, BLOCK_N, 32], _TMA_ROWS)
+            vrows_t = gl.allocate_shared_memory(gl.int16, [STAGES, BLOCK_N, 32], _TMA_ROWS)
+            bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+            for i in gl.static_range(STAGES):
+                mbarrier.init(bars.index(i), count=1)
+            # the flat rows of this (sequence, kv head)'s token 0 in the [rows, 24] views
+            k_row0 = ((batch.to(gl.int64) * kc_stride_b + kv_head * kc_stride_h) // (2 * CODE_ROW)).to(
+                gl.int32
+            )
+            v_row0 = ((batch.to(gl.int64) * vc_stride_b + kv_head * vc_stride_h) // (2 * CODE_ROW)).to(
+                gl.int32
+            )
+            ring = (krows_t, krows_t, vrows_t, vrows_t)  # (unread: the cp.async ring's place)
+        elif ROW_COPIES:
             krows = gl.allocate_shared_memory(gl.int16, [STAGES, BLOCK_N, 32], _ROW_TILE)
             vrows = gl.allocate_shared_memory(gl.int16, [STAGES, BLOCK_N, 32], _ROW_TILE)
             ring = (krows, krows, vrows, vrows)
@@ -1246,19 +1345,33 @@ if HAS_GLUON:
             last_full = full_hi - BLOCK_N
             for i in gl.static_range(STAGES - 1):
                 ahead = gl.minimum(lo + i * BLOCK_N, last_full)  # past the end: a harmless repeat
-                _issue_stage(
-                    ring,
-                    i,
-                    kcodes,
-                    vcodes,
-                    ahead + vt,
-                    CODE_ROW,
-                    E4,
-                    E2,
-                    KEYS_VIA_SMEM,
-                    CACHE_TILES,
-                    ROW_COPIES,
-                )
+                if TMA_ROWS:  # copy number i; none past the full steps (each copy is waited for)
+                    first = lo + i * BLOCK_N
+                    _issue_rows_tma(
+                        k_rows_desc,
+                        v_rows_desc,
+                        krows_t,
+                        vrows_t,
+                        bars,
+                        i,
+                        k_row0 + first,
+                        v_row0 + first,
+                        first <= last_full,
+                    )
+                else:
+                    _issue_stage(
+                        ring,
+                        i,
+                        kcodes,
+                        vcodes,
+                        ahead + vt,
+                        CODE_ROW,
+                        E4,
+                        E2,
+                        KEYS_VIA_SMEM,
+                        CACHE_TILES,
+                        ROW_COPIES,
+                    )
             k_pair = _load_scale_pairs(kscales, lo + st, SCALE_ROW)
             if BAND_COLUMNS:
                 v_pair = _load_scale_words(vscales, lo + st, SCALE_ROW)
@@ -1299,22 +1412,36 @@ if HAS_GLUON:
                     step = (start - lo) // BLOCK_N
                 ahead = gl.minimum(start + (STAGES - 1) * BLOCK_N, last_full)
                 slot = (step + STAGES - 1) % STAGES  # the stage the previous step read
-                k_base, ahead_tok = _step_rows(kcodes, ahead, vt, CODE_ROW, STEP_ROW_BASE)
-                v_base, _ = _step_rows(vcodes, ahead, vt, CODE_ROW, STEP_ROW_BASE)
-                _issue_stage(
-                    ring,
-                    slot,
-                    k_base,
-                    v_base,
-                    ahead_tok,
-                    CODE_ROW,
-                    E4,
-                    E2,
-                    KEYS_VIA_SMEM,
-                    CACHE_TILES,
-                    ROW_COPIES,
-                    STEP_ROW_BASE,
-                )
+                if TMA_ROWS:  # (its ldmatrix results fed that step's MMAs: read, so free)
+                    first = start + (STAGES - 1) * BLOCK_N
+                    _issue_rows_tma(
+                        k_rows_desc,
+                        v_rows_desc,
+                        krows_t,
+                        vrows_t,
+                        bars,
+                        slot,
+                        k_row0 + first,
+                        v_row0 + first,
+                        first <= last_full,
+                    )
+                else:
+                    k_base, ahead_tok = _step_rows(kcodes, ahead, vt, CODE_ROW, STEP_ROW_BASE)
+                    v_base, _ = _step_rows(vcodes, ahead, vt, CODE_ROW, STEP_ROW_BASE)
+                    _issue_stage(
+                        ring,
+                        slot,
+                        k_base,
+                        v_base,
+                        ahead_tok,
+                        CODE_ROW,
+                        E4,
+                        E2,
+                        KEYS_VIA_SMEM,
+                        CACHE_TILES,
+                        ROW_COPIES,
+                        STEP_ROW_BASE,
+                    )
                 k0, k1 = _split_scales(k_pair)
                 if BAND_COLUMNS:
                     w0 = gl.convert_layout(v_pair, gl.SliceLayout(1, _B))
@@ -1343,7 +1470,9 @@ if HAS_GLUON:
                     v_pair = _load_scale_pairs(vscales, nxt + sv, SCALE_ROW)
                 cur = step % STAGES
                 k4t, k2t, v4t, v2t = _stage_tiles(ring, cur, ROW_COPIES)
-                if KEYS_VIA_SMEM:
+                if TMA_ROWS:  # copy number `step` (v4t / v2t: the value operands in registers)
+                    raw4, raw2, v4t, v2t = _tma_operands(krows_t, vrows_t, bars, cur, (step // STAGES) & 1)
+                elif KEYS_VIA_SMEM:
                     async_copy.wait_group(STAGES - 1)  # this step's group has landed
                     raw4 = k4t.load(_A)
                     raw2 = k2t.load(_A)
@@ -1372,7 +1501,7 @@ if HAS_GLUON:
                     next4, next2 = _load_key_words(
                         k_rows, k_tok, CODE_ROW, E4, E2, STEP_ROW_BASE, KEY_LOADS_L2_256B, KEY_WORD_PAIRS
                     )
-                if not KEYS_VIA_SMEM:
+                if not KEYS_VIA_SMEM and not TMA_ROWS:
                     async_copy.wait_group(STAGES - 1)
                 state = _accumulate_values(
                     s,
@@ -1389,6 +1518,7 @@ if HAS_GLUON:
                     VALUE_SUBNORMALS,
                     PACKED_P_SCALING,
                     BAND_COLUMNS,
+                    TMA_ROWS,
                 )
                 if PHASE_CLOCKS:  # after the step's last value MMA
                     _stamp(stamps, 2 + gl.minimum(step, 3), gl.max(gl.max(state[8], axis=1), axis=0))
@@ -1402,6 +1532,10 @@ if HAS_GLUON:
                 gl.store(m_ptr + slot, sink.to(gl.float32), mask=never)
         # ---- the rest: tokens clamped to the range (loads stay in bounds), scores masked per row
         rest = (ring, kcodes, vcodes, kscales, vscales, full_hi, hi, row_hi, vt, st, kt, mt, ones)
+        tma_rows = None
+        if TMA_ROWS:  # the full steps' copies were numbered 0 .. their count - 1
+            n_full = (full_hi - lo) // BLOCK_N
+            tma_rows = (k_rows_desc, v_rows_desc, krows_t, vrows_t, bars, k_row0, v_row0, n_full)
         if hi > full_hi:
             if LOADS_BEFORE_WAIT > 0:  # (a program with full steps has waited already: at once)
                 if PDL:
@@ -1430,6 +1564,8 @@ if HAS_GLUON:
                 PACKED_P_SCALING,
                 BAND_COLUMNS,
                 select,
+                TMA_ROWS,
+                tma_rows,
             )
         # ---- partials in the reduce's format
         m_i, a0, a1, a2, a3, a4, a5, a6, a7, l_acc, wsa, wsb = state

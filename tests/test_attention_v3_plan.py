@@ -193,6 +193,67 @@ def test_query_in_split_needs_the_query_read_after_the_wait():
         K.LaunchConfig(kernel="v3", query_in_split=True, loads_before_pdl_wait=1)
 
 
+TMA_ROWS_CONFIG = dict(kernel="v3", tma_rows=True, num_stages=2, keys_ahead=False, key_word_pairs=False)
+
+
+@pytest.mark.parametrize(
+    "clash, named",
+    [
+        (dict(num_stages=1), "num_stages >= 2"),
+        (dict(keys_ahead=True), "keys_ahead"),
+        (dict(key_word_pairs=True), "key_word_pairs"),
+        (dict(band_columns=True, convert_p_once=True), "band_columns"),
+        (dict(loads_before_pdl_wait=1), "loads_before_pdl_wait=0"),
+    ],
+)
+def test_tma_rows_config_names_what_it_cannot_take(clash, named):
+    # tma_rows reads the keys and values from a ring of TMA copies: a config that also asks for the
+    # keys a step ahead in registers, one stage, or another row layout is refused by name
+    K.LaunchConfig(**TMA_ROWS_CONFIG)  # the valid one
+    with pytest.raises(ValueError, match="tma_rows reads the keys and values from a ring") as err:
+        K.LaunchConfig(**{**TMA_ROWS_CONFIG, **clash})
+    assert named in str(err.value)
+    with pytest.raises(ValueError, match="v3 option"):
+        K.LaunchConfig(**{**TMA_ROWS_CONFIG, "kernel": "v1"})
+
+
+def test_tma_rows_reason_names_what_the_caches_lack():
+    # tma_rows runs only on the default codec's 48-byte rows in contiguous CUDA codes on sm_90+;
+    # the launch then runs the same step without it (wavelet_attention_triton)
+    from wmoe_compile.codec import get_codec
+    from wmoe_compile.ops import attention as ops
+
+    layout = ops.compressed_layout(get_codec("default", 128).spec, 128)
+    assert layout.n_code_bytes == 48
+    codes = torch.zeros(2, 2, 64, 48, dtype=torch.uint8)
+    reason = K.tma_rows_reason(layout, codes, codes)
+    assert reason is not None and "sm_90" in reason  # (a CPU tensor)
+    other = ops.compressed_layout(
+        get_codec("default;bands=1/2:4:uniform:mse,1/2:4:uniform:mse", 128).spec, 128
+    )
+    wide = torch.zeros(2, 2, 64, other.n_code_bytes, dtype=torch.uint8)
+    assert "48-byte code rows" in K.tma_rows_reason(other, wide, wide)
+    strided = torch.zeros(2, 2, 64, 96, dtype=torch.uint8)[..., :48]
+    assert "contiguous" in K.tma_rows_reason(layout, strided, strided)
+
+
+def test_fast_launch_keys_a_tensor_descriptor_by_its_block_and_layout():
+    # TMA_ROWS passes host tensor descriptors: the compiled kernel depends on their dtype, block
+    # shape and layout, not on their shape or strides (runtime), and the key must be hashable
+    from wmoe_compile.kernels import fast_launch
+
+    class Descriptor:  # the attributes fast_launch reads, as Gluon's TensorDescriptor has them
+        def __init__(self, rows: int, block: list) -> None:
+            self.base = torch.zeros(rows, 24, dtype=torch.int16)
+            self.block_shape = block
+            self.layout = "NVMMASharedLayout(swizzle_byte_width=64)"
+
+    key = fast_launch.argument_key((Descriptor(64, [64, 32]), 3))
+    hash(key)
+    assert key == fast_launch.argument_key((Descriptor(128, [64, 32]), 3))
+    assert key != fast_launch.argument_key((Descriptor(64, [32, 32]), 3))
+
+
 def _unpack_fragment_words(words: torch.Tensor) -> torch.Tensor:
     """The [H, M, K] fp32 matrix that fragment_words' [H, K / 16, M / 16, 32, 4] words hold, read the
     way the kernel's A fragments read them (lane 4g + t, word w of a tile: rows g + 8 (w % 2),
@@ -777,6 +838,30 @@ def test_band_warps_spike_compiles_for_sm90(tmp_path):
     assert "STACK:0" in out, out
     assert int(re.search(r"(\d+)\s+HMMA", out).group(1)) == 40, out  # 16 key, 16 value, 8 sums
     assert int(re.search(r"(\d+)\s+MOVM", out).group(1)) == 16, out  # p and p * scale
+
+
+def test_tma_rows_split_kernel_compiles_without_spills_and_leaves_the_tuned_kernel(tmp_path):
+    # LaunchConfig.tma_rows in the split kernel (prepared in the thirty-seventh session, not yet run
+    # on a GPU): offline its loop takes 2 TMA copies and no cp.async or global code loads, no
+    # spill at the 168-register cap, 706 instructions against the tuned 728 (Triton 3.6)
+    import re
+
+    tma = ("--tma-rows", "--stages", "2", "--without", "keys_ahead", "--without", "key_word_pairs")
+    out = _run_sm90_tool("sass_attention_v3.py", tmp_path, "--tuned", "--pdl", *tma)
+    assert int(re.search(r"loop spill instructions: (\d+)", out).group(1)) == 0, out
+    assert int(re.search(r"full-step loop: (\d+) instructions", out).group(1)) <= 720, out
+    import importlib.util
+    import pathlib
+
+    tool = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "sass_attention_v3.py"
+    spec = importlib.util.spec_from_file_location("sass_attention_v3", tool)
+    sass_tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sass_tool)
+    loop = sass_tool.loop_instructions((tmp_path / "split_kernel_v3.sass").read_text())
+    ops = [i.split()[1] if i.startswith("@") else i.split()[0] for i in loop]
+    assert sum(o.startswith("UTMALDG") for o in ops) == 2, ops
+    assert not any(o.startswith("LDGSTS") for o in ops), ops
+    assert sum(o.startswith("LDSM") for o in ops) >= 8, ops
 
 
 def test_tma_rows_spike_copies_a_step_in_one_tma_copy_and_reads_bands_by_ldmatrix(tmp_path):

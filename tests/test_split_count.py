@@ -32,6 +32,9 @@ KEYS_VIA_SMEM = dict(keys_via_smem=True, keys_ahead=False, key_loads_l2_256b=Fal
         ({"kernel": "v1", "num_warps": 2, **dict.fromkeys(C.V3_ONLY_OPTIONS, False)}, 6),
         # v3's cp.async ring: 4 stages x 8 KB (value and key tiles) + 1 KB a program, in 228 KB
         ({"num_stages": 4, **KEYS_VIA_SMEM}, 6),
+        # tma_rows: both caches' [64, 32] int16 row tiles a stage, 8 KB: 3 stages + 1 KB in 228 KB
+        ({"num_stages": 3, "tma_rows": True, "keys_ahead": False, "key_word_pairs": False}, 9),
+        ({"num_stages": 2, "tma_rows": True, "keys_ahead": False, "key_word_pairs": False}, 12),
         ({"maxnreg": None, "whole_waves": False}, None),  # no cap: the register count is unknown
     ],
 )

@@ -795,6 +795,48 @@ def test_gpu_v3_split_major_grid_changes_no_result(small, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize(
+    "spec,group,tq",
+    [
+        (UNIFORM_REAL, 4, 1),  # decode
+        (UNIFORM_REAL, 1, 3),  # speculative decode: causal rows
+        ("default;window=0;sinks=0", 4, 2),  # causal rows inside the compressed range: masked steps
+    ],
+)
+@pytest.mark.parametrize("stages", [2, 3])
+def test_gpu_v3_tma_rows_change_no_result(spec, group, tq, stages, monkeypatch):
+    # tma_rows reads each step's code rows by TMA copies instead of loads and cp.async copies: the
+    # same int16 elements reach the same MMA fragments, and the masked steps' rows past the range
+    # (read unclamped) get p = 0, so the output is bit-identical to the same config without it,
+    # for ragged lengths (1, off the step), empty splits (70) and every stage of the ring
+    tuned = K.TUNED_CONFIGS[(128, 4, "affine")]
+    plain = dataclasses.replace(tuned, num_stages=stages, keys_ahead=False, key_word_pairs=False)
+    config = dataclasses.replace(plain, tma_rows=True)
+    seq_lens = [4096, tq, 1000, 2049, 133]
+    codec, args = make_case(spec, 5, 2, group, tq, 128, seq_lens, 4096, torch.bfloat16, "cuda", "full")
+    assert K.tma_rows_reason(ops.compressed_layout(codec.spec, 128), args[1], args[3]) is None
+    used = []
+    launch = K.launch
+
+    def spy(kernel, grid, *rest, **options):
+        if "split_kernel_v3" in str(getattr(kernel, "fn", kernel)):
+            used.append(options.get("TMA_ROWS", False))
+        return launch(kernel, grid, *rest, **options)
+
+    monkeypatch.setattr(K, "launch", spy)
+    want = dense_reference(codec, args, 128**-0.5)
+    for splits in (1, 7, 70):
+        expected = _run_triton(args, codec, 128**-0.5, config=plain, num_splits=splits)
+        got = _run_triton(args, codec, 128**-0.5, config=config, num_splits=splits)
+        assert torch.equal(got, expected), splits
+        assert not got.isnan().any() and rel_err(got, want) <= 1e-2, splits
+        assert used[-2:] == [False, True], used
+    # captured in a CUDA graph (the descriptors' tensor maps are launch parameters)
+    _replay_with_fresh_inputs(args, codec, config=config, num_splits=7)
+    assert not K._V3_FAILURE, K._V3_FAILURE
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("channel", ["scale", "full"])
 @pytest.mark.parametrize(
     "batch, hkv, seq_lens, capacity",
