@@ -2985,6 +2985,12 @@ def _phase_clock_buffer(config: LaunchConfig, programs: int, device: torch.devic
     return buffer
 
 
+def _cache_operands(k_codes, k_scales, v_codes, v_scales) -> tuple:
+    """The split kernels' cache arguments: each of the four tensors with its sequence and kv-head
+    strides."""
+    return tuple(x for t in (k_codes, k_scales, v_codes, v_scales) for x in (t, t.stride(0), t.stride(1)))
+
+
 def _launch_v3(
     q: torch.Tensor,
     common_exact: tuple,
@@ -3046,23 +3052,8 @@ def _launch_v3(
         query_args = (qw, 0, 0, 0, plan2.slot_coef, 0, plan2.v_step, plan2.v_step, 1.0)
     # what both split kernels take alike: the cache, each operand with its sequence and kv-head
     # strides, the lengths, the value slots' step and shift, and the cache rows' geometry
-    cache_args = (
-        k_codes,
-        k_codes.stride(0),
-        k_codes.stride(1),
-        k_scales,
-        k_scales.stride(0),
-        k_scales.stride(1),
-        v_codes,
-        v_codes.stride(0),
-        v_codes.stride(1),
-        v_scales,
-        v_scales.stride(0),
-        v_scales.stride(1),
-        seq_lens,
-        plan2.v_step,
-        plan2.v_shift,
-    )
+    cache = _cache_operands(k_codes, k_scales, v_codes, v_scales)
+    cache_args = (*cache, seq_lens, plan2.v_step, plan2.v_shift)
     cache_constants = dict(
         CODE_ROW=k_codes.stride(2) // 2,
         E4=layout.band_byte_offsets[0] // 2,
@@ -3576,18 +3567,7 @@ def wavelet_attention_triton(
             q.stride(0),
             q.stride(1),
             q.stride(2),
-            k_codes,
-            k_codes.stride(0),
-            k_codes.stride(1),
-            k_scales,
-            k_scales.stride(0),
-            k_scales.stride(1),
-            v_codes,
-            v_codes.stride(0),
-            v_codes.stride(1),
-            v_scales,
-            v_scales.stride(0),
-            v_scales.stride(1),
+            *_cache_operands(k_codes, k_scales, v_codes, v_scales),
             *common_exact,
             plan2.v_step,
             plan2.v_shift,
@@ -3634,18 +3614,7 @@ def wavelet_attention_triton(
             q.stride(0),
             q.stride(1),
             q.stride(2),
-            k_codes,
-            k_codes.stride(0),
-            k_codes.stride(1),
-            k_scales,
-            k_scales.stride(0),
-            k_scales.stride(1),
-            v_codes,
-            v_codes.stride(0),
-            v_codes.stride(1),
-            v_scales,
-            v_scales.stride(0),
-            v_scales.stride(1),
+            *_cache_operands(k_codes, k_scales, v_codes, v_scales),
             *common_exact,
             plan.lut,
             plan.col_step,

@@ -903,9 +903,11 @@ if HAS_GLUON:
         return gl.convert_layout(both, _A, assert_trivial=True)
 
     @gluon.jit
-    def _issue_rows_tma(k_desc, v_desc, krows, vrows, bars, stage, k_row, v_row, pred):
+    def _issue_rows_tma(tma_ring, stage, k_row, v_row, pred):
         """TMA_ROWS: the caches' 64 code rows from flat rows k_row / v_row into stage `stage` of
-        the row rings, completing on bars[stage] (pred False: nothing is issued)."""
+        the row rings, completing on its barrier (pred False: nothing is issued). tma_ring: the two
+        descriptors, the two row rings and their barriers."""
+        k_desc, v_desc, krows, vrows, bars = tma_ring
         bar = bars.index(stage)
         # the boxes' bytes: TMA writes (and counts) the zero-filled columns 24-31 too
         mbarrier.expect(bar, 2 * 64 * 32 * 2, pred=pred)
@@ -913,10 +915,11 @@ if HAS_GLUON:
         _tma_load(v_desc, [v_row, 0], bar, vrows.index(stage), pred=pred)
 
     @gluon.jit
-    def _tma_operands(krows, vrows, bars, stage, phase):
+    def _tma_operands(tma_ring, stage, phase):
         """TMA_ROWS: wait for stage `stage`'s copy (its `phase`-th completion), then its key
         operands raw4 / raw2 [tokens, 16] and value operands r4 / r2 [16, tokens] in _A, from
         ldmatrix reads of the bands' slices."""
+        _, _, krows, vrows, bars = tma_ring
         mbarrier.wait(bars.index(stage), phase)
         ktile = krows.index(stage)
         vtile = vrows.index(stage)
@@ -954,9 +957,9 @@ if HAS_GLUON:
         """split_kernel_v3's steps after its full ones (rest: the ring, the caches, the range
         full_hi .. hi, the rows' limits, the token index vectors and the ones operand): tokens
         clamped to the range (loads stay in bounds), scores masked per row, one stage in flight.
-        TMA_ROWS: the code rows by TMA instead, tma_rows = (the two descriptors, the row rings,
-        their barriers, the flat row of token 0 in each cache, the ring's next copy number); rows
-        past the range are read unclamped (the scores mask them; past the view TMA fills zeros).
+        TMA_ROWS: the code rows by TMA instead, tma_rows = (the ring of _issue_rows_tma, the flat
+        row of token 0 in each cache, the ring's next copy number); rows past the range are read
+        unclamped (the scores mask them; past the view TMA fills zeros).
         Returns the updated softmax state."""
         ring, kcodes, vcodes, kscales, vscales, full_hi, hi, row_hi, vt, st, kt, mt, ones = rest
         q0, q1, q2, q3, q4, q5, q6, q7, qc0, qc1 = query
@@ -964,12 +967,10 @@ if HAS_GLUON:
         last = hi - 1
         for start in range(full_hi, hi, BLOCK_N):
             if TMA_ROWS:
-                k_desc, v_desc, krows, vrows, bars, k_row0, v_row0, g0 = tma_rows
-                RING: gl.constexpr = krows.shape[0]
+                tma_ring, k_row0, v_row0, g0 = tma_rows
+                RING: gl.constexpr = tma_ring[2].shape[0]
                 g = g0 + (start - full_hi) // BLOCK_N  # this copy's number in the ring
-                _issue_rows_tma(
-                    k_desc, v_desc, krows, vrows, bars, g % RING, k_row0 + start, v_row0 + start, True
-                )
+                _issue_rows_tma(tma_ring, g % RING, k_row0 + start, v_row0 + start, True)
             else:
                 tok = gl.minimum(start + vt, last)
                 _issue_stage(
@@ -987,7 +988,7 @@ if HAS_GLUON:
                 else:
                     w0, w1 = _split_scales(w_pair)
             if TMA_ROWS:
-                raw4, raw2, v4t, v2t = _tma_operands(krows, vrows, bars, g % RING, (g // RING) & 1)
+                raw4, raw2, v4t, v2t = _tma_operands(tma_ring, g % RING, (g // RING) & 1)
             else:
                 k4t, k2t, v4t, v2t = _stage_tiles(ring, 0, ROW_COPIES)
                 if KEYS_VIA_SMEM:
@@ -1318,6 +1319,7 @@ if HAS_GLUON:
                 gl.int32
             )
             ring = (krows_t, krows_t, vrows_t, vrows_t)  # (unread: the cp.async ring's place)
+            tma_ring = (k_rows_desc, v_rows_desc, krows_t, vrows_t, bars)
         elif ROW_COPIES:
             krows = gl.allocate_shared_memory(gl.int16, [STAGES, BLOCK_N, 32], _ROW_TILE)
             vrows = gl.allocate_shared_memory(gl.int16, [STAGES, BLOCK_N, 32], _ROW_TILE)
@@ -1347,17 +1349,7 @@ if HAS_GLUON:
                 ahead = gl.minimum(lo + i * BLOCK_N, last_full)  # past the end: a harmless repeat
                 if TMA_ROWS:  # copy number i; none past the full steps (each copy is waited for)
                     first = lo + i * BLOCK_N
-                    _issue_rows_tma(
-                        k_rows_desc,
-                        v_rows_desc,
-                        krows_t,
-                        vrows_t,
-                        bars,
-                        i,
-                        k_row0 + first,
-                        v_row0 + first,
-                        first <= last_full,
-                    )
+                    _issue_rows_tma(tma_ring, i, k_row0 + first, v_row0 + first, first <= last_full)
                 else:
                     _issue_stage(
                         ring,
@@ -1414,17 +1406,7 @@ if HAS_GLUON:
                 slot = (step + STAGES - 1) % STAGES  # the stage the previous step read
                 if TMA_ROWS:  # (its ldmatrix results fed that step's MMAs: read, so free)
                     first = start + (STAGES - 1) * BLOCK_N
-                    _issue_rows_tma(
-                        k_rows_desc,
-                        v_rows_desc,
-                        krows_t,
-                        vrows_t,
-                        bars,
-                        slot,
-                        k_row0 + first,
-                        v_row0 + first,
-                        first <= last_full,
-                    )
+                    _issue_rows_tma(tma_ring, slot, k_row0 + first, v_row0 + first, first <= last_full)
                 else:
                     k_base, ahead_tok = _step_rows(kcodes, ahead, vt, CODE_ROW, STEP_ROW_BASE)
                     v_base, _ = _step_rows(vcodes, ahead, vt, CODE_ROW, STEP_ROW_BASE)
@@ -1471,7 +1453,7 @@ if HAS_GLUON:
                 cur = step % STAGES
                 k4t, k2t, v4t, v2t = _stage_tiles(ring, cur, ROW_COPIES)
                 if TMA_ROWS:  # copy number `step` (v4t / v2t: the value operands in registers)
-                    raw4, raw2, v4t, v2t = _tma_operands(krows_t, vrows_t, bars, cur, (step // STAGES) & 1)
+                    raw4, raw2, v4t, v2t = _tma_operands(tma_ring, cur, (step // STAGES) & 1)
                 elif KEYS_VIA_SMEM:
                     async_copy.wait_group(STAGES - 1)  # this step's group has landed
                     raw4 = k4t.load(_A)
@@ -1535,7 +1517,7 @@ if HAS_GLUON:
         tma_rows = None
         if TMA_ROWS:  # the full steps' copies were numbered 0 .. their count - 1
             n_full = (full_hi - lo) // BLOCK_N
-            tma_rows = (k_rows_desc, v_rows_desc, krows_t, vrows_t, bars, k_row0, v_row0, n_full)
+            tma_rows = (tma_ring, k_row0, v_row0, n_full)
         if hi > full_hi:
             if LOADS_BEFORE_WAIT > 0:  # (a program with full steps has waited already: at once)
                 if PDL:
