@@ -88,7 +88,7 @@
 #                                                 # breakdown (Nsight Compute)
 set -u
 case "${1:-}" in
-tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce | exact_remainder | key_word_pairs | clocks | zero_padding_p | value_subnormals | value_subnormals_sustained | band_columns | value_scales_staged | counted_steps | transform_in_split | one_sequence_merge | query_in_split | one_wave | merge_pass | final26 | small_bench | exact_tail_prologue | prologue_tiles | two_wave_tail | one_sequence_l2 | phases | one_sequence_28 | split_major_grid | tma_spike) ;;
+tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce | exact_remainder | key_word_pairs | clocks | zero_padding_p | value_subnormals | value_subnormals_sustained | band_columns | value_scales_staged | counted_steps | transform_in_split | one_sequence_merge | query_in_split | one_wave | merge_pass | final26 | small_bench | exact_tail_prologue | prologue_tiles | two_wave_tail | one_sequence_l2 | phases | one_sequence_28 | split_major_grid | tma_spike | l2_compare) ;;
 grid | timeline | sustained)
     if [ ! -f "${2:-}" ]; then
         echo "$1 needs a JSON file of LaunchConfig dicts (e.g. benchmarks/probe_one_block_step.json), got '${2:-}'" >&2
@@ -96,7 +96,7 @@ grid | timeline | sustained)
     fi
     ;;
 *)
-    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|reduce|remainder|small_reduce|exact_remainder|key_word_pairs|clocks|zero_padding_p|value_subnormals|value_subnormals_sustained|band_columns|value_scales_staged|counted_steps|transform_in_split|one_sequence_merge|query_in_split|one_wave|merge_pass|final26|small_bench|exact_tail_prologue|prologue_tiles|two_wave_tail|one_sequence_l2|phases|one_sequence_28|split_major_grid|tma_spike|grid FILE.json|timeline FILE.json|sustained FILE.json|stalls [tuned|keys_in_step]" >&2
+    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|reduce|remainder|small_reduce|exact_remainder|key_word_pairs|clocks|zero_padding_p|value_subnormals|value_subnormals_sustained|band_columns|value_scales_staged|counted_steps|transform_in_split|one_sequence_merge|query_in_split|one_wave|merge_pass|final26|small_bench|exact_tail_prologue|prologue_tiles|two_wave_tail|one_sequence_l2|phases|one_sequence_28|split_major_grid|tma_spike|l2_compare|grid FILE.json|timeline FILE.json|sustained FILE.json|stalls [tuned|keys_in_step]" >&2
     exit 2
     ;;
 esac
@@ -387,6 +387,37 @@ print(json.dumps([dataclasses.asdict(K.TUNED_CONFIGS[(128, 4, 'affine')])]))" > 
     attention_tests "tma_rows"
     run 420 python3 -P benchmarks/probe_attention.py grid --configs benchmarks/probe_tma_rows.json \
         --shapes "8,131072;32,32768;8,32768" --out "$OUT/tma_rows" | grep -v "^\["
+    ;;
+l2_compare)
+    # thirty-seventh session, prepared: Nsight Compute put the tuned split kernel at (8, 131072) at
+    # 79% of DRAM's peak and 88.5% of L2's (L1 hits 38.7%); the same counters for bf16 SDPA's
+    # kernel at the same shape say how much of L2's load is the decode stream itself (SDPA reads
+    # 4.3 GB at about 4.6 TB/s) and how much our small requests add
+    config=$(python3 -c "import dataclasses, json
+from wmoe_compile.kernels import wavelet_attention as K
+print(json.dumps(dataclasses.asdict(K.TUNED_CONFIGS[(128, 4, 'affine')])))")
+    metrics=lts__t_sectors.sum,lts__t_sectors_srcunit_tex.sum,lts__t_requests_srcunit_tex.sum
+    metrics=$metrics,dram__bytes_read.sum,l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum
+    metrics=$metrics,l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum,sm__inst_executed.sum
+    sections=(--section SpeedOfLight --section MemoryWorkloadAnalysis_Tables --print-details all)
+    run 300 ncu --clock-control none -k regex:split_kernel_v3 --launch-skip 1 --launch-count 1 \
+        "${sections[@]}" --metrics "$metrics" \
+        python3 -P benchmarks/probe_attention.py once --shape 8,131072 --config "$config" |
+        grep -E "lts__|dram__|l1tex__|sm__inst|Duration|Throughput|L2:|DRAM:|L1:"
+    cat > "$OUT/sdpa_once.py" <<'PY'
+import torch
+import torch.nn.functional as F
+
+q = torch.randn(8, 32, 1, 128, device="cuda", dtype=torch.bfloat16)
+k = torch.randn(8, 8, 131072, 128, device="cuda", dtype=torch.bfloat16)
+v = torch.randn_like(k)
+for _ in range(3):
+    F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+torch.cuda.synchronize()
+PY
+    run 300 ncu --clock-control none -k regex:"flash|fmha|attention|sdpa|cutlass" --launch-skip 1 \
+        --launch-count 1 "${sections[@]}" --metrics "$metrics" python3 -P "$OUT/sdpa_once.py" |
+        grep -E "lts__|dram__|l1tex__|sm__inst|Duration|Throughput|L2:|DRAM:|L1:"
     ;;
 one_sequence_l2)
     # twenty-seventh session: at one sequence each of the split kernel's 1,024 programs reads 32 KB
