@@ -39,15 +39,17 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon._runtime import GluonASTSource
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+from wmoe_compile.kernels import wavelet_attention_gluon as v3
 
-_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared  # (3.9's name)
+_tma_load = v3._tma_load  # (async_copy_global_to_shared on Triton 3.6, async_load on 3.9)
 
-_MMA = gl.constexpr(gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 1], instr_shape=[16, 8]))
-_A = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=_MMA.value, k_width=2))
-_B = gl.constexpr(gl.DotOperandLayout(operand_index=1, parent=_MMA.value, k_width=2))
-_BAND2 = gl.constexpr(gl.BlockedLayout([1, 2], [8, 4], [1, 1], [1, 0]))  # [64, 8]: the 2-bit band
-# the tile: 64-byte rows, 16-byte chunks XOR-swizzled by row so that ldmatrix's 8 rows hit 8 bank groups
-_ROWS = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=16, rank=2))
+# the split kernel's layouts: MMA operands, half an A operand's columns (the 2-bit band's 8
+# elements), and the row tile (64-byte rows, 16-byte chunks XOR-swizzled so that ldmatrix's 8
+# rows hit 8 bank groups)
+_A = v3._A
+_B = v3._B
+_BAND2 = v3._HALF_A
+_ROWS = v3._TMA_ROWS
 STEP = 64  # tokens a step
 ROW = 24  # int16 elements a code row (48 bytes)
 READS = {"keys": 0, "values": 1, "band2": 2}  # what the program reads back from the tile

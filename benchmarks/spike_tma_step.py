@@ -14,7 +14,8 @@ The step's arithmetic is v3's (`_scores`, `_accumulate_values`, the tuned option
 subnormals, packed p scaling, the value scales in the B layout). What differs:
 - keys: the 4-bit band's [64, 16] A operand by ldmatrix from the tile; the 2-bit band's 8
   elements by ldmatrix into half of the A layout, repeated into columns 8-15 in registers
-  (`_repeat_halves`: a join and a reshape that move no data);
+  (the split kernel's `_repeat_halves`: a join and a reshape that move no data; the copies and
+  reads are its TMA_ROWS helpers `_issue_rows_tma` and `_tma_operands`);
 - values: the same from the tile transposed (tokens on K), rows 8-15 repeating rows 0-7;
 - STAGES tiles of each cache in flight (one mbarrier a stage); Triton puts a MEMBAR.CTA and a
   proxy fence before each TMA issue;
@@ -38,34 +39,9 @@ from triton.experimental.gluon._runtime import GluonASTSource
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 from wmoe_compile.kernels import wavelet_attention_gluon as v3
 
-_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared  # (3.9's name)
 _A = v3._A
 _B = v3._B
 _MMA = v3._MMA
-_HALF = gl.constexpr(gl.BlockedLayout([1, 2], [8, 4], [1, 1], [1, 0]))  # half an A operand's columns
-_ROWS = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=16, rank=2))
-
-
-@gluon.jit
-def _repeat_halves(x, DIM: gl.constexpr):
-    """x [64, 8] (DIM 1: keys, tokens on M) or [8, 64] (DIM 0: values, elements on M) int16 in
-    _HALF -> [64, 16] / [16, 64] in _A with the 8 repeated along DIM (the 2-bit band's operand
-    layout); assert_trivial proves it moves no data."""
-    both = gl.join(x, x)  # [.., .., 2]
-    if DIM == 1:
-        both = gl.reshape(gl.permute(both, [0, 2, 1]), [64, 16])
-    else:
-        both = gl.reshape(gl.permute(both, [2, 0, 1]), [16, 64])
-    return gl.convert_layout(both, _A, assert_trivial=True)
-
-
-@gluon.jit
-def _issue(k_desc, v_desc, krows, vrows, bars, stage, first):
-    """One stage: both caches' 64 rows from token `first`, completing on bars[stage]."""
-    bar = bars.index(stage)
-    mbarrier.expect(bar, 2 * 64 * 32 * 2)  # the boxes' bytes: the zero-filled columns count too
-    _tma_load(k_desc, [first, 0], bar, krows.index(stage))
-    _tma_load(v_desc, [first, 0], bar, vrows.index(stage))
 
 
 @gluon.jit
@@ -87,13 +63,14 @@ def tma_step_kernel(
     ks_ptr += base * 2
     vs_ptr += base * 2
     out_ptr += pid * 12 * 128
-    k_desc = tma.make_tensor_descriptor(kc_ptr, [n_tokens, 24], [24, 1], [64, 32], _ROWS)
-    v_desc = tma.make_tensor_descriptor(vc_ptr, [n_tokens, 24], [24, 1], [64, 32], _ROWS)
-    krows = gl.allocate_shared_memory(gl.int16, [STAGES, 64, 32], _ROWS)
-    vrows = gl.allocate_shared_memory(gl.int16, [STAGES, 64, 32], _ROWS)
+    k_desc = tma.make_tensor_descriptor(kc_ptr, [n_tokens, 24], [24, 1], [64, 32], v3._TMA_ROWS)
+    v_desc = tma.make_tensor_descriptor(vc_ptr, [n_tokens, 24], [24, 1], [64, 32], v3._TMA_ROWS)
+    krows = gl.allocate_shared_memory(gl.int16, [STAGES, 64, 32], v3._TMA_ROWS)
+    vrows = gl.allocate_shared_memory(gl.int16, [STAGES, 64, 32], v3._TMA_ROWS)
     bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(bars.index(i), count=1)
+    ring = (k_desc, v_desc, krows, vrows, bars)  # (the split kernel's TMA_ROWS helpers take it)
     q0, q1, q2, q3, q4, q5, q6, q7, qc0, qc1 = v3._load_query(qw_ptr, qc_ptr, 0, 4, 4)
     ones = gl.full([16, BLOCK_N], 1.0, gl.float16, layout=_A)
     st = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, v3._SCALE_PAIRS))
@@ -102,29 +79,23 @@ def tma_step_kernel(
     state = (m0,) + (acc0,) * 11
     last = (n_steps - 1) * BLOCK_N
     for i in gl.static_range(STAGES - 1):
-        _issue(k_desc, v_desc, krows, vrows, bars, i, base + gl.minimum(i * BLOCK_N, last))
+        first = base + gl.minimum(i * BLOCK_N, last)
+        v3._issue_rows_tma(ring, i, first, first, True)
     k_pair = v3._load_scale_pairs(ks_ptr, st, 2)
     v_pair = v3._load_scale_pairs(vs_ptr, st, 2)
     for step in range(n_steps):
         start = step * BLOCK_N
         # refill the stage the previous step read: its ldmatrix results were consumed by that
         # step's MMAs, and Triton puts a proxy fence before every TMA issue
-        ahead = gl.minimum(start + (STAGES - 1) * BLOCK_N, last)
-        _issue(k_desc, v_desc, krows, vrows, bars, (step + STAGES - 1) % STAGES, base + ahead)
+        ahead = base + gl.minimum(start + (STAGES - 1) * BLOCK_N, last)
+        v3._issue_rows_tma(ring, (step + STAGES - 1) % STAGES, ahead, ahead, True)
         k0, k1 = v3._split_scales(k_pair)
         w0, w1 = v3._split_value_scales(v_pair)
         nxt = gl.minimum(start + BLOCK_N, last)
         k_pair = v3._load_scale_pairs(ks_ptr, nxt + st, 2)
         v_pair = v3._load_scale_pairs(vs_ptr, nxt + st, 2)
-        cur = step % STAGES
-        mbarrier.wait(bars.index(cur), (step // STAGES) & 1)
-        ktile = krows.index(cur)
-        vtile = vrows.index(cur)
-        raw4 = ktile.slice(0, 16, dim=1).load(_A)
-        raw2 = _repeat_halves(ktile.slice(16, 8, dim=1).load(_HALF), 1)
+        raw4, raw2, r4, r2 = v3._tma_operands(ring, step % STAGES, (step // STAGES) & 1)
         s = v3._scores(raw4, raw2, k0, k1, q0, q1, q2, q3, q4, q5, q6, q7, qc0, qc1, BLOCK_N, True)
-        r4 = vtile.slice(0, 16, dim=1).permute([1, 0]).load(_A)
-        r2 = _repeat_halves(vtile.slice(16, 8, dim=1).permute([1, 0]).load(_HALF), 0)
         state = v3._accumulate_values(
             s, state, w0, w1, r4, r2, ones, False, True, True, True, True, True, False, True
         )
