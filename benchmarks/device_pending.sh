@@ -86,9 +86,14 @@
 #                                                 # where the v3 split kernel's warps wait, per SASS
 #                                                 # instruction, plus the memory-throughput
 #                                                 # breakdown (Nsight Compute)
+#   bash benchmarks/device_pending.sh tma_rows    # LaunchConfig.tma_rows (and tma_rows_unfenced):
+#                                                 # GPU tests, then the grid against the tuned config
+#   bash benchmarks/device_pending.sh tma_spike   # the TMA spikes checked, their step loop timed
+#                                                 # beside the tuned split kernel
+#   bash benchmarks/device_pending.sh l2_compare  # L2 / L1 counters, tuned kernel against SDPA
 set -u
 case "${1:-}" in
-tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce | exact_remainder | key_word_pairs | clocks | zero_padding_p | value_subnormals | value_subnormals_sustained | band_columns | value_scales_staged | counted_steps | transform_in_split | one_sequence_merge | query_in_split | one_wave | merge_pass | final26 | small_bench | exact_tail_prologue | prologue_tiles | two_wave_tail | one_sequence_l2 | phases | one_sequence_28 | split_major_grid | tma_spike | l2_compare) ;;
+tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce | exact_remainder | key_word_pairs | clocks | zero_padding_p | value_subnormals | value_subnormals_sustained | band_columns | value_scales_staged | counted_steps | transform_in_split | one_sequence_merge | query_in_split | one_wave | merge_pass | final26 | small_bench | exact_tail_prologue | prologue_tiles | two_wave_tail | one_sequence_l2 | phases | one_sequence_28 | split_major_grid | tma_spike | tma_rows | l2_compare) ;;
 grid | timeline | sustained)
     if [ ! -f "${2:-}" ]; then
         echo "$1 needs a JSON file of LaunchConfig dicts (e.g. benchmarks/probe_one_block_step.json), got '${2:-}'" >&2
@@ -96,7 +101,7 @@ grid | timeline | sustained)
     fi
     ;;
 *)
-    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|reduce|remainder|small_reduce|exact_remainder|key_word_pairs|clocks|zero_padding_p|value_subnormals|value_subnormals_sustained|band_columns|value_scales_staged|counted_steps|transform_in_split|one_sequence_merge|query_in_split|one_wave|merge_pass|final26|small_bench|exact_tail_prologue|prologue_tiles|two_wave_tail|one_sequence_l2|phases|one_sequence_28|split_major_grid|tma_spike|l2_compare|grid FILE.json|timeline FILE.json|sustained FILE.json|stalls [tuned|keys_in_step]" >&2
+    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|reduce|remainder|small_reduce|exact_remainder|key_word_pairs|clocks|zero_padding_p|value_subnormals|value_subnormals_sustained|band_columns|value_scales_staged|counted_steps|transform_in_split|one_sequence_merge|query_in_split|one_wave|merge_pass|final26|small_bench|exact_tail_prologue|prologue_tiles|two_wave_tail|one_sequence_l2|phases|one_sequence_28|split_major_grid|tma_spike|tma_rows|l2_compare|grid FILE.json|timeline FILE.json|sustained FILE.json|stalls [tuned|keys_in_step]" >&2
     exit 2
     ;;
 esac
@@ -382,10 +387,14 @@ from wmoe_compile.kernels import wavelet_attention as K
 print(json.dumps([dataclasses.asdict(K.TUNED_CONFIGS[(128, 4, 'affine')])]))" > "$OUT/tuned.json"
     run 300 python3 -P benchmarks/probe_attention.py kernels --configs "$OUT/tuned.json" --shapes "8,131072" |
         sed -E 's/\{[^}]*\}/tuned/'
-    # then the split kernel with LaunchConfig.tma_rows (prepared the same session): its GPU tests
-    # (bit-identical to the same config without it), and a grid against the tuned config
+    ;;
+tma_rows)
+    # the split kernel with LaunchConfig.tma_rows (prepared in the thirty-seventh session): its GPU
+    # tests (bit-identical to the same config without it, with and without tma_rows_unfenced,
+    # thirty-eighth session), and a grid against the tuned config: [tuned, tma_rows at 2 stages,
+    # the same unfenced, 3 stages, unfenced] x 3 rounds
     attention_tests "tma_rows"
-    run 420 python3 -P benchmarks/probe_attention.py grid --configs benchmarks/probe_tma_rows.json \
+    run 330 python3 -P benchmarks/probe_attention.py grid --configs benchmarks/probe_tma_rows.json \
         --shapes "8,131072;32,32768;8,32768" --out "$OUT/tma_rows" | grep -v "^\["
     ;;
 l2_compare)

@@ -145,6 +145,7 @@ def compile_v3(args: argparse.Namespace) -> tuple[str, str, int, str]:
         QUERY_IN_SPLIT=args.query_in_split,
         PHASE_CLOCKS=args.phase_clocks,
         TMA_ROWS=args.tma_rows,
+        TMA_ROWS_UNFENCED=args.tma_rows_unfenced,
     )
     options = dict(num_warps=1, **({"maxnreg": args.maxnreg} if args.maxnreg else {}))
     kernel = compile_sm90(fn, constexprs, options)
@@ -273,6 +274,9 @@ def main() -> None:
         "--key-word-pairs", action="store_true", help="a lane's two 4-bit key words by one 8-byte load"
     )
     p.add_argument("--tma-rows", action="store_true", help="code rows by TMA copies (needs --stages >= 2)")
+    p.add_argument(
+        "--tma-rows-unfenced", action="store_true", help="with --tma-rows: no proxy fence before the copies"
+    )
     p.add_argument("--zero-padding-p", action="store_true", help="p = 0 in the MMAs' padding rows")
     p.add_argument(
         "--band-columns", action="store_true", help="the MMAs' columns 4-7 serve the 2-bit band (GQA 4)"
@@ -340,7 +344,7 @@ def main() -> None:
         apply_tuned(args)
     args.stages = 1 if args.stages is None else args.stages
     args.maxnreg = 168 if args.maxnreg is None else args.maxnreg
-    if args.value_copies_l2_256b or args.plain_loads_l2_256b:
+    if args.value_copies_l2_256b or args.plain_loads_l2_256b or args.tma_rows_unfenced:
         from wmoe_compile.kernels import ptx_patches
 
         ptx_patches.install()  # as the launcher does before a marked kernel compiles

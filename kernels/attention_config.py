@@ -210,6 +210,13 @@ class LaunchConfig:
     # key_word_pairs off, the default codec's 48-byte rows and contiguous codes (else the launch
     # runs without it: wavelet_attention.tma_rows_reason). Prepared, not yet run on a GPU
     tma_rows: bool = False
+    # with tma_rows: the loops' TMA copies issued without the proxy fence Triton puts before each
+    # (fence.proxy.async: MEMBAR.ALL.CTA, which waits for the warp's memory operations in flight,
+    # the scale loads among them, then FENCE.VIEW.ASYNC.S), by a PTX patch (kernels/ptx_patches.py).
+    # The stage a copy overwrites was last read by ldmatrix whose results the previous step's MMAs
+    # consumed, so those reads are complete when the copy issues; CUTLASS's TMA pipelines release a
+    # stage without the fence too. Offline 704 loop instructions against 706 (thirty-eighth session)
+    tma_rows_unfenced: bool = False
     # v3: this many consecutive equal splits of one (sequence, kv head) in one CTA, a warp each,
     # sharing the query's transform and the epilogue's T and merging their partials into one
     # (kernels/wavelet_attention_cta.py; 0: one split a program). It implements the small-launch
@@ -453,6 +460,11 @@ class LaunchConfig:
                     f"{self.loads_before_pdl_wait}), cta_splits=0 (got {self.cta_splits}) and none of "
                     f"{clashes} on"
                 )
+        if self.tma_rows_unfenced and not self.tma_rows:
+            raise ValueError(
+                "LaunchConfig.tma_rows_unfenced drops the proxy fences before tma_rows' TMA copies: it "
+                "needs tma_rows=True"
+            )
         extras = ("zero_padding_p", "value_subnormals", "counted_steps")
         extras += ("transform_in_split", "query_in_split", "phase_clocks", "split_major_grid", "tma_rows")
         for name in ("prefetch_value_rows", "fill_value_rows_l2", *extras, *hints):
@@ -836,6 +848,7 @@ V3_ONLY_OPTIONS = (
     "phase_clocks",
     "split_major_grid",
     "tma_rows",
+    "tma_rows_unfenced",
     "prefetch_value_rows",
     "fill_value_rows_l2",
     "value_copies_l2_256b",

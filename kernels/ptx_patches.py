@@ -34,6 +34,12 @@ PATCHES: dict[str, tuple[re.Pattern, str]] = {
     # every CTA barrier Triton emits becomes a warp barrier: for a kernel whose warps share nothing
     # but what it exchanges behind named barriers of its own (kernels/wavelet_attention_cta.py)
     "warp_barriers": (re.compile(r"\bbar\.sync\s+0;"), "bar.warp.sync -1;"),
+    # every generic-to-async proxy fence goes (the whole line): for a kernel whose only async-proxy
+    # writes are TMA copies into ring stages last read by ldmatrix, whose results the kernel had
+    # consumed before it issues the copy, so the reads are complete, as in CUTLASS's TMA pipelines,
+    # which release a stage without a proxy fence. Triton puts one before each copy it cannot prove
+    # free of such a read (fence.proxy.async: MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S in the SASS)
+    "no_async_proxy_fences": (re.compile(r"^[ \t]*fence\.proxy\.async\.shared::cta;[ \t]*\n", re.M), ""),
     # plain global loads (no cache or eviction qualifier yet) ask the same
     "ld_global_l2_256b": (
         re.compile(r"\bld\.global\.((?:v[248]\.)?[bfsu](?:8|16|32|64))(?=\s)"),

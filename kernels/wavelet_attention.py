@@ -3023,7 +3023,7 @@ def _launch_v3(
     dims' num_splits when None)."""
     qw, qc, m_part, l_part, acc_part = parts
     hkv, group, tq, n_row_blocks, num_splits, n_qc, block_m, d, programs, qk_scale, n_parts, _ = dims
-    if config.value_copies_l2_256b or config.plain_loads_l2_256b:
+    if config.value_copies_l2_256b or config.plain_loads_l2_256b or config.tma_rows_unfenced:
         from . import ptx_patches
 
         ptx_patches.install()  # before the marked kernel compiles
@@ -3164,6 +3164,7 @@ def _launch_v3(
             **({"LOADS_BEFORE_WAIT": config.loads_before_pdl_wait} if config.loads_before_pdl_wait else {}),
             **({"SPLIT_MAJOR": True} if split_major else {}),
             **({"TMA_ROWS": True} if config.tma_rows else {}),
+            **({"TMA_ROWS_UNFENCED": True} if config.tma_rows_unfenced else {}),
             num_warps=1,
             **split_options,
             **_dependent(_pdl(config, k_codes.device)),
@@ -3362,7 +3363,8 @@ def wavelet_attention_triton(
         else:
             compressed_parts = -(-num_splits // config.cta_splits)
     if use_v3 and config.tma_rows and tma_rows_reason(layout, k_codes, v_codes):
-        config = replace(config, tma_rows=False)  # (the same step, its rows by loads and copies)
+        # (the same step, its rows by loads and copies)
+        config = replace(config, tma_rows=False, tma_rows_unfenced=False)
     n_parts = compressed_parts + exact_programs
     device = q.device
     if use_v3 or use_v2:

@@ -131,6 +131,7 @@ if HAS_GLUON:
         # markers that have the kernel's PTX patched (kernels/ptx_patches.py)
         _MARK_COPIES_L2_256B = gl.constexpr(ptx_patches.marker_asm("cp_async_l2_256b"))
         _MARK_LOADS_L2_256B = gl.constexpr(ptx_patches.marker_asm("ld_global_l2_256b"))
+        _MARK_NO_PROXY_FENCES = gl.constexpr(ptx_patches.marker_asm("no_async_proxy_fences"))
     except Exception as exc:  # noqa: BLE001 - a Gluon whose layout API differs: no v3
         HAS_GLUON = False
         GLUON_IMPORT_ERROR = f"Gluon layouts: {type(exc).__name__}: {exc}"
@@ -1142,6 +1143,9 @@ if HAS_GLUON:
         # ldmatrix (LaunchConfig.tma_rows; benchmarks/spike_tma_step.py); needs the default
         # codec's 48-byte rows, STAGES >= 2 and the keys from there (not KEYS_AHEAD)
         TMA_ROWS: gl.constexpr = False,
+        # with TMA_ROWS: the kernel's proxy fences (one before each loop's copies) removed from its
+        # PTX (kernels/ptx_patches.py; LaunchConfig.tma_rows_unfenced says why that is safe here)
+        TMA_ROWS_UNFENCED: gl.constexpr = False,
         # each lane's two 4-bit-band key words by one 8-byte load (the plan's key slots ordered
         # for it: _plan_v3(key_word_pairs=True)); keys from global memory only
         KEY_WORD_PAIRS: gl.constexpr = False,
@@ -1195,6 +1199,9 @@ if HAS_GLUON:
             gl.inline_asm_elementwise(_MARK_COPIES_L2_256B, "=r", [], dtype=gl.int32, is_pure=False, pack=1)
         if PLAIN_LOADS_L2_256B:
             gl.inline_asm_elementwise(_MARK_LOADS_L2_256B, "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+        if TMA_ROWS_UNFENCED:
+            gl.static_assert(TMA_ROWS, "TMA_ROWS_UNFENCED removes the fences before TMA_ROWS' copies")
+            gl.inline_asm_elementwise(_MARK_NO_PROXY_FENCES, "=r", [], dtype=gl.int32, is_pure=False, pack=1)
         if SPLIT_MAJOR:
             pid = gl.program_id(0)
             split = gl.program_id(1)

@@ -862,6 +862,26 @@ def test_tma_rows_split_kernel_compiles_without_spills_and_leaves_the_tuned_kern
     assert sum(o.startswith("UTMALDG") for o in ops) == 2, ops
     assert not any(o.startswith("LDGSTS") for o in ops), ops
     assert sum(o.startswith("LDSM") for o in ops) >= 8, ops
+    # Triton fences each loop's copies (fence.proxy.async: MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S);
+    # tma_rows_unfenced patches them out of the PTX (thirty-eighth session: 704 loop instructions)
+    assert ops.count("MEMBAR.ALL.CTA") == 1 and ops.count("FENCE.VIEW.ASYNC.S") == 1, ops
+    unfenced = tmp_path / "unfenced"
+    out = _run_sm90_tool("sass_attention_v3.py", unfenced, "--tuned", "--pdl", *tma, "--tma-rows-unfenced")
+    assert int(re.search(r"loop spill instructions: (\d+)", out).group(1)) == 0, out
+    loop = sass_tool.loop_instructions((unfenced / "split_kernel_v3.sass").read_text())
+    ops_unfenced = [i.split()[1] if i.startswith("@") else i.split()[0] for i in loop]
+    assert not any(o.startswith(("MEMBAR", "FENCE")) for o in ops_unfenced), ops_unfenced
+    assert len(ops_unfenced) < len(ops) and sum(o.startswith("UTMALDG") for o in ops_unfenced) == 2
+    kernel_sass = (unfenced / "split_kernel_v3.sass").read_text()
+    assert "MEMBAR" not in kernel_sass  # (the masked steps' copies too)
+
+
+def test_tma_rows_unfenced_needs_tma_rows():
+    K.LaunchConfig(**TMA_ROWS_CONFIG, tma_rows_unfenced=True)
+    with pytest.raises(ValueError, match="tma_rows_unfenced drops the proxy fences.*needs tma_rows=True"):
+        K.LaunchConfig(kernel="v3", tma_rows_unfenced=True)
+    fallback = K.v1_fallback(K.LaunchConfig(**TMA_ROWS_CONFIG, tma_rows_unfenced=True))
+    assert not fallback.tma_rows and not fallback.tma_rows_unfenced
 
 
 def test_tma_rows_spike_copies_a_step_in_one_tma_copy_and_reads_bands_by_ldmatrix(tmp_path):

@@ -65,6 +65,29 @@ def test_cta_barriers_become_warp_barriers_named_ones_stay():
     assert got.count("bar.warp.sync") == 3  # (the one there already, unchanged)
 
 
+FENCES = """
+	mov.u32 %r1, 0; // wmoe-ptx-patch: no_async_proxy_fences
+	@%p16 mbarrier.arrive.expect_tx.shared.b64 _, [%r719], 8192;
+	fence.proxy.async.shared::cta;
+	bar.sync 	0;
+	cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%r1], [%rd1, {%r2}], [%r7];
+	fence.proxy.async.global;
+		fence.proxy.async.shared::cta;
+	mbarrier.try_wait.parity.shared.b64 complete, [%r729], %r730;
+"""
+
+
+def test_shared_proxy_fences_go_whole_lines_and_nothing_else():
+    # LaunchConfig.tma_rows_unfenced: the fences before the ring's TMA copies go, lines and all;
+    # the copy, its barrier and a fence of another state space stay
+    got = ptx_patches.patch_ptx(FENCES)
+    assert "fence.proxy.async.shared::cta" not in got
+    assert got.count("\n") == FENCES.count("\n") - 2
+    assert "fence.proxy.async.global;" in got
+    for kept in ("mbarrier.arrive.expect_tx", "bar.sync \t0;", "cp.async.bulk.tensor.2d", "try_wait"):
+        assert kept in got, kept
+
+
 def test_unmarked_ptx_comes_back_unchanged():
     unmarked = COPIES.replace("// wmoe-ptx-patch: cp_async_l2_256b", "")
     assert ptx_patches.patch_ptx(unmarked) == unmarked

@@ -804,23 +804,29 @@ def test_gpu_v3_split_major_grid_changes_no_result(small, monkeypatch):
     ],
 )
 @pytest.mark.parametrize("stages", [2, 3])
-def test_gpu_v3_tma_rows_change_no_result(spec, group, tq, stages, monkeypatch):
+@pytest.mark.parametrize("unfenced", [False, True])
+def test_gpu_v3_tma_rows_change_no_result(spec, group, tq, stages, unfenced, monkeypatch):
     # tma_rows reads each step's code rows by TMA copies instead of loads and cp.async copies: the
     # same int16 elements reach the same MMA fragments, and the masked steps' rows past the range
     # (read unclamped) get p = 0, so the output is bit-identical to the same config without it,
-    # for ragged lengths (1, off the step), empty splits (70) and every stage of the ring
+    # for ragged lengths (1, off the step), empty splits (70) and every stage of the ring; with
+    # tma_rows_unfenced too (were a copy to overwrite a stage before that stage's ldmatrix reads
+    # had returned, the result would differ)
     tuned = K.TUNED_CONFIGS[(128, 4, "affine")]
     plain = dataclasses.replace(tuned, num_stages=stages, keys_ahead=False, key_word_pairs=False)
-    config = dataclasses.replace(plain, tma_rows=True)
+    config = dataclasses.replace(plain, tma_rows=True, tma_rows_unfenced=unfenced)
     seq_lens = [4096, tq, 1000, 2049, 133]
     codec, args = make_case(spec, 5, 2, group, tq, 128, seq_lens, 4096, torch.bfloat16, "cuda", "full")
     assert K.tma_rows_reason(ops.compressed_layout(codec.spec, 128), args[1], args[3]) is None
-    used = []
+    used, ptx = [], []
     launch = K.launch
 
     def spy(kernel, grid, *rest, **options):
         if "split_kernel_v3" in str(getattr(kernel, "fn", kernel)):
             used.append(options.get("TMA_ROWS", False))
+            if options.get("TMA_ROWS_UNFENCED"):  # the same launch, its compiled kernel kept
+                ptx.append(kernel[grid](*rest, **options).asm["ptx"])
+                return None
         return launch(kernel, grid, *rest, **options)
 
     monkeypatch.setattr(K, "launch", spy)
@@ -831,6 +837,8 @@ def test_gpu_v3_tma_rows_change_no_result(spec, group, tq, stages, monkeypatch):
         assert torch.equal(got, expected), splits
         assert not got.isnan().any() and rel_err(got, want) <= 1e-2, splits
         assert used[-2:] == [False, True], used
+    if unfenced:  # the launcher installed the PTX patch before the kernel compiled
+        assert ptx and "no_async_proxy_fences" in ptx[-1] and "fence.proxy.async" not in ptx[-1]
     # captured in a CUDA graph (the descriptors' tensor maps are launch parameters)
     _replay_with_fresh_inputs(args, codec, config=config, num_splits=7)
     assert not K._V3_FAILURE, K._V3_FAILURE
