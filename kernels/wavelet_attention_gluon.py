@@ -1,6 +1,6 @@
 """The "v3" split kernel of wavelet decode attention, in Gluon (Triton's explicit-layout dialect).
 
-Same job as ``_split_kernel_v2`` in wavelet_attention.py (online softmax over one range of
+Same job as ``_split_kernel_v2`` in wavelet_attention_kernels.py (online softmax over one range of
 compressed tokens, coefficient-domain value sums, partials in the reduce's format), written with
 explicit layouts so each operand is built where the tensor cores want it:
 
@@ -33,17 +33,15 @@ compiles the kernel for sm_90 (so CI's Triton proves it still builds).
 from __future__ import annotations
 
 from . import ptx_patches
-from .wavelet_attention import (
-    _MODE_MAGIC,
-    _MODE_SUBNORMAL,
+from .attention_fields import (
     MAGIC_OFFSET,
-    PHASE_FULL_STEPS,
-    PHASE_SLOTS,
-    PHASE_SM,
+    MODE_MAGIC,
+    MODE_SUBNORMAL,
     SUBNORMAL_UNIT,
-    _field_asm,
-    field_layout,
+    field_asm,
+    field_centre,
 )
+from .wavelet_attention import PHASE_FULL_STEPS, PHASE_SLOTS, PHASE_SM
 
 try:  # Gluon ships with Triton >= 3.5; without it v3 is simply unavailable
     from triton.experimental import gluon
@@ -62,13 +60,6 @@ try:  # Gluon ships with Triton >= 3.5; without it v3 is simply unavailable
 except Exception as exc:  # noqa: BLE001 - any import failure means "no Gluon here"
     HAS_GLUON = False
     GLUON_IMPORT_ERROR = f"{type(exc).__name__}: {exc}"
-
-
-def field_centre(bits: int, field_index: int) -> float:
-    """1024 + mid of a magic value field at its fp16 position (what centring subtracts; the plan's
-    v_shift adds mid back, see _plan_v3)."""
-    _, pos = field_layout(bits, field_index)
-    return MAGIC_OFFSET + float(1 << (pos + bits - 1))
 
 
 if HAS_GLUON:
@@ -108,14 +99,14 @@ if HAS_GLUON:
         # fragment order, a lane's 4 words of a tile contiguous (one 16-byte load)
         _T_WORDS = gl.constexpr(gl.BlockedLayout([1, 1, 4], [1, 32, 1], [1, 1, 1], [2, 1, 0]))
         # field asm of the int16 code elements (magic: 1024 + field in place)
-        _F4_0, _F4_1, _F4_2, _F4_3 = (gl.constexpr(_field_asm(_MODE_MAGIC, 4, f)) for f in range(4))
+        _F4_0, _F4_1, _F4_2, _F4_3 = (gl.constexpr(field_asm(MODE_MAGIC, 4, f)) for f in range(4))
         _F2_0, _F2_1, _F2_2, _F2_3, _F2_4, _F2_5, _F2_6, _F2_7 = (
-            gl.constexpr(_field_asm(_MODE_MAGIC, 2, f)) for f in range(8)
+            gl.constexpr(field_asm(MODE_MAGIC, 2, f)) for f in range(8)
         )
         # VALUE_SUBNORMALS: the value fields as fp16 subnormals (field in place: field * 2**-24)
-        _S4_0, _S4_1, _S4_2, _S4_3 = (gl.constexpr(_field_asm(_MODE_SUBNORMAL, 4, f)) for f in range(4))
+        _S4_0, _S4_1, _S4_2, _S4_3 = (gl.constexpr(field_asm(MODE_SUBNORMAL, 4, f)) for f in range(4))
         _S2_0, _S2_1, _S2_2, _S2_3, _S2_4, _S2_5, _S2_6, _S2_7 = (
-            gl.constexpr(_field_asm(_MODE_SUBNORMAL, 2, f)) for f in range(8)
+            gl.constexpr(field_asm(MODE_SUBNORMAL, 2, f)) for f in range(8)
         )
         _INV_SUBNORMAL_UNIT = gl.constexpr(1.0 / SUBNORMAL_UNIT)
         MAGIC = gl.constexpr(MAGIC_OFFSET)

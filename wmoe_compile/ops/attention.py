@@ -14,7 +14,7 @@ The channel arguments carry the cache's channel parameters in any form wmoe::kv_
 the output once, and adds the value offset once (the exact copies are stored centred like the
 codes; key offsets shift every score of a query equally and drop out of the softmax).
 
-Backend: the fused Triton kernel (kernels/wavelet_attention.py) on CUDA tensors, the PyTorch
+Backend: the fused Triton kernels (launched by kernels/wavelet_attention.py) on CUDA tensors, the PyTorch
 reference elsewhere. A layout the kernel does not handle (head_dim outside 64/128/256, more than
 four power-of-two band chunks) falls back to the reference with a warning that says why.
 `set_backend("triton")` forces the kernel (on the CPU it then needs TRITON_INTERPRET=1; tests use
