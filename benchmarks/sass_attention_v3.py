@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
+import inspect
 import pathlib
 import re
 import subprocess
@@ -98,9 +99,31 @@ def load_to_use(loop: list[str]) -> list[int]:
     return distances
 
 
+def launch_config(args: argparse.Namespace):
+    """The LaunchConfig the flags describe (every flag named after a LaunchConfig field sets it), so
+    its validation refuses what the package would refuse, with the same message."""
+    from wmoe_compile.kernels.wavelet_attention import LaunchConfig
+
+    fields = {f.name for f in dataclasses.fields(LaunchConfig)} - {"pdl", "maxnreg"}
+    options = {name: value for name, value in vars(args).items() if name in fields}
+    try:
+        return LaunchConfig(
+            kernel="v3",
+            num_stages=args.stages,
+            cache_tiles=not args.no_cache_tiles,
+            convert_p_once=not args.no_convert_p_once,
+            **options,
+        )
+    except ValueError as exc:
+        raise SystemExit(f"these flags make no valid LaunchConfig: {exc}") from exc
+
+
 def compile_v3(args: argparse.Namespace) -> tuple[str, str, int, str]:
     """(ptxas resource line, SASS, shared bytes, PTX) of the kernel for the codec default's layout
-    (48-byte code rows, two scales per row, 4 sinks + 128-token window)."""
+    (48-byte code rows, two scales per row, 4 sinks + 128-token window), with the constexprs the
+    launcher derives from the same LaunchConfig (wavelet_attention.v3_option_constexprs)."""
+    from wmoe_compile.kernels.wavelet_attention import v3_option_constexprs
+
     fn = gluon_kernels.split_kernel_v3
     constexprs = dict(
         CODE_ROW=24,
@@ -113,39 +136,9 @@ def compile_v3(args: argparse.Namespace) -> tuple[str, str, int, str]:
         BLOCK_N=args.block_n,
         SINKS=4,
         WINDOW=128,
-        STAGES=args.stages,
-        KEYS_VIA_SMEM=args.keys_via_smem,
-        KEYS_AHEAD=args.keys_ahead,
-        CACHE_TILES=not args.no_cache_tiles,
-        P_ONCE=not args.no_convert_p_once,
-        LAZY_RESCALE=args.lazy_rescale,
         PDL=args.pdl,
         TRIGGER_DEPENDENTS=False,
-        COPY_LAYOUT_TOKENS=args.copy_layout_tokens,
-        VALUE_SCALES_IN_B=args.value_scales_in_b,
-        SCORE_OFFSET_IN_MMA=args.score_offset_in_mma,
-        P_MOVMATRIX=args.p_movmatrix,
-        STEP_ROW_BASE=args.step_row_base,
-        ROW_COPIES=args.row_copies,
-        KEY_LOADS_L2_256B=args.key_loads_l2_256b,
-        PREFETCH_VALUE_ROWS=args.prefetch_value_rows,
-        FILL_VALUE_ROWS_L2=args.fill_value_rows_l2,
-        VALUE_COPIES_L2_256B=args.value_copies_l2_256b,
-        PLAIN_LOADS_L2_256B=args.plain_loads_l2_256b,
-        LOADS_BEFORE_WAIT=args.loads_before_pdl_wait,
-        SPLIT_MAJOR=args.split_major,
-        KEY_WORD_PAIRS=args.key_word_pairs,
-        ZERO_PADDING_P=args.zero_padding_p,
-        VALUE_SUBNORMALS=args.value_subnormals,
-        PACKED_P_SCALING=args.packed_p_scaling,
-        BAND_COLUMNS=args.band_columns,
-        VALUE_SCALES_STAGED=args.value_scales_staged,
-        COUNTED_STEPS=args.counted_steps,
-        TRANSFORM_IN_SPLIT=args.transform_in_split,
-        QUERY_IN_SPLIT=args.query_in_split,
-        PHASE_CLOCKS=args.phase_clocks,
-        TMA_ROWS=args.tma_rows,
-        TMA_ROWS_UNFENCED=args.tma_rows_unfenced,
+        **v3_option_constexprs(launch_config(args), args.split_major),
     )
     options = dict(num_warps=1, **({"maxnreg": args.maxnreg} if args.maxnreg else {}))
     kernel = compile_sm90(fn, constexprs, options)
@@ -163,7 +156,12 @@ def compile_sm90(fn, constexprs: dict, options: dict):
     """A Gluon split kernel compiled for sm_90 with these constexprs, its other arguments typed as
     the launcher passes them (POINTER_TYPES, fp32 qk_scale, int32 the rest; with TMA_ROWS the row
     descriptors, else int32 pointers) and 16-byte aligned as the JIT specialises aligned tensors
-    and strides."""
+    and strides. Constexprs not given take their defaults, as in a launch."""
+    defaults = {p.name: p.default for p in fn.params if p.is_constexpr}
+    constexprs = {
+        **{name: value for name, value in defaults.items() if value is not inspect.Parameter.empty},
+        **constexprs,
+    }
     signature = {}
     for name in fn.arg_names:
         if name in constexprs:

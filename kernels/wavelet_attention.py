@@ -1488,38 +1488,8 @@ def _launch_v3(
             SCALE_ROW=k_scales.stride(2),
             BLOCK_M=block_m,
             N_QC=n_qc,
-            STAGES=config.num_stages,
-            KEYS_VIA_SMEM=config.keys_via_smem,
-            KEYS_AHEAD=config.keys_ahead,
-            CACHE_TILES=config.cache_tiles,
-            P_ONCE=config.convert_p_once,
-            LAZY_RESCALE=config.lazy_rescale,
-            COPY_LAYOUT_TOKENS=config.copy_layout_tokens,
-            VALUE_SCALES_IN_B=config.value_scales_in_b,
-            SCORE_OFFSET_IN_MMA=config.score_offset_in_mma,
-            P_MOVMATRIX=config.p_movmatrix,
-            STEP_ROW_BASE=config.step_row_base,
+            **v3_option_constexprs(config, split_major),
             TRIGGER_DEPENDENTS=chain,
-            ROW_COPIES=config.row_copies,
-            KEY_LOADS_L2_256B=config.key_loads_l2_256b,
-            KEY_WORD_PAIRS=config.key_word_pairs,
-            ZERO_PADDING_P=config.zero_padding_p,
-            VALUE_SUBNORMALS=config.value_subnormals,
-            PACKED_P_SCALING=config.packed_p_scaling,
-            BAND_COLUMNS=config.band_columns,
-            VALUE_SCALES_STAGED=config.value_scales_staged,
-            COUNTED_STEPS=config.counted_steps,
-            TRANSFORM_IN_SPLIT=config.transform_in_split,
-            QUERY_IN_SPLIT=config.query_in_split,
-            PHASE_CLOCKS=config.phase_clocks,
-            PREFETCH_VALUE_ROWS=config.prefetch_value_rows,
-            FILL_VALUE_ROWS_L2=config.fill_value_rows_l2,
-            VALUE_COPIES_L2_256B=config.value_copies_l2_256b,
-            PLAIN_LOADS_L2_256B=config.plain_loads_l2_256b,
-            **({"LOADS_BEFORE_WAIT": config.loads_before_pdl_wait} if config.loads_before_pdl_wait else {}),
-            **({"SPLIT_MAJOR": True} if split_major else {}),
-            **({"TMA_ROWS": True} if config.tma_rows else {}),
-            **({"TMA_ROWS_UNFENCED": True} if config.tma_rows_unfenced else {}),
             num_warps=1,
             **split_options,
             **_dependent(_pdl(config, k_codes.device)),
@@ -1529,6 +1499,46 @@ def _launch_v3(
     if side is not None and not config.exact_before_split:
         with torch.cuda.stream(side):
             _launch_exact(q, common_exact, parts, dims, layout, config, carveout=carveout)
+
+
+def v3_option_constexprs(config: LaunchConfig, split_major: bool) -> dict:
+    """split_kernel_v3's constexprs that follow from `config` (and the grid's order, split_major:
+    a remainder plan's or split_major_grid). The launch and benchmarks/sass_attention_v3.py both
+    take them from here, so the offline SASS is the launched kernel's. Options added late are
+    passed only when on, so the kernels launched without them keep their JIT keys."""
+    return dict(
+        STAGES=config.num_stages,
+        KEYS_VIA_SMEM=config.keys_via_smem,
+        KEYS_AHEAD=config.keys_ahead,
+        CACHE_TILES=config.cache_tiles,
+        P_ONCE=config.convert_p_once,
+        LAZY_RESCALE=config.lazy_rescale,
+        COPY_LAYOUT_TOKENS=config.copy_layout_tokens,
+        VALUE_SCALES_IN_B=config.value_scales_in_b,
+        SCORE_OFFSET_IN_MMA=config.score_offset_in_mma,
+        P_MOVMATRIX=config.p_movmatrix,
+        STEP_ROW_BASE=config.step_row_base,
+        ROW_COPIES=config.row_copies,
+        KEY_LOADS_L2_256B=config.key_loads_l2_256b,
+        KEY_WORD_PAIRS=config.key_word_pairs,
+        ZERO_PADDING_P=config.zero_padding_p,
+        VALUE_SUBNORMALS=config.value_subnormals,
+        PACKED_P_SCALING=config.packed_p_scaling,
+        BAND_COLUMNS=config.band_columns,
+        VALUE_SCALES_STAGED=config.value_scales_staged,
+        COUNTED_STEPS=config.counted_steps,
+        TRANSFORM_IN_SPLIT=config.transform_in_split,
+        QUERY_IN_SPLIT=config.query_in_split,
+        PHASE_CLOCKS=config.phase_clocks,
+        PREFETCH_VALUE_ROWS=config.prefetch_value_rows,
+        FILL_VALUE_ROWS_L2=config.fill_value_rows_l2,
+        VALUE_COPIES_L2_256B=config.value_copies_l2_256b,
+        PLAIN_LOADS_L2_256B=config.plain_loads_l2_256b,
+        **({"LOADS_BEFORE_WAIT": config.loads_before_pdl_wait} if config.loads_before_pdl_wait else {}),
+        **({"SPLIT_MAJOR": True} if split_major else {}),
+        **({"TMA_ROWS": True} if config.tma_rows else {}),
+        **({"TMA_ROWS_UNFENCED": True} if config.tma_rows_unfenced else {}),
+    )
 
 
 def tma_rows_reason(layout: CompressedLayout, k_codes: torch.Tensor, v_codes: torch.Tensor) -> str | None:
