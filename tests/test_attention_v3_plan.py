@@ -885,6 +885,32 @@ def test_tma_rows_unfenced_needs_tma_rows():
     assert not fallback.tma_rows and not fallback.tma_rows_unfenced
 
 
+def test_v3_option_constexprs_name_the_split_kernels_constexprs():
+    # the launch passes these to split_kernel_v3 (a misspelt name would fail only at a GPU launch),
+    # and sass_attention_v3.py compiles with the same dict: every name is one of the kernel's
+    # constexprs, and each config option reaches its constexpr
+    gluon = pytest.importorskip("wmoe_compile.kernels.wavelet_attention_gluon")
+    if not gluon.HAS_GLUON:
+        pytest.skip(gluon.GLUON_IMPORT_ERROR)
+    constexprs = {p.name for p in gluon.split_kernel_v3.params if p.is_constexpr}
+    tuned = K.TUNED_CONFIGS[(128, 4, "affine")]
+    tma = K.LaunchConfig(**TMA_ROWS_CONFIG, tma_rows_unfenced=True)
+    early = dataclasses.replace(tuned, query_in_split=False, loads_before_pdl_wait=2)
+    for config, split_major in ((tuned, False), (tma, True), (early, False)):
+        got = K.v3_option_constexprs(config, split_major)
+        assert set(got) <= constexprs, set(got) - constexprs
+        assert got["STAGES"] == config.num_stages and got["KEYS_AHEAD"] == config.keys_ahead
+        assert got["P_ONCE"] == config.convert_p_once and got["CACHE_TILES"] == config.cache_tiles
+        assert got.get("SPLIT_MAJOR", False) == split_major
+        assert got.get("TMA_ROWS", False) == config.tma_rows
+        assert got.get("TMA_ROWS_UNFENCED", False) == config.tma_rows_unfenced
+        assert got.get("LOADS_BEFORE_WAIT", 0) == config.loads_before_pdl_wait
+    # the options added late are absent when off: the tuned launch's JIT key is unchanged
+    assert not {"SPLIT_MAJOR", "TMA_ROWS", "TMA_ROWS_UNFENCED", "LOADS_BEFORE_WAIT"} & set(
+        K.v3_option_constexprs(tuned, False)
+    )
+
+
 def test_tma_rows_spike_copies_a_step_in_one_tma_copy_and_reads_bands_by_ldmatrix(tmp_path):
     # benchmarks/spike_tma_rows.py: a step's 64 code rows of one cache by one TMA copy of a [64, 32]
     # box over the cache viewed as [tokens, 24] int16 (Gluon's blocks are powers of two), the bands
