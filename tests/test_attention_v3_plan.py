@@ -15,6 +15,7 @@ import dataclasses
 
 import pytest
 import torch
+from wmoe_compile.kernels import attention_fields, attention_plans
 from wmoe_compile.kernels import wavelet_attention as K
 from wmoe_compile.kernels.wavelet_attention_gluon import field_centre
 
@@ -58,7 +59,7 @@ def _kernel_slot(band: int, slot_in_band: int, key_word_pairs: bool = False) -> 
 
 def _magic(elements: torch.Tensor, bits: int, field_index: int) -> torch.Tensor:
     """1024 + the field in place, as the kernel's asm makes it (field_layout: shift, position)."""
-    shift, pos = K.field_layout(bits, field_index)
+    shift, pos = attention_fields.field_layout(bits, field_index)
     return 1024.0 + ((elements >> shift) & (((1 << bits) - 1) << pos)).double()
 
 
@@ -490,7 +491,7 @@ def test_key_word_pairs_plan_is_not_the_unpaired_one():
     assert not torch.equal(paired.transform_slots, plain.transform_slots)
     assert torch.equal(paired.slot_coef, plain.slot_coef)
     pair_order = [0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15]
-    assert [K.v3_key_pair_element(j) for j in range(16)] == pair_order
+    assert [attention_plans.v3_key_pair_element(j) for j in range(16)] == pair_order
     codes = torch.randint(0, 256, (50, layout.n_code_bytes), dtype=torch.uint8)
     scales = (torch.rand(50, 2) + 0.5).half()
     query = torch.randn(128, dtype=torch.float64)

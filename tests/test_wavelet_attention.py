@@ -15,6 +15,7 @@ import pytest
 import torch
 from wmoe_compile.kernels import attention_config
 from wmoe_compile.kernels import wavelet_attention as K
+from wmoe_compile.kernels.attention_layout import SUPPORTED_HEAD_DIMS
 from wmoe_compile.kernels.kv_codec import channel_params
 
 import wmoe_compile.ops  # noqa: F401  registers the ops
@@ -412,7 +413,7 @@ def test_launch_config_rejects_bad_fields(bad, named):
 
 def test_v2_slot_maps_cover_every_coefficient():
     # every coefficient appears exactly once among the key slots and once among the value slots
-    for head_dim in K.SUPPORTED_HEAD_DIMS:
+    for head_dim in SUPPORTED_HEAD_DIMS:
         layout = ops.compressed_layout(UNIFORM_SPEC, head_dim)
         chunks = K._field_chunks(layout)
         for slots in (lambda c: c.k_slots(), lambda c: c.v_slots()):
