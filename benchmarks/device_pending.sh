@@ -90,7 +90,7 @@
 #                                                 # GPU tests, then the grid against the tuned config
 #   bash benchmarks/device_pending.sh tma_spike   # the TMA spikes checked, their step loop timed
 #                                                 # beside the tuned split kernel
-#   bash benchmarks/device_pending.sh l2_compare  # L2 / L1 counters, tuned kernel against SDPA
+#   bash benchmarks/device_pending.sh l2_compare  # L2 / L1 counters: tuned kernel, tma_rows, SDPA
 set -u
 case "${1:-}" in
 tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce | exact_remainder | key_word_pairs | clocks | zero_padding_p | value_subnormals | value_subnormals_sustained | band_columns | value_scales_staged | counted_steps | transform_in_split | one_sequence_merge | query_in_split | one_wave | merge_pass | final26 | small_bench | exact_tail_prologue | prologue_tiles | two_wave_tail | one_sequence_l2 | phases | one_sequence_28 | split_major_grid | tma_spike | tma_rows | l2_compare) ;;
@@ -409,7 +409,20 @@ print(json.dumps(dataclasses.asdict(K.TUNED_CONFIGS[(128, 4, 'affine')])))")
     metrics=$metrics,dram__bytes_read.sum,l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum
     metrics=$metrics,l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum,sm__inst_executed.sum
     sections=(--section SpeedOfLight --section MemoryWorkloadAnalysis_Tables --print-details all)
-    run 300 ncu --clock-control none -k regex:split_kernel_v3 --launch-skip 1 --launch-count 1 \
+    run 180 ncu --clock-control none -k regex:split_kernel_v3 --launch-skip 1 --launch-count 1 \
+        "${sections[@]}" --metrics "$metrics" \
+        python3 -P benchmarks/probe_attention.py once --shape 8,131072 --config "$config" |
+        grep -E "lts__|dram__|l1tex__|sm__inst|Duration|Throughput|L2:|DRAM:|L1:"
+    # thirty-eighth session: the same counters with the code rows by TMA copies (tma_rows at two
+    # stages, unfenced), whose whole-row copies should ask L2 for fewer, fuller requests
+    config=$(python3 -c "import dataclasses, json
+from wmoe_compile.kernels import wavelet_attention as K
+tuned = K.TUNED_CONFIGS[(128, 4, 'affine')]
+tma = dataclasses.replace(tuned, num_stages=2, keys_ahead=False, key_word_pairs=False, tma_rows=True,
+                          tma_rows_unfenced=True)
+print(json.dumps(dataclasses.asdict(tma)))")
+    echo "== tma_rows, 2 stages, unfenced"
+    run 180 ncu --clock-control none -k regex:split_kernel_v3 --launch-skip 1 --launch-count 1 \
         "${sections[@]}" --metrics "$metrics" \
         python3 -P benchmarks/probe_attention.py once --shape 8,131072 --config "$config" |
         grep -E "lts__|dram__|l1tex__|sm__inst|Duration|Throughput|L2:|DRAM:|L1:"
@@ -424,7 +437,7 @@ for _ in range(3):
     F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
 torch.cuda.synchronize()
 PY
-    run 300 ncu --clock-control none -k regex:"flash|fmha|attention|sdpa|cutlass" --launch-skip 1 \
+    run 180 ncu --clock-control none -k regex:"flash|fmha|attention|sdpa|cutlass" --launch-skip 1 \
         --launch-count 1 "${sections[@]}" --metrics "$metrics" python3 -P "$OUT/sdpa_once.py" |
         grep -E "lts__|dram__|l1tex__|sm__inst|Duration|Throughput|L2:|DRAM:|L1:"
     ;;
