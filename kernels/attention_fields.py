@@ -42,7 +42,7 @@ def field_layout(bits: int, field_index: int) -> tuple[int, int]:
 
 def field_centre(bits: int, field_index: int) -> float:
     """1024 + mid of a magic value field at its fp16 position (what centring subtracts; the plan's
-    v_shift adds mid back, see wavelet_attention._plan_v3)."""
+    v_shift adds mid back, see attention_plans._plan_v3)."""
     _, pos = field_layout(bits, field_index)
     return MAGIC_OFFSET + float(1 << (pos + bits - 1))
 

@@ -1032,7 +1032,7 @@ if HAS_GLUON:
         vs_stride_b,
         vs_stride_h,
         seq_lens_ptr,  # int [B]: positions in the cache per sequence
-        v_step_ptr,  # fp32 [128] per value slot (see _plan_v3)
+        v_step_ptr,  # fp32 [128] per value slot (see attention_plans._plan_v3)
         v_shift_ptr,  # fp32 [128]
         slot_coef_ptr,  # int32 [128]: coefficient held by each value slot
         # TRANSFORM_IN_SPLIT: T [128 channels, 128 slots] per kv head, T[c, j] = (W R_h)[coefficient of
