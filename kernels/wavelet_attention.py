@@ -1234,37 +1234,17 @@ def wavelet_attention_triton(
                 plan,
                 validate=False,
             )
-    elif use_v2:
-        launch(
-            _split_kernel_v2,
-            (num_splits + 1, programs),
-            qw,
-            qc,
-            q,
-            q.stride(0),
-            q.stride(1),
-            q.stride(2),
-            *_cache_operands(k_codes, k_scales, v_codes, v_scales),
-            *common_exact,
-            plan2.v_step,
-            plan2.v_shift,
-            plan2.slot_coef,
-            m_part,
-            l_part,
-            acc_part,
-            hkv,
-            group,
-            tq,
-            n_row_blocks,
-            num_splits,
-            split_num,
-            split_den,
-            qk_scale,
+    else:
+        # what the v1 and v2 split kernels take alike; they differ in their slot tables (v1: the
+        # plane lookup, step and value shift per column; v2: the value slots' step, shift and
+        # coefficient) and in a few constexprs
+        query_and_cache = (qw, qc, q, *q.stride()[:3], *_cache_operands(k_codes, k_scales, v_codes, v_scales))
+        partials_and_sizes = (m_part, l_part, acc_part, hkv, group, tq, n_row_blocks, num_splits)
+        common_constants = dict(
             CODE_STRIDE=k_codes.stride(2),
             SCALE_STRIDE=k_scales.stride(2),
             N_SCALES=layout.n_bands,
             D=d,
-            S=n_slots,
             BLOCK_M=block_m,
             N_QC=n_qc,
             BLOCK_N=config.block_n,
@@ -1272,58 +1252,41 @@ def wavelet_attention_triton(
             SINKS=layout.sinks,
             WINDOW=layout.window,
             USE_ASM=config.use_asm and not interpreting,
-            SUBNORMAL=config.subnormal,
-            LAZY_RESCALE=config.lazy_rescale,
-            CHUNKS=plan2.chunk_constexpr,
-            EXACT_SPLIT=k_exact.dtype in (torch.float16, torch.bfloat16) and not interpreting,
-            CENTRE_IN_MMA=config.centre_in_mma and not config.subnormal,
             num_warps=config.num_warps,
             num_stages=config.num_stages,
             **split_options,
         )
-    else:
+        if use_v2:
+            slot_tables = (plan2.v_step, plan2.v_shift, plan2.slot_coef)
+            kernel, options = (
+                _split_kernel_v2,
+                dict(
+                    S=n_slots,
+                    SUBNORMAL=config.subnormal,
+                    LAZY_RESCALE=config.lazy_rescale,
+                    CHUNKS=plan2.chunk_constexpr,
+                    EXACT_SPLIT=k_exact.dtype in (torch.float16, torch.bfloat16) and not interpreting,
+                    CENTRE_IN_MMA=config.centre_in_mma and not config.subnormal,
+                ),
+            )
+        else:
+            slot_tables = (plan.lut, plan.col_step, plan.col_vshift)
+            kernel, options = (
+                _split_kernel,
+                dict(CENTRE_IN_MMA=config.centre_in_mma, **plan.constexprs, **_dependent(pdl)),
+            )
         launch(
-            _split_kernel,
+            kernel,
             (num_splits + 1, programs),
-            qw,
-            qc,
-            q,
-            q.stride(0),
-            q.stride(1),
-            q.stride(2),
-            *_cache_operands(k_codes, k_scales, v_codes, v_scales),
+            *query_and_cache,
             *common_exact,
-            plan.lut,
-            plan.col_step,
-            plan.col_vshift,
-            m_part,
-            l_part,
-            acc_part,
-            hkv,
-            group,
-            tq,
-            n_row_blocks,
-            num_splits,
+            *slot_tables,
+            *partials_and_sizes,
             split_num,
             split_den,
             qk_scale,
-            CODE_STRIDE=k_codes.stride(2),
-            SCALE_STRIDE=k_scales.stride(2),
-            N_SCALES=layout.n_bands,
-            D=d,
-            BLOCK_M=block_m,
-            N_QC=n_qc,
-            BLOCK_N=config.block_n,
-            EXACT_BLOCK=config.exact_block,
-            SINKS=layout.sinks,
-            WINDOW=layout.window,
-            USE_ASM=config.use_asm and not interpreting,
-            num_warps=config.num_warps,
-            num_stages=config.num_stages,
-            CENTRE_IN_MMA=config.centre_in_mma,
-            **split_options,
-            **plan.constexprs,
-            **_dependent(pdl),
+            **common_constants,
+            **options,
         )
     # W, R and s as one matrix per kv head: the reduces apply no R (channel partials need none)
     if v_rotation is not None and value_channels is None:
