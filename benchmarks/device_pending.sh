@@ -90,10 +90,11 @@
 #                                                 # GPU tests, then the grid against the tuned config
 #   bash benchmarks/device_pending.sh tma_spike   # the TMA spikes checked, their step loop timed
 #                                                 # beside the tuned split kernel
+#   bash benchmarks/device_pending.sh tma_phases  # phase stamps, tuned kernel against tma_rows
 #   bash benchmarks/device_pending.sh l2_compare  # L2 / L1 counters: tuned kernel, tma_rows, SDPA
 set -u
 case "${1:-}" in
-tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce | exact_remainder | key_word_pairs | clocks | zero_padding_p | value_subnormals | value_subnormals_sustained | band_columns | value_scales_staged | counted_steps | transform_in_split | one_sequence_merge | query_in_split | one_wave | merge_pass | final26 | small_bench | exact_tail_prologue | prologue_tiles | two_wave_tail | one_sequence_l2 | phases | one_sequence_28 | split_major_grid | tma_spike | tma_rows | l2_compare) ;;
+tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce | exact_remainder | key_word_pairs | clocks | zero_padding_p | value_subnormals | value_subnormals_sustained | band_columns | value_scales_staged | counted_steps | transform_in_split | one_sequence_merge | query_in_split | one_wave | merge_pass | final26 | small_bench | exact_tail_prologue | prologue_tiles | two_wave_tail | one_sequence_l2 | phases | one_sequence_28 | split_major_grid | tma_spike | tma_rows | tma_phases | l2_compare) ;;
 grid | timeline | sustained)
     if [ ! -f "${2:-}" ]; then
         echo "$1 needs a JSON file of LaunchConfig dicts (e.g. benchmarks/probe_one_block_step.json), got '${2:-}'" >&2
@@ -101,7 +102,7 @@ grid | timeline | sustained)
     fi
     ;;
 *)
-    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|reduce|remainder|small_reduce|exact_remainder|key_word_pairs|clocks|zero_padding_p|value_subnormals|value_subnormals_sustained|band_columns|value_scales_staged|counted_steps|transform_in_split|one_sequence_merge|query_in_split|one_wave|merge_pass|final26|small_bench|exact_tail_prologue|prologue_tiles|two_wave_tail|one_sequence_l2|phases|one_sequence_28|split_major_grid|tma_spike|tma_rows|l2_compare|grid FILE.json|timeline FILE.json|sustained FILE.json|stalls [tuned|keys_in_step]" >&2
+    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|reduce|remainder|small_reduce|exact_remainder|key_word_pairs|clocks|zero_padding_p|value_subnormals|value_subnormals_sustained|band_columns|value_scales_staged|counted_steps|transform_in_split|one_sequence_merge|query_in_split|one_wave|merge_pass|final26|small_bench|exact_tail_prologue|prologue_tiles|two_wave_tail|one_sequence_l2|phases|one_sequence_28|split_major_grid|tma_spike|tma_rows|tma_phases|l2_compare|grid FILE.json|timeline FILE.json|sustained FILE.json|stalls [tuned|keys_in_step]" >&2
     exit 2
     ;;
 esac
@@ -396,6 +397,13 @@ tma_rows)
     attention_tests "tma_rows"
     run 330 python3 -P benchmarks/probe_attention.py grid --configs benchmarks/probe_tma_rows.json \
         --shapes "8,131072;32,32768;8,32768" --out "$OUT/tma_rows" | grep -v "^\["
+    ;;
+tma_phases)
+    # thirty-eighth session, prepared: where a split program's time goes with the code rows by TMA
+    # (tma_rows at 2 stages, unfenced) against the tuned kernel, both stamped (phase_clocks), at
+    # the large shapes: each full step's time, and when the programs end
+    run 300 python3 -P benchmarks/probe_attention.py phases --configs benchmarks/probe_tma_rows_phases.json \
+        --shapes "8,131072;32,32768" --out "$OUT"
     ;;
 l2_compare)
     # thirty-seventh session, prepared: Nsight Compute put the tuned split kernel at (8, 131072) at
