@@ -97,7 +97,7 @@ case "${1:-}" in
 tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce | exact_remainder | key_word_pairs | clocks | zero_padding_p | value_subnormals | value_subnormals_sustained | band_columns | value_scales_staged | counted_steps | transform_in_split | one_sequence_merge | query_in_split | one_wave | merge_pass | final26 | small_bench | exact_tail_prologue | prologue_tiles | two_wave_tail | one_sequence_l2 | phases | one_sequence_28 | split_major_grid | tma_spike | tma_rows | tma_phases | l2_compare) ;;
 grid | timeline | sustained)
     if [ ! -f "${2:-}" ]; then
-        echo "$1 needs a JSON file of LaunchConfig dicts (e.g. benchmarks/probe_one_block_step.json), got '${2:-}'" >&2
+        echo "$1 needs a JSON file of LaunchConfig dicts (e.g. benchmarks/configs/probe_one_block_step.json), got '${2:-}'" >&2
         exit 2
     fi
     ;;
@@ -227,16 +227,16 @@ key_word_pairs)
     # a lane's two 4-bit key words by one 8-byte load: the v3 reference tests of its three configs
     # (a step ahead hinted, in-step hinted, a step ahead unhinted), then A/B in alternating rounds
     attention_tests "key_word_pairs"
-    probe_grid benchmarks/probe_key_word_pairs.json "8,131072;32,32768;8,32768" key_word_pairs 330
-    probe_grid benchmarks/probe_key_word_pairs_one_sequence.json "1,32768" key_word_pairs_one_sequence 120
+    probe_grid benchmarks/configs/probe_key_word_pairs.json "8,131072;32,32768;8,32768" key_word_pairs 330
+    probe_grid benchmarks/configs/probe_key_word_pairs_one_sequence.json "1,32768" key_word_pairs_one_sequence 120
     ;;
 zero_padding_p)
     # twenty-second session: p = 0 in the MMAs' padding rows, for less tensor-core switching at the
     # power cap; an A/B that alternates every few ms shares the clock between both sides, so also
     # 2.5 s phases of each (A, B, A, B)
     attention_tests "bit_identical"
-    probe_grid benchmarks/probe_zero_padding_p.json "8,131072;32,32768;8,32768" zero_padding_p 200
-    probe_sustained benchmarks/probe_zero_padding_p_sustained.json "32,32768;8,131072" zero_padding_p
+    probe_grid benchmarks/configs/probe_zero_padding_p.json "8,131072;32,32768;8,32768" zero_padding_p 200
+    probe_sustained benchmarks/configs/probe_zero_padding_p_sustained.json "32,32768;8,131072" zero_padding_p
     ;;
 value_subnormals)
     # twenty-third session: p scaled by packed fp16 multiplies (packed_p_scaling) and the value
@@ -244,31 +244,31 @@ value_subnormals)
     # against the split's length, then A/B in alternating rounds and sustained phases
     attention_tests "v3_matches_reference or bit_identical or long_split or value_subnormals"
     run 120 python3 -P benchmarks/probe_value_precision.py --out "$OUT/value_precision"
-    probe_grid benchmarks/probe_value_subnormals.json "8,131072;32,32768;8,32768" value_subnormals 240
-    probe_grid benchmarks/probe_value_subnormals_one_sequence.json "1,32768" value_subnormals_one_sequence 90
+    probe_grid benchmarks/configs/probe_value_subnormals.json "8,131072;32,32768;8,32768" value_subnormals 240
+    probe_grid benchmarks/configs/probe_value_subnormals_one_sequence.json "1,32768" value_subnormals_one_sequence 90
     ;;
 value_subnormals_sustained)
     # value_subnormals without packed_p_scaling, in alternating rounds; the tuned config (both)
     # against the twenty-second session's in sustained phases; then the bench
     attention_tests "bit_identical or value_subnormals"
-    probe_grid benchmarks/probe_value_subnormals_alone.json "8,131072;32,32768;8,32768" value_subnormals_alone 240
-    probe_sustained benchmarks/probe_value_subnormals_sustained.json "32,32768;8,131072" value_subnormals
+    probe_grid benchmarks/configs/probe_value_subnormals_alone.json "8,131072;32,32768;8,32768" value_subnormals_alone 240
+    probe_sustained benchmarks/configs/probe_value_subnormals_sustained.json "32,32768;8,131072" value_subnormals
     run 420 python3 -P benchmarks/bench_attention.py --out "$OUT" --codec default --sustained 3
     ;;
 band_columns)
     # twenty-third session: the MMAs' padding columns serving the 2-bit band (band_columns): the
     # GPU tests, then A/B in alternating rounds and sustained phases, and at one sequence
     attention_tests "v3_matches_reference or bit_identical or long_split or value_subnormals"
-    probe_grid benchmarks/probe_band_columns.json "8,131072;32,32768;8,32768" band_columns 240
-    probe_grid benchmarks/probe_band_columns_one_sequence.json "1,32768" band_columns_one_sequence 90
-    probe_sustained benchmarks/probe_band_columns_sustained.json "32,32768;8,131072" band_columns
+    probe_grid benchmarks/configs/probe_band_columns.json "8,131072;32,32768;8,32768" band_columns 240
+    probe_grid benchmarks/configs/probe_band_columns_one_sequence.json "1,32768" band_columns_one_sequence 90
+    probe_sustained benchmarks/configs/probe_band_columns_sustained.json "32,32768;8,131072" band_columns
     ;;
 value_scales_staged)
     # twenty-fourth session: the value scales staged by lane (value_scales_staged): GPU tests
     # (bit-identical, and against the reference), then the grid A/B and sustained phases
     attention_tests "bit_identical or (v3_matches_reference and staged)"
-    probe_grid benchmarks/probe_value_scales_staged.json "8,131072;32,32768" value_scales_staged 300
-    probe_sustained benchmarks/probe_value_scales_staged_sustained.json "32,32768;8,131072" value_scales_staged
+    probe_grid benchmarks/configs/probe_value_scales_staged.json "8,131072;32,32768" value_scales_staged 300
+    probe_sustained benchmarks/configs/probe_value_scales_staged_sustained.json "32,32768;8,131072" value_scales_staged
     ;;
 counted_steps)
     # prepared in the twenty-fourth session after its device budget was spent: the full-step loop
@@ -276,9 +276,9 @@ counted_steps)
     # (bit-identical, and against the reference), then 4 interleaved grid rounds, sustained phases
     # and 3 rounds at one sequence
     attention_tests "bit_identical or (v3_matches_reference and counted)"
-    probe_grid benchmarks/probe_counted_steps.json "8,131072;32,32768;8,32768" counted_steps 300
-    probe_sustained benchmarks/probe_counted_steps_sustained.json "32,32768;8,131072" counted_steps
-    probe_grid benchmarks/probe_counted_steps_one_sequence.json "1,32768" counted_steps_one_sequence 90
+    probe_grid benchmarks/configs/probe_counted_steps.json "8,131072;32,32768;8,32768" counted_steps 300
+    probe_sustained benchmarks/configs/probe_counted_steps_sustained.json "32,32768;8,131072" counted_steps
+    probe_grid benchmarks/configs/probe_counted_steps_one_sequence.json "1,32768" counted_steps_one_sequence 90
     ;;
 transform_in_split)
     # twenty-fifth session: the split kernel maps its partial's sums to channels (fp16 MMAs with T
@@ -286,15 +286,15 @@ transform_in_split)
     # transform and the reference), 4 interleaved grid rounds, one sequence (32 and 16 channels a
     # merge program), and the timeline of the call's tail
     attention_tests "transform_in_split"
-    probe_grid benchmarks/probe_transform_in_split.json "8,131072;32,32768;8,32768" transform_in_split 300
-    probe_grid benchmarks/probe_transform_in_split_one_sequence.json "1,32768" transform_in_split_one_sequence 120
-    probe_timeline benchmarks/probe_transform_in_split_timeline.json "32,32768;8,131072"
+    probe_grid benchmarks/configs/probe_transform_in_split.json "8,131072;32,32768;8,32768" transform_in_split 300
+    probe_grid benchmarks/configs/probe_transform_in_split_one_sequence.json "1,32768" transform_in_split_one_sequence 120
+    probe_timeline benchmarks/configs/probe_transform_in_split_timeline.json "32,32768;8,131072"
     ;;
 one_sequence_merge)
     # twenty-fifth session, after transform_in_split took the transform out of the reduce: at one
     # sequence, longer splits (fewer partials and epilogues) and the merge's warps and channels
-    probe_grid benchmarks/probe_channel_merge_one_sequence.json "1,32768" channel_merge_one_sequence 150
-    probe_timeline benchmarks/probe_timeline_auto.json "1,32768;32,32768"
+    probe_grid benchmarks/configs/probe_channel_merge_one_sequence.json "1,32768" channel_merge_one_sequence 150
+    probe_timeline benchmarks/configs/probe_timeline_auto.json "1,32768;32,32768"
     ;;
 query_in_split)
     # prepared in the twenty-fifth session after its device budget was spent: no prologue, the
@@ -304,13 +304,13 @@ query_in_split)
     # without its early loads, and with query_in_split at 384-, 256- and 512-token splits), then
     # both timelines
     attention_tests "query_in_split"
-    probe_grid benchmarks/probe_query_in_split.json "8,131072;32,32768;8,32768" query_in_split 300
-    probe_grid benchmarks/probe_query_in_split_one_sequence.json "1,32768" query_in_split_one_sequence 120
-    probe_timeline benchmarks/probe_query_in_split_timeline.json "32,32768"
-    probe_timeline benchmarks/probe_query_in_split_one_sequence_timeline.json "1,32768"
+    probe_grid benchmarks/configs/probe_query_in_split.json "8,131072;32,32768;8,32768" query_in_split 300
+    probe_grid benchmarks/configs/probe_query_in_split_one_sequence.json "1,32768" query_in_split_one_sequence 120
+    probe_timeline benchmarks/configs/probe_query_in_split_timeline.json "32,32768"
+    probe_timeline benchmarks/configs/probe_query_in_split_one_sequence_timeline.json "1,32768"
     # and (LaunchConfig.remainder_exact_steps, also prepared then) the plan at (32, 32768) with the
     # exact programs' work counted in the free slots: 6 splits of 84 steps and a short 7th of 6
-    probe_grid benchmarks/probe_remainder_exact.json "32,32768" remainder_exact 120
+    probe_grid benchmarks/configs/probe_remainder_exact.json "32,32768" remainder_exact 120
     ;;
 one_wave)
     # twenty-sixth session, with query_in_split on in one wave (query_in_split_waves=1) and at one
@@ -319,9 +319,9 @@ one_wave)
     # pairs; 3 rounds), (8, 131072) in one wave (equal or remainder splits, so no prologue) and
     # query_in_split in both waves, then the package's choice on the timeline at three shapes
     attention_tests "query_in_split or tuned or programmatic or repeated_calls or prologue"
-    probe_grid benchmarks/probe_one_sequence_26.json "1,32768" one_sequence_26 120
-    probe_grid benchmarks/probe_one_wave_26.json "8,131072;8,32768" one_wave_26 300
-    probe_timeline benchmarks/probe_timeline_auto.json "1,32768;8,32768;32,32768"
+    probe_grid benchmarks/configs/probe_one_sequence_26.json "1,32768" one_sequence_26 120
+    probe_grid benchmarks/configs/probe_one_wave_26.json "8,131072;8,32768" one_wave_26 300
+    probe_timeline benchmarks/configs/probe_timeline_auto.json "1,32768;8,32768;32,32768"
     ;;
 merge_pass)
     # twenty-sixth session: at one sequence the merge took 2.7 us of 18.6 (133 partials: two
@@ -330,15 +330,15 @@ merge_pass)
     # enqueued before the split kernel (at (32, 32768) it ended 3.9 us after it) and
     # query_in_split in every launch (the remainder plan at (32, 32768) is 1,792 programs, over
     # one wave), 4 rounds
-    probe_grid benchmarks/probe_merge_pass_one_sequence.json "1,32768" merge_pass_one_sequence 120
-    probe_grid benchmarks/probe_exact_first.json "8,131072;32,32768;8,32768" exact_first 300
+    probe_grid benchmarks/configs/probe_merge_pass_one_sequence.json "1,32768" merge_pass_one_sequence 120
+    probe_grid benchmarks/configs/probe_exact_first.json "8,131072;32,32768;8,32768" exact_first 300
     ;;
 final26)
     # the twenty-sixth session's last call: the attention target (its GPU tests, then the bench),
     # then at one sequence the exact tokens in 3 chunks and the merge in one pass of 256 partials
     # (-1.0% and -0.5% in 3 rounds of the merge_pass grid, within its spread), 4 rounds
     OUT="$OUT" bash "$0" attention
-    probe_grid benchmarks/probe_one_sequence_merge_26.json "1,32768" one_sequence_merge_26 120
+    probe_grid benchmarks/configs/probe_one_sequence_merge_26.json "1,32768" one_sequence_merge_26 120
     ;;
 small_bench)
     # after final26: the small-launch config with 3 exact programs; the GPU tests that run it, then
@@ -354,8 +354,8 @@ exact_tail_prologue)
     # (LaunchConfig.prologue_warps), and the merge (3.4-4.4 us) at 128 channels a program, on one
     # warp or two; its GPU tests first, 4 grid rounds, then timelines at (32, 32768)
     attention_tests "prologue_warps"
-    probe_grid benchmarks/probe_exact_tail_prologue.json "8,131072;32,32768;8,32768" exact_tail_prologue 300
-    probe_timeline benchmarks/probe_exact_tail_prologue_timeline.json "32,32768"
+    probe_grid benchmarks/configs/probe_exact_tail_prologue.json "8,131072;32,32768;8,32768" exact_tail_prologue 300
+    probe_timeline benchmarks/configs/probe_exact_tail_prologue_timeline.json "32,32768"
     ;;
 prologue_tiles)
     # twenty-seventh session: after exact_tail_prologue (the exact kernel's carveout at any program
@@ -364,15 +364,15 @@ prologue_tiles)
     # per-kv-head prologue in 16- or 32-row tiles (4 or 2x its 64 programs), its dot in one tf32
     # MMA; the GPU tests of those options, 4 rounds (each round's order rotated), timelines
     attention_tests "prologue_options"
-    probe_grid benchmarks/probe_prologue_tiles.json "32,32768;8,131072;8,32768" prologue_tiles 300
-    probe_timeline benchmarks/probe_prologue_tiles_timeline.json "32,32768"
+    probe_grid benchmarks/configs/probe_prologue_tiles.json "32,32768;8,131072;8,32768" prologue_tiles 300
+    probe_timeline benchmarks/configs/probe_prologue_tiles_timeline.json "32,32768"
     ;;
 two_wave_tail)
     # twenty-seventh session, after the tf32 prologue: at (8, 131072) (two waves, the per-sequence
     # prologue, 320 exact programs without the carveout) the prologue on 2 or 8 warps, the merge at
     # 32 channels a program, 4 or 6 exact programs a pair; 5 rounds in rotated order, (32, 32768)
     # beside it
-    probe_grid benchmarks/probe_two_wave_tail.json "8,131072;32,32768" two_wave_tail 300
+    probe_grid benchmarks/configs/probe_two_wave_tail.json "8,131072;32,32768" two_wave_tail 300
     ;;
 tma_spike)
     # thirty-seventh session, prepared: the code rows by TMA copies (benchmarks/spike_tma_rows.py,
@@ -395,14 +395,14 @@ tma_rows)
     # thirty-eighth session), and a grid against the tuned config: [tuned, tma_rows at 2 stages,
     # the same unfenced, 3 stages, unfenced] x 3 rounds
     attention_tests "tma_rows"
-    run 330 python3 -P benchmarks/probe_attention.py grid --configs benchmarks/probe_tma_rows.json \
+    run 330 python3 -P benchmarks/probe_attention.py grid --configs benchmarks/configs/probe_tma_rows.json \
         --shapes "8,131072;32,32768;8,32768" --out "$OUT/tma_rows" | grep -v "^\["
     ;;
 tma_phases)
     # thirty-eighth session, prepared: where a split program's time goes with the code rows by TMA
     # (tma_rows at 2 stages, unfenced) against the tuned kernel, both stamped (phase_clocks), at
     # the large shapes: each full step's time, and when the programs end
-    run 300 python3 -P benchmarks/probe_attention.py phases --configs benchmarks/probe_tma_rows_phases.json \
+    run 300 python3 -P benchmarks/probe_attention.py phases --configs benchmarks/configs/probe_tma_rows_phases.json \
         --shapes "8,131072;32,32768" --out "$OUT"
     ;;
 l2_compare)
@@ -472,7 +472,7 @@ phases)
     # masked steps and its epilogue). The stamps' GPU test, then one sequence at 256- (the tuned),
     # 512- and 128-token splits, and the package's configs at (8, 32768) and (32, 32768)
     attention_tests phase_clocks
-    run 200 python3 -P benchmarks/probe_attention.py phases --configs benchmarks/probe_phases_one_sequence.json \
+    run 200 python3 -P benchmarks/probe_attention.py phases --configs benchmarks/configs/probe_phases_one_sequence.json \
         --shapes "1,32768" --out "$OUT"
     echo '["auto"]' > /tmp/auto.json
     run 150 python3 -P benchmarks/probe_attention.py phases --configs /tmp/auto.json \
@@ -483,7 +483,7 @@ one_sequence_28)
     # large launches' limits need not hold there: value tiles a step ahead (2 stages), and register
     # caps of 232 / 255 (8 programs an SM, still one wave; ptxas then issues 41-46 of the query
     # transform's 64 tile loads before its first MMA instead of 26), and both. 4 rounds, base first
-    probe_grid benchmarks/probe_one_sequence_28.json "1,32768" one_sequence_28 200
+    probe_grid benchmarks/configs/probe_one_sequence_28.json "1,32768" one_sequence_28 200
     ;;
 split_major_grid)
     # twenty-eighth session: LaunchConfig.split_major_grid (an SM's resident blocks hold 2 kv heads
@@ -491,10 +491,10 @@ split_major_grid)
     # (5 rounds) with the phase stamps, then (8, 32768), the other launch that transforms the query
     # in its split kernel, and the large shapes (4 rounds)
     attention_tests split_major_grid
-    probe_grid benchmarks/probe_split_major_one_sequence.json "1,32768" split_major_one_sequence 150
-    run 120 python3 -P benchmarks/probe_attention.py phases --configs benchmarks/probe_phases_split_major.json \
+    probe_grid benchmarks/configs/probe_split_major_one_sequence.json "1,32768" split_major_one_sequence 150
+    run 120 python3 -P benchmarks/probe_attention.py phases --configs benchmarks/configs/probe_phases_split_major.json \
         --shapes "1,32768" --out "$OUT/split_major_phases"
-    probe_grid benchmarks/probe_split_major.json "8,32768;8,131072;32,32768" split_major 240
+    probe_grid benchmarks/configs/probe_split_major.json "8,32768;8,131072;32,32768" split_major 240
     ;;
 sustained)
     # an A/B that alternates every few milliseconds shares one clock between both sides; at the
@@ -524,8 +524,8 @@ carveout)
     # +1.2%). The launcher's option: the variant's attribute read back, bit-identical outputs (also
     # from a CUDA graph), then the op A/B'd, interleaved
     attention_tests "carveout or programmatic_dependent"
-    probe_grid benchmarks/probe_exact_carveout_one_sequence.json "1,32768" carveout_one 120
-    probe_grid benchmarks/probe_exact_carveout.json "8,131072;32,32768;8,32768" carveout 200
+    probe_grid benchmarks/configs/probe_exact_carveout_one_sequence.json "1,32768" carveout_one 120
+    probe_grid benchmarks/configs/probe_exact_carveout.json "8,131072;32,32768;8,32768" carveout 200
     ;;
 reduce)
     # twentieth session: at (32, 32768) the per-row merge took 8.2 us with four warps a row, 4.2 with
@@ -533,8 +533,8 @@ reduce)
     # (reduce_gemm_min_rows 256, where the per-row reduce with the transform runs now), and the
     # exact kernel's carveout with 1,280 exact programs (exact_carveout_programs 0)
     attention_tests "carveout or programmatic_dependent"
-    probe_grid benchmarks/probe_reduce_merge.json "8,131072;32,32768;8,32768" reduce
-    probe_timeline benchmarks/probe_reduce_merge_timeline.json "8,131072;8,32768"
+    probe_grid benchmarks/configs/probe_reduce_merge.json "8,131072;32,32768;8,32768" reduce
+    probe_timeline benchmarks/configs/probe_reduce_merge_timeline.json "8,131072;8,32768"
     ;;
 remainder)
     # twentieth session, prepared: one-wave launches cut into long splits and a short last one,
@@ -544,22 +544,22 @@ remainder)
     # The grid's third config keeps the exact kernel's carveout at (8, 32768), which the plan's
     # 1,600 split programs (more than a wave) would turn off
     attention_tests "split_major or programmatic_dependent"
-    probe_grid benchmarks/probe_remainder_split.json "8,131072;32,32768;8,32768" remainder
-    probe_timeline benchmarks/probe_remainder_split_timeline.json "32,32768;8,32768"
+    probe_grid benchmarks/configs/probe_remainder_split.json "8,131072;32,32768;8,32768" remainder
+    probe_timeline benchmarks/configs/probe_remainder_split_timeline.json "32,32768;8,32768"
     ;;
 small_reduce)
     # twentieth session, prepared: at one sequence the per-row reduce (32 programs, each merging 133
     # partials and reading the whole transform) took 6.3 us. Each row's merge in 4 or 8 slices of
     # channels then the transform kernel cost 3.9 + 3.1 us with four-warp merges (nineteenth
     # session); one-warp merges (no barriers in the sum; 207 / 124 registers offline) may change that
-    probe_grid benchmarks/probe_small_reduce.json "1,32768" small_reduce 200
-    probe_timeline benchmarks/probe_small_reduce_timeline.json "1,32768" 120
+    probe_grid benchmarks/configs/probe_small_reduce.json "1,32768" small_reduce 200
+    probe_timeline benchmarks/configs/probe_small_reduce_timeline.json "1,32768" 120
     ;;
 exact_remainder)
     # twenty-first session: with the remainder split at (32, 32768) the exact-token kernel's
     # programs start at 198 us and end 2.3 us after the split kernel (timeline), on the critical
     # path: 3 or 8 exact programs per pair instead of 5, or the exact kernel enqueued first
-    probe_grid benchmarks/probe_exact_with_remainder.json "32,32768;8,131072" exact_remainder 240
+    probe_grid benchmarks/configs/probe_exact_with_remainder.json "32,32768;8,131072" exact_remainder 240
     ;;
 kvwarps)
     # fifteenth session: partials bit-identical to v3's, 0.79x its token rate (RESULTS.md, issue 3)

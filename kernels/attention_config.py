@@ -321,7 +321,7 @@ class LaunchConfig:
     # (8, 32768) (64 programs: there the exact-token kernel's 320 programs run in the wave's free
     # slots from the start, beside the short splits) and +4.8% at (8, 131072) (two waves of equal
     # splits became one of 24 long and a short one). Tuned: on, from 128 programs ((16, 32768), 128
-    # programs, takes it by this rule unmeasured: benchmarks/probe_remainder_sixteen.json)
+    # programs, takes it by this rule unmeasured: benchmarks/configs/probe_remainder_sixteen.json)
     remainder_split: bool = False
     remainder_split_min_programs: int = 0
     # with remainder_split: the exact-token kernel's work per (sequence, kv head), in split steps,
@@ -739,7 +739,7 @@ TUNED_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
 # (v1 0.0346-0.0370 in the third session); two-warp 128-token steps v1 0.0285, v2 0.0296; four
 # warps 0.040-0.061; three or more pipeline stages and shorter splits (128-384 tokens) were slower.
 # 2026-12-01 11:54 UTC: programmatic dependent launch (pdl) 0.0284 / 0.0282 -> 0.0273 / 0.0272 ms.
-# Sixteenth session (about 16:50 UTC, probe_attention.py grid, benchmarks/probe_v3_few_sequences.json,
+# Sixteenth session (about 16:50 UTC, probe_attention.py grid, benchmarks/configs/probe_v3_few_sequences.json,
 # two rounds): at (1, 32768) v1 0.0281 / 0.0288 ms, tuned v3 0.0354 / 0.0355, 0.0316 / 0.0317 with
 # 256-token splits (the exact kernel in the PDL chain instead of on a side stream, exact_in_chain,
 # did not close the gap); at (2, 32768), 16 programs, v1 0.0458 / 0.0462, v3 0.0405 / 0.0405; at

@@ -12,7 +12,7 @@ import pathlib
 import pytest
 from wmoe_compile.kernels import wavelet_attention as wa
 
-PROBES = sorted((pathlib.Path(__file__).parent.parent / "benchmarks").glob("probe_*.json"))
+PROBES = sorted((pathlib.Path(__file__).parent.parent / "benchmarks" / "configs").glob("probe_*.json"))
 
 
 def test_there_are_probe_files():
