@@ -1,5 +1,5 @@
 """Decode attention over the wavelet-compressed KV cache: the PyTorch reference, and the fused
-kernels' host side (input checks, plans, launches).
+kernels' host side (which kernel runs, the transforms, the launches).
 
 Where the parts live: this module holds the reference, which split kernel a call can run and why
 not, the query and value transforms, and the launches (``wavelet_attention_triton``). The
@@ -1258,23 +1258,19 @@ def wavelet_attention_triton(
         )
         if use_v2:
             slot_tables = (plan2.v_step, plan2.v_shift, plan2.slot_coef)
-            kernel, options = (
-                _split_kernel_v2,
-                dict(
-                    S=n_slots,
-                    SUBNORMAL=config.subnormal,
-                    LAZY_RESCALE=config.lazy_rescale,
-                    CHUNKS=plan2.chunk_constexpr,
-                    EXACT_SPLIT=k_exact.dtype in (torch.float16, torch.bfloat16) and not interpreting,
-                    CENTRE_IN_MMA=config.centre_in_mma and not config.subnormal,
-                ),
+            kernel = _split_kernel_v2
+            options = dict(
+                S=n_slots,
+                SUBNORMAL=config.subnormal,
+                LAZY_RESCALE=config.lazy_rescale,
+                CHUNKS=plan2.chunk_constexpr,
+                EXACT_SPLIT=k_exact.dtype in (torch.float16, torch.bfloat16) and not interpreting,
+                CENTRE_IN_MMA=config.centre_in_mma and not config.subnormal,
             )
         else:
             slot_tables = (plan.lut, plan.col_step, plan.col_vshift)
-            kernel, options = (
-                _split_kernel,
-                dict(CENTRE_IN_MMA=config.centre_in_mma, **plan.constexprs, **_dependent(pdl)),
-            )
+            kernel = _split_kernel
+            options = dict(CENTRE_IN_MMA=config.centre_in_mma, **plan.constexprs, **_dependent(pdl))
         launch(
             kernel,
             (num_splits + 1, programs),
