@@ -211,8 +211,8 @@ class LaunchConfig:
     # runs without it: wavelet_attention.tma_rows_reason). Prepared, not yet run on a GPU
     tma_rows: bool = False
     # with tma_rows: the loops' TMA copies issued without the proxy fence Triton puts before each
-    # (fence.proxy.async: MEMBAR.ALL.CTA, which waits for the warp's memory operations in flight,
-    # the scale loads among them, then FENCE.VIEW.ASYNC.S), by a PTX patch (kernels/ptx_patches.py).
+    # (fence.proxy.async: MEMBAR.ALL.CTA, which may wait for the warp's memory operations in
+    # flight, the scale loads among them, then FENCE.VIEW.ASYNC.S), by a PTX patch (ptx_patches.py).
     # The stage a copy overwrites was last read by ldmatrix whose results the previous step's MMAs
     # consumed, so those reads are complete when the copy issues; CUTLASS's TMA pipelines release a
     # stage without the fence too. Offline 704 loop instructions against 706 (thirty-eighth session)
