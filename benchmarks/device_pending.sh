@@ -391,17 +391,17 @@ print(json.dumps([dataclasses.asdict(K.TUNED_CONFIGS[(128, 4, 'affine')])]))" > 
     ;;
 tma_rows)
     # the split kernel with LaunchConfig.tma_rows (prepared in the thirty-seventh session): its GPU
-    # tests (bit-identical to the same config without it, with and without tma_rows_unfenced,
-    # thirty-eighth session), and a grid against the tuned config: [tuned, tma_rows at 2 stages,
-    # the same unfenced, 3 stages, unfenced] x 3 rounds
+    # tests (bit-identical to the same config without it, also with tma_rows_unfenced or
+    # tma_rows_early, thirty-eighth session), and a grid against the tuned config: [tuned,
+    # tma_rows at 2 stages, the same unfenced, the same early, 3 stages unfenced] x 3 rounds
     attention_tests "tma_rows"
     run 330 python3 -P benchmarks/probe_attention.py grid --configs benchmarks/configs/probe_tma_rows.json \
         --shapes "8,131072;32,32768;8,32768" --out "$OUT/tma_rows" | grep -v "^\["
     ;;
 tma_phases)
     # thirty-eighth session, prepared: where a split program's time goes with the code rows by TMA
-    # (tma_rows at 2 stages, unfenced) against the tuned kernel, both stamped (phase_clocks), at
-    # the large shapes: each full step's time, and when the programs end
+    # (tma_rows at 2 stages, unfenced; and early) against the tuned kernel, all stamped
+    # (phase_clocks), at the large shapes: each full step's time, and when the programs end
     run 300 python3 -P benchmarks/probe_attention.py phases --configs benchmarks/configs/probe_tma_rows_phases.json \
         --shapes "8,131072;32,32768" --out "$OUT"
     ;;

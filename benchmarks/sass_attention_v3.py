@@ -275,6 +275,11 @@ def main() -> None:
     p.add_argument(
         "--tma-rows-unfenced", action="store_true", help="with --tma-rows: no proxy fence before the copies"
     )
+    p.add_argument(
+        "--tma-rows-early",
+        action="store_true",
+        help="with --tma-rows: a stage's next copy right after its operands are read (fenced)",
+    )
     p.add_argument("--zero-padding-p", action="store_true", help="p = 0 in the MMAs' padding rows")
     p.add_argument(
         "--band-columns", action="store_true", help="the MMAs' columns 4-7 serve the 2-bit band (GQA 4)"

@@ -217,6 +217,11 @@ class LaunchConfig:
     # consumed, so those reads are complete when the copy issues; CUTLASS's TMA pipelines release a
     # stage without the fence too. Offline 704 loop instructions against 706 (thirty-eighth session)
     tma_rows_unfenced: bool = False
+    # with tma_rows (and its fences): each full step's stage gets its next copy, num_stages steps
+    # ahead, right after the step has read its operands from it into registers (ordered behind
+    # those ldmatrix reads by Triton's proxy fence), instead of at the next step's start: two
+    # stages then give two steps of lead at two stages' shared memory (thirty-eighth session)
+    tma_rows_early: bool = False
     # v3: this many consecutive equal splits of one (sequence, kv head) in one CTA, a warp each,
     # sharing the query's transform and the epilogue's T and merging their partials into one
     # (kernels/wavelet_attention_cta.py; 0: one split a program). It implements the small-launch
@@ -464,6 +469,12 @@ class LaunchConfig:
             raise ValueError(
                 "LaunchConfig.tma_rows_unfenced drops the proxy fences before tma_rows' TMA copies: it "
                 "needs tma_rows=True"
+            )
+        if self.tma_rows_early and not (self.tma_rows and not self.tma_rows_unfenced):
+            raise ValueError(
+                "LaunchConfig.tma_rows_early issues a stage's next TMA copy right after its ldmatrix "
+                "reads, ordered by the proxy fence: it needs tma_rows=True and tma_rows_unfenced=False, "
+                f"got tma_rows={self.tma_rows}, tma_rows_unfenced={self.tma_rows_unfenced}"
             )
         extras = ("zero_padding_p", "value_subnormals", "counted_steps")
         extras += ("transform_in_split", "query_in_split", "phase_clocks", "split_major_grid", "tma_rows")
@@ -849,6 +860,7 @@ V3_ONLY_OPTIONS = (
     "split_major_grid",
     "tma_rows",
     "tma_rows_unfenced",
+    "tma_rows_early",
     "prefetch_value_rows",
     "fill_value_rows_l2",
     "value_copies_l2_256b",

@@ -907,18 +907,30 @@ if HAS_GLUON:
         _tma_load(v_desc, [v_row, 0], bar, vrows.index(stage), pred=pred)
 
     @gluon.jit
-    def _tma_operands(tma_ring, stage, phase):
+    def _tma_key_operands(tma_ring, stage, phase):
         """TMA_ROWS: wait for stage `stage`'s copy (its `phase`-th completion), then its key
-        operands raw4 / raw2 [tokens, 16] and value operands r4 / r2 [16, tokens] in _A, from
-        ldmatrix reads of the bands' slices."""
-        _, _, krows, vrows, bars = tma_ring
+        operands raw4 / raw2 [tokens, 16] in _A, from ldmatrix reads of the bands' slices."""
+        _, _, krows, _, bars = tma_ring
         mbarrier.wait(bars.index(stage), phase)
         ktile = krows.index(stage)
-        vtile = vrows.index(stage)
         raw4 = ktile.slice(0, 16, dim=1).load(_A)
         raw2 = _repeat_halves(ktile.slice(16, 8, dim=1).load(_HALF_A), 1)
+        return raw4, raw2
+
+    @gluon.jit
+    def _tma_value_operands(tma_ring, stage):
+        """TMA_ROWS: stage `stage`'s value operands r4 / r2 [16, tokens] in _A (transposed
+        ldmatrix reads), once its copy has been waited for (_tma_key_operands)."""
+        vtile = tma_ring[3].index(stage)
         r4 = vtile.slice(0, 16, dim=1).permute([1, 0]).load(_A)
         r2 = _repeat_halves(vtile.slice(16, 8, dim=1).permute([1, 0]).load(_HALF_A), 0)
+        return r4, r2
+
+    @gluon.jit
+    def _tma_operands(tma_ring, stage, phase):
+        """TMA_ROWS: _tma_key_operands then _tma_value_operands: the stage's four operands."""
+        raw4, raw2 = _tma_key_operands(tma_ring, stage, phase)
+        r4, r2 = _tma_value_operands(tma_ring, stage)
         return raw4, raw2, r4, r2
 
     @gluon.jit
@@ -1137,6 +1149,11 @@ if HAS_GLUON:
         # with TMA_ROWS: the kernel's proxy fences (one before each loop's copies) removed from its
         # PTX (kernels/ptx_patches.py; LaunchConfig.tma_rows_unfenced says why that is safe here)
         TMA_ROWS_UNFENCED: gl.constexpr = False,
+        # with TMA_ROWS: a full step's stage gets its next copy (STAGES steps ahead) once the step
+        # has read its value operands, after its scores (behind the proxy fence that orders those
+        # ldmatrix reads before the copy), instead of at the next step's start: about STAGES - 1/2
+        # steps of lead instead of STAGES - 1 (LaunchConfig.tma_rows_early)
+        TMA_ROWS_EARLY: gl.constexpr = False,
         # each lane's two 4-bit-band key words by one 8-byte load (the plan's key slots ordered
         # for it: _plan_v3(key_word_pairs=True)); keys from global memory only
         KEY_WORD_PAIRS: gl.constexpr = False,
@@ -1190,6 +1207,11 @@ if HAS_GLUON:
             gl.inline_asm_elementwise(_MARK_COPIES_L2_256B, "=r", [], dtype=gl.int32, is_pure=False, pack=1)
         if PLAIN_LOADS_L2_256B:
             gl.inline_asm_elementwise(_MARK_LOADS_L2_256B, "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+        if TMA_ROWS_EARLY:
+            gl.static_assert(
+                TMA_ROWS and not TMA_ROWS_UNFENCED,
+                "TMA_ROWS_EARLY issues a copy right after its stage's ldmatrix reads: the fence must stay",
+            )
         if TMA_ROWS_UNFENCED:
             gl.static_assert(TMA_ROWS, "TMA_ROWS_UNFENCED removes the fences before TMA_ROWS' copies")
             gl.inline_asm_elementwise(_MARK_NO_PROXY_FENCES, "=r", [], dtype=gl.int32, is_pure=False, pack=1)
@@ -1343,7 +1365,7 @@ if HAS_GLUON:
         # step i + STAGES - 1 are in flight while step i computes; scales one step ahead.
         if full_hi > lo:
             last_full = full_hi - BLOCK_N
-            for i in gl.static_range(STAGES - 1):
+            for i in gl.static_range(STAGES if TMA_ROWS_EARLY else STAGES - 1):
                 ahead = gl.minimum(lo + i * BLOCK_N, last_full)  # past the end: a harmless repeat
                 if TMA_ROWS:  # copy number i; none past the full steps (each copy is waited for)
                     first = lo + i * BLOCK_N
@@ -1403,8 +1425,9 @@ if HAS_GLUON:
                 ahead = gl.minimum(start + (STAGES - 1) * BLOCK_N, last_full)
                 slot = (step + STAGES - 1) % STAGES  # the stage the previous step read
                 if TMA_ROWS:  # (its ldmatrix results fed that step's MMAs: read, so free)
-                    first = start + (STAGES - 1) * BLOCK_N
-                    _issue_rows_tma(tma_ring, slot, k_row0 + first, v_row0 + first, first <= last_full)
+                    if not TMA_ROWS_EARLY:
+                        first = start + (STAGES - 1) * BLOCK_N
+                        _issue_rows_tma(tma_ring, slot, k_row0 + first, v_row0 + first, first <= last_full)
                 else:
                     k_base, ahead_tok = _step_rows(kcodes, ahead, vt, CODE_ROW, STEP_ROW_BASE)
                     v_base, _ = _step_rows(vcodes, ahead, vt, CODE_ROW, STEP_ROW_BASE)
@@ -1432,6 +1455,7 @@ if HAS_GLUON:
                     w0, w1 = _split_value_scales(v_pair)
                 else:
                     w0, w1 = _split_scales(v_pair)
+                cur = step % STAGES
                 nxt = gl.minimum(start + BLOCK_N, last_full)
                 if PREFETCH_VALUE_ROWS:  # the next step's value rows, for its copies to find in L2
                     _fetch_rows_into_l2(vcodes + nxt * CODE_ROW, CODE_ROW, BLOCK_N)
@@ -1440,17 +1464,18 @@ if HAS_GLUON:
                     fill = _fill_rows_into_l2(vcodes + nxt * CODE_ROW, CODE_ROW, BLOCK_N)
                 if COUNTED_STEPS:  # scalar per-step pointers, loop-invariant lane offsets
                     k_pair = _load_scale_pairs(kscales + nxt * SCALE_ROW, st, SCALE_ROW)
-                else:
+                elif not TMA_ROWS_EARLY:  # (TMA_ROWS_EARLY: after the step's copy is issued)
                     k_pair = _load_scale_pairs(kscales, nxt + st, SCALE_ROW)
                 if BAND_COLUMNS:
                     v_pair = _load_scale_words(vscales, nxt + st, SCALE_ROW)
                 elif COUNTED_STEPS:
                     v_pair = _load_scale_pairs(vscales + nxt * SCALE_ROW, sv, SCALE_ROW)
-                else:
+                elif not TMA_ROWS_EARLY:
                     v_pair = _load_scale_pairs(vscales, nxt + sv, SCALE_ROW)
-                cur = step % STAGES
                 k4t, k2t, v4t, v2t = _stage_tiles(ring, cur, ROW_COPIES)
-                if TMA_ROWS:  # copy number `step` (v4t / v2t: the value operands in registers)
+                if TMA_ROWS_EARLY:  # copy number `step`: its keys now, its values after the scores
+                    raw4, raw2 = _tma_key_operands(tma_ring, cur, (step // STAGES) & 1)
+                elif TMA_ROWS:  # copy number `step` (v4t / v2t: the value operands in registers)
                     raw4, raw2, v4t, v2t = _tma_operands(tma_ring, cur, (step // STAGES) & 1)
                 elif KEYS_VIA_SMEM:
                     async_copy.wait_group(STAGES - 1)  # this step's group has landed
@@ -1483,6 +1508,15 @@ if HAS_GLUON:
                     )
                 if not KEYS_VIA_SMEM and not TMA_ROWS:
                     async_copy.wait_group(STAGES - 1)
+                if TMA_ROWS_EARLY:
+                    # the stage is read once its values are: its next copy goes out now, behind the
+                    # proxy fence (ordering those reads first), then the next step's scale loads,
+                    # which that fence would otherwise wait for
+                    v4t, v2t = _tma_value_operands(tma_ring, cur)
+                    first = start + STAGES * BLOCK_N
+                    _issue_rows_tma(tma_ring, cur, k_row0 + first, v_row0 + first, first <= last_full)
+                    k_pair = _load_scale_pairs(kscales, nxt + st, SCALE_ROW)
+                    v_pair = _load_scale_pairs(vscales, nxt + sv, SCALE_ROW)
                 state = _accumulate_values(
                     s,
                     state,

@@ -878,12 +878,35 @@ def test_tma_rows_split_kernel_compiles_without_spills_and_leaves_the_tuned_kern
     assert "MEMBAR" not in kernel_sass  # (the masked steps' copies too)
 
 
+def test_tma_rows_early_issues_each_copy_after_its_stages_value_reads(tmp_path):
+    # LaunchConfig.tma_rows_early (thirty-eighth session): a full step's stage gets its next copy
+    # once the step has read its value operands, behind the proxy fence; offline 699 loop
+    # instructions at 2 stages (Triton 3.6), no spill, the fence after the last value ldmatrix
+    import re
+
+    tma = ("--tma-rows", "--stages", "2", "--without", "keys_ahead", "--without", "key_word_pairs")
+    out = _run_sm90_tool("sass_attention_v3.py", tmp_path, "--tuned", "--pdl", *tma, "--tma-rows-early")
+    assert int(re.search(r"loop spill instructions: (\d+)", out).group(1)) == 0, out
+    assert int(re.search(r"full-step loop: (\d+) instructions", out).group(1)) <= 720, out
+    ptx = (tmp_path / "split_kernel_v3.ptx").read_text()
+    loop = ptx[ptx.index("mbarrier.try_wait") :]  # the full steps' loop first
+    fence = loop.index("fence.proxy.async.shared::cta")
+    assert loop.rindex("ldmatrix", 0, fence) > loop.index(".trans", 0, fence)  # values read before
+    assert loop.index("cp.async.bulk.tensor", fence) < loop.index("ld.global", fence)  # then scales
+
+
 def test_tma_rows_unfenced_needs_tma_rows():
     K.LaunchConfig(**TMA_ROWS_CONFIG, tma_rows_unfenced=True)
     with pytest.raises(ValueError, match="tma_rows_unfenced drops the proxy fences.*needs tma_rows=True"):
         K.LaunchConfig(kernel="v3", tma_rows_unfenced=True)
     fallback = K.v1_fallback(K.LaunchConfig(**TMA_ROWS_CONFIG, tma_rows_unfenced=True))
     assert not fallback.tma_rows and not fallback.tma_rows_unfenced
+    # tma_rows_early relies on the fence to order a stage's reads before its next copy
+    K.LaunchConfig(**TMA_ROWS_CONFIG, tma_rows_early=True)
+    with pytest.raises(ValueError, match="tma_rows_early .* needs tma_rows=True and tma_rows_unfenced=False"):
+        K.LaunchConfig(**TMA_ROWS_CONFIG, tma_rows_early=True, tma_rows_unfenced=True)
+    with pytest.raises(ValueError, match="tma_rows_early"):
+        K.LaunchConfig(kernel="v3", tma_rows_early=True)
 
 
 def test_v3_option_constexprs_name_the_split_kernels_constexprs():
@@ -897,7 +920,8 @@ def test_v3_option_constexprs_name_the_split_kernels_constexprs():
     tuned = K.TUNED_CONFIGS[(128, 4, "affine")]
     tma = K.LaunchConfig(**TMA_ROWS_CONFIG, tma_rows_unfenced=True)
     early = dataclasses.replace(tuned, query_in_split=False, loads_before_pdl_wait=2)
-    for config, split_major in ((tuned, False), (tma, True), (early, False)):
+    tma_early = K.LaunchConfig(**TMA_ROWS_CONFIG, tma_rows_early=True)
+    for config, split_major in ((tuned, False), (tma, True), (early, False), (tma_early, False)):
         got = K.v3_option_constexprs(config, split_major)
         assert set(got) <= constexprs, set(got) - constexprs
         assert got["STAGES"] == config.num_stages and got["KEYS_AHEAD"] == config.keys_ahead
@@ -905,9 +929,10 @@ def test_v3_option_constexprs_name_the_split_kernels_constexprs():
         assert got.get("SPLIT_MAJOR", False) == split_major
         assert got.get("TMA_ROWS", False) == config.tma_rows
         assert got.get("TMA_ROWS_UNFENCED", False) == config.tma_rows_unfenced
+        assert got.get("TMA_ROWS_EARLY", False) == config.tma_rows_early
         assert got.get("LOADS_BEFORE_WAIT", 0) == config.loads_before_pdl_wait
     # the options added late are absent when off: the tuned launch's JIT key is unchanged
-    assert not {"SPLIT_MAJOR", "TMA_ROWS", "TMA_ROWS_UNFENCED", "LOADS_BEFORE_WAIT"} & set(
+    assert not {"SPLIT_MAJOR", "TMA_ROWS", "TMA_ROWS_UNFENCED", "TMA_ROWS_EARLY", "LOADS_BEFORE_WAIT"} & set(
         K.v3_option_constexprs(tuned, False)
     )
 
