@@ -134,12 +134,13 @@ run() {
     timeout "$limit" "$@" 2>&1 | grep -v -E "Warning: |warnings\.warn\(" | tail -40
 }
 
-# the attention GPU tests that -k "$1" selects, on six xdist workers where xdist is installed
+# the attention GPU tests that -k "$1" selects, on six xdist workers where xdist is installed,
+# within $2 seconds (240)
 attention_tests() {
     local workers=()
     python3 -c "import xdist" 2>/dev/null && workers=(-n 6)
     # (-p no:benchmark: pytest-benchmark warns that xdist disables it)
-    run 240 python3 -P -m pytest -q -m gpu tests/test_wavelet_attention.py -p no:benchmark -k "$1" \
+    run "${2:-240}" python3 -P -m pytest -q -m gpu tests/test_wavelet_attention.py -p no:benchmark -k "$1" \
         ${workers[@]+"${workers[@]}"}
 }
 
@@ -392,15 +393,17 @@ print(json.dumps([dataclasses.asdict(K.TUNED_CONFIGS[(128, 4, 'affine')])]))" > 
 tma_rows)
     # the split kernel with LaunchConfig.tma_rows (prepared in the thirty-seventh session): its GPU
     # tests (bit-identical to the same config without it, also with tma_rows_unfenced or
-    # tma_rows_early, thirty-eighth session), and a grid against the tuned config: [tuned,
-    # tma_rows at 2 stages, the same unfenced, the same early, 3 stages unfenced] x 3 rounds
-    attention_tests "tma_rows"
-    run 330 python3 -P benchmarks/probe_attention.py grid --configs benchmarks/configs/probe_tma_rows.json \
+    # tma_rows_early, with or without scale_pairs_two_ahead: thirty-eighth session), and a grid
+    # against the tuned config: [tuned, tma_rows at 2 stages, the same unfenced, early, early with
+    # the scales two steps ahead, 3 stages unfenced] x 3 rounds
+    attention_tests "tma_rows" 260
+    run 320 python3 -P benchmarks/probe_attention.py grid --configs benchmarks/configs/probe_tma_rows.json \
         --shapes "8,131072;32,32768;8,32768" --out "$OUT/tma_rows" | grep -v "^\["
     ;;
 tma_phases)
     # thirty-eighth session, prepared: where a split program's time goes with the code rows by TMA
-    # (tma_rows at 2 stages, unfenced; and early) against the tuned kernel, all stamped
+    # (tma_rows at 2 stages, unfenced; early; early with the scales two ahead) against the tuned
+    # kernel, all stamped
     # (phase_clocks), at the large shapes: each full step's time, and when the programs end
     run 300 python3 -P benchmarks/probe_attention.py phases --configs benchmarks/configs/probe_tma_rows_phases.json \
         --shapes "8,131072;32,32768" --out "$OUT"

@@ -280,6 +280,9 @@ def main() -> None:
         action="store_true",
         help="with --tma-rows: a stage's next copy right after its operands are read (fenced)",
     )
+    p.add_argument(
+        "--scale-pairs-two-ahead", action="store_true", help="with --tma-rows-early: scales two steps ahead"
+    )
     p.add_argument("--zero-padding-p", action="store_true", help="p = 0 in the MMAs' padding rows")
     p.add_argument(
         "--band-columns", action="store_true", help="the MMAs' columns 4-7 serve the 2-bit band (GQA 4)"

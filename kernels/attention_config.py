@@ -222,6 +222,10 @@ class LaunchConfig:
     # those ldmatrix reads by Triton's proxy fence), instead of at the next step's start: two
     # stages then give two steps of lead at two stages' shared memory (thirty-eighth session)
     tma_rows_early: bool = False
+    # with tma_rows_early, whose next scale loads follow the copy (mid-step, 239 instructions before
+    # their use offline): the scale pairs loaded two steps ahead instead, carried in registers
+    # (719 loop instructions against 699; thirty-eighth session)
+    scale_pairs_two_ahead: bool = False
     # v3: this many consecutive equal splits of one (sequence, kv head) in one CTA, a warp each,
     # sharing the query's transform and the epilogue's T and merging their partials into one
     # (kernels/wavelet_attention_cta.py; 0: one split a program). It implements the small-launch
@@ -469,6 +473,11 @@ class LaunchConfig:
             raise ValueError(
                 "LaunchConfig.tma_rows_unfenced drops the proxy fences before tma_rows' TMA copies: it "
                 "needs tma_rows=True"
+            )
+        if self.scale_pairs_two_ahead and not self.tma_rows_early:
+            raise ValueError(
+                "LaunchConfig.scale_pairs_two_ahead is tma_rows_early's way of loading the scale pairs: "
+                "it needs tma_rows_early=True"
             )
         if self.tma_rows_early and not (self.tma_rows and not self.tma_rows_unfenced):
             raise ValueError(
@@ -861,6 +870,7 @@ V3_ONLY_OPTIONS = (
     "tma_rows",
     "tma_rows_unfenced",
     "tma_rows_early",
+    "scale_pairs_two_ahead",
     "prefetch_value_rows",
     "fill_value_rows_l2",
     "value_copies_l2_256b",

@@ -849,6 +849,7 @@ def v3_option_constexprs(config: LaunchConfig, split_major: bool) -> dict:
         **({"TMA_ROWS": True} if config.tma_rows else {}),
         **({"TMA_ROWS_UNFENCED": True} if config.tma_rows_unfenced else {}),
         **({"TMA_ROWS_EARLY": True} if config.tma_rows_early else {}),
+        **({"SCALES_TWO_AHEAD": True} if config.scale_pairs_two_ahead else {}),
     )
 
 
@@ -1040,7 +1041,9 @@ def wavelet_attention_triton(
             compressed_parts = -(-num_splits // config.cta_splits)
     if use_v3 and config.tma_rows and tma_rows_reason(layout, k_codes, v_codes):
         # (the same step, its rows by loads and copies)
-        config = replace(config, tma_rows=False, tma_rows_unfenced=False, tma_rows_early=False)
+        config = replace(
+            config, tma_rows=False, tma_rows_unfenced=False, tma_rows_early=False, scale_pairs_two_ahead=False
+        )
     n_parts = compressed_parts + exact_programs
     device = q.device
     if use_v3 or use_v2:

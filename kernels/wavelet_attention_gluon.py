@@ -1154,6 +1154,9 @@ if HAS_GLUON:
         # ldmatrix reads before the copy), instead of at the next step's start: about STAGES - 1/2
         # steps of lead instead of STAGES - 1 (LaunchConfig.tma_rows_early)
         TMA_ROWS_EARLY: gl.constexpr = False,
+        # with TMA_ROWS_EARLY: the scale pairs loaded two steps ahead (carried in registers), so
+        # that they keep more than a step of lead (LaunchConfig.scale_pairs_two_ahead)
+        SCALES_TWO_AHEAD: gl.constexpr = False,
         # each lane's two 4-bit-band key words by one 8-byte load (the plan's key slots ordered
         # for it: _plan_v3(key_word_pairs=True)); keys from global memory only
         KEY_WORD_PAIRS: gl.constexpr = False,
@@ -1212,6 +1215,7 @@ if HAS_GLUON:
                 TMA_ROWS and not TMA_ROWS_UNFENCED,
                 "TMA_ROWS_EARLY issues a copy right after its stage's ldmatrix reads: the fence must stay",
             )
+        gl.static_assert(TMA_ROWS_EARLY or not SCALES_TWO_AHEAD, "SCALES_TWO_AHEAD is TMA_ROWS_EARLY's")
         if TMA_ROWS_UNFENCED:
             gl.static_assert(TMA_ROWS, "TMA_ROWS_UNFENCED removes the fences before TMA_ROWS' copies")
             gl.inline_asm_elementwise(_MARK_NO_PROXY_FENCES, "=r", [], dtype=gl.int32, is_pure=False, pack=1)
@@ -1389,6 +1393,10 @@ if HAS_GLUON:
                 v_pair = _load_scale_words(vscales, lo + st, SCALE_ROW)
             else:
                 v_pair = _load_scale_pairs(vscales, lo + sv, SCALE_ROW)
+            if SCALES_TWO_AHEAD:  # the second step's scale pairs too
+                second = gl.minimum(lo + BLOCK_N, last_full)
+                k_pair1 = _load_scale_pairs(kscales, second + st, SCALE_ROW)
+                v_pair1 = _load_scale_pairs(vscales, second + sv, SCALE_ROW)
             if KEYS_AHEAD:
                 next4, next2 = _load_key_words(
                     kcodes, lo + kt, CODE_ROW, E4, E2, False, KEY_LOADS_L2_256B, KEY_WORD_PAIRS
@@ -1515,8 +1523,15 @@ if HAS_GLUON:
                     v4t, v2t = _tma_value_operands(tma_ring, cur)
                     first = start + STAGES * BLOCK_N
                     _issue_rows_tma(tma_ring, cur, k_row0 + first, v_row0 + first, first <= last_full)
-                    k_pair = _load_scale_pairs(kscales, nxt + st, SCALE_ROW)
-                    v_pair = _load_scale_pairs(vscales, nxt + sv, SCALE_ROW)
+                    if SCALES_TWO_AHEAD:  # loaded here, the next step's pairs would have a third of a step
+                        k_pair = k_pair1
+                        v_pair = v_pair1
+                        after_next = gl.minimum(start + 2 * BLOCK_N, last_full)
+                        k_pair1 = _load_scale_pairs(kscales, after_next + st, SCALE_ROW)
+                        v_pair1 = _load_scale_pairs(vscales, after_next + sv, SCALE_ROW)
+                    else:
+                        k_pair = _load_scale_pairs(kscales, nxt + st, SCALE_ROW)
+                        v_pair = _load_scale_pairs(vscales, nxt + sv, SCALE_ROW)
                 state = _accumulate_values(
                     s,
                     state,

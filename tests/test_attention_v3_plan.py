@@ -893,6 +893,11 @@ def test_tma_rows_early_issues_each_copy_after_its_stages_value_reads(tmp_path):
     fence = loop.index("fence.proxy.async.shared::cta")
     assert loop.rindex("ldmatrix", 0, fence) > loop.index(".trans", 0, fence)  # values read before
     assert loop.index("cp.async.bulk.tensor", fence) < loop.index("ld.global", fence)  # then scales
+    # scale_pairs_two_ahead: the same issue order, the pairs carried a step longer, no spill
+    two = tmp_path / "two_ahead"
+    options = ("--tuned", "--pdl", *tma, "--tma-rows-early", "--scale-pairs-two-ahead")
+    out = _run_sm90_tool("sass_attention_v3.py", two, *options)
+    assert int(re.search(r"loop spill instructions: (\d+)", out).group(1)) == 0, out
 
 
 def test_tma_rows_unfenced_needs_tma_rows():
@@ -907,6 +912,9 @@ def test_tma_rows_unfenced_needs_tma_rows():
         K.LaunchConfig(**TMA_ROWS_CONFIG, tma_rows_early=True, tma_rows_unfenced=True)
     with pytest.raises(ValueError, match="tma_rows_early"):
         K.LaunchConfig(kernel="v3", tma_rows_early=True)
+    K.LaunchConfig(**TMA_ROWS_CONFIG, tma_rows_early=True, scale_pairs_two_ahead=True)
+    with pytest.raises(ValueError, match="scale_pairs_two_ahead .* needs tma_rows_early=True"):
+        K.LaunchConfig(**TMA_ROWS_CONFIG, scale_pairs_two_ahead=True)
 
 
 def test_v3_option_constexprs_name_the_split_kernels_constexprs():
@@ -920,7 +928,7 @@ def test_v3_option_constexprs_name_the_split_kernels_constexprs():
     tuned = K.TUNED_CONFIGS[(128, 4, "affine")]
     tma = K.LaunchConfig(**TMA_ROWS_CONFIG, tma_rows_unfenced=True)
     early = dataclasses.replace(tuned, query_in_split=False, loads_before_pdl_wait=2)
-    tma_early = K.LaunchConfig(**TMA_ROWS_CONFIG, tma_rows_early=True)
+    tma_early = K.LaunchConfig(**TMA_ROWS_CONFIG, tma_rows_early=True, scale_pairs_two_ahead=True)
     for config, split_major in ((tuned, False), (tma, True), (early, False), (tma_early, False)):
         got = K.v3_option_constexprs(config, split_major)
         assert set(got) <= constexprs, set(got) - constexprs
@@ -930,11 +938,11 @@ def test_v3_option_constexprs_name_the_split_kernels_constexprs():
         assert got.get("TMA_ROWS", False) == config.tma_rows
         assert got.get("TMA_ROWS_UNFENCED", False) == config.tma_rows_unfenced
         assert got.get("TMA_ROWS_EARLY", False) == config.tma_rows_early
+        assert got.get("SCALES_TWO_AHEAD", False) == config.scale_pairs_two_ahead
         assert got.get("LOADS_BEFORE_WAIT", 0) == config.loads_before_pdl_wait
     # the options added late are absent when off: the tuned launch's JIT key is unchanged
-    assert not {"SPLIT_MAJOR", "TMA_ROWS", "TMA_ROWS_UNFENCED", "TMA_ROWS_EARLY", "LOADS_BEFORE_WAIT"} & set(
-        K.v3_option_constexprs(tuned, False)
-    )
+    late = {"SPLIT_MAJOR", "TMA_ROWS", "TMA_ROWS_UNFENCED", "TMA_ROWS_EARLY", "SCALES_TWO_AHEAD"}
+    assert not (late | {"LOADS_BEFORE_WAIT"}) & set(K.v3_option_constexprs(tuned, False))
 
 
 def test_tma_rows_spike_copies_a_step_in_one_tma_copy_and_reads_bands_by_ldmatrix(tmp_path):

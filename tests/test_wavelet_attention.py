@@ -805,19 +805,23 @@ def test_gpu_v3_split_major_grid_changes_no_result(small, monkeypatch):
     ],
 )
 @pytest.mark.parametrize("stages", [2, 3])
-@pytest.mark.parametrize("variant", ["fenced", "unfenced", "early"])
+@pytest.mark.parametrize("variant", ["fenced", "unfenced", "early", "early_scales_two_ahead"])
 def test_gpu_v3_tma_rows_change_no_result(spec, group, tq, stages, variant, monkeypatch):
     # tma_rows reads each step's code rows by TMA copies instead of loads and cp.async copies: the
     # same int16 elements reach the same MMA fragments, and the masked steps' rows past the range
     # (read unclamped) get p = 0, so the output is bit-identical to the same config without it,
     # for ragged lengths (1, off the step), empty splits (70) and every stage of the ring; with
-    # tma_rows_unfenced and tma_rows_early too (were a copy to overwrite a stage before that
-    # stage's ldmatrix reads had returned, the result would differ)
+    # tma_rows_unfenced and tma_rows_early (with scale_pairs_two_ahead or not) too (were a copy to
+    # overwrite a stage before that stage's ldmatrix reads had returned, the result would differ)
     tuned = K.TUNED_CONFIGS[(128, 4, "affine")]
     plain = dataclasses.replace(tuned, num_stages=stages, keys_ahead=False, key_word_pairs=False)
     unfenced = variant == "unfenced"
     config = dataclasses.replace(
-        plain, tma_rows=True, tma_rows_unfenced=unfenced, tma_rows_early=variant == "early"
+        plain,
+        tma_rows=True,
+        tma_rows_unfenced=unfenced,
+        tma_rows_early=variant.startswith("early"),
+        scale_pairs_two_ahead=variant == "early_scales_two_ahead",
     )
     seq_lens = [4096, tq, 1000, 2049, 133]
     codec, args = make_case(spec, 5, 2, group, tq, 128, seq_lens, 4096, torch.bfloat16, "cuda", "full")
