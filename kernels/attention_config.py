@@ -208,7 +208,10 @@ class LaunchConfig:
     # copied 8 bytes a lane (benchmarks/spike_tma_step.py: 682-685 loop instructions against the
     # tuned 728 offline, thirty-seventh session). Needs num_stages >= 2, keys_ahead and
     # key_word_pairs off, the default codec's 48-byte rows and contiguous codes (else the launch
-    # runs without it: wavelet_attention.tma_rows_reason). Prepared, not yet run on a GPU
+    # runs without it: wavelet_attention.tma_rows_reason). Prepared, not yet run on a GPU. With
+    # exact_carveout, set that to 100: 12 programs of about 17.9 KB take the SM's whole 228 KB, and
+    # the exact-token kernel runs beside them only at the same carveout (the tuned 44 is the
+    # carveout of the 4.6 KB programs without it)
     tma_rows: bool = False
     # with tma_rows: the loops' TMA copies issued without the proxy fence Triton puts before each
     # (fence.proxy.async: MEMBAR.ALL.CTA, which may wait for the warp's memory operations in
@@ -917,6 +920,11 @@ _WARPS_PER_SM = 64
 _PROGRAMS_PER_SM = 32
 _SHARED_PER_SM = 228 * 1024
 _SHARED_RESERVED_PER_PROGRAM = 1024  # the driver's per-block reservation
+# v3's shared memory beside its ring: the value scales' staging buffers, mbarriers and layout
+# conversions' scratch, 512-536 bytes in the offline builds (sass_attention_v3.py: the tuned kernel
+# 4,608 bytes against its 4,096-byte ring, tma_rows 16,912 / 25,112 at 2 / 3 stages against 16,384 /
+# 24,576); without it 3-stage tma_rows was counted 9 an SM where 8 fit (thirty-eighth session)
+_V3_SHARED_BESIDE_RING = 1024
 _REG_ALLOC_UNIT = 256  # registers are allocated per warp in units of 256
 
 
@@ -943,7 +951,8 @@ def resident_programs_per_sm(
         ring = config.num_stages * tiles * 2 * config.block_n * 16 * 2  # two bands, 16 int16 a row
         if config.tma_rows:  # both caches' [block_n, 32] int16 row tiles a stage instead
             ring = config.num_stages * 2 * config.block_n * 32 * 2
-        resident = min(resident, shared_per_sm // (ring + _SHARED_RESERVED_PER_PROGRAM))
+        per_program = ring + _V3_SHARED_BESIDE_RING + _SHARED_RESERVED_PER_PROGRAM
+        resident = min(resident, shared_per_sm // per_program)
     return max(resident, 1)
 
 
