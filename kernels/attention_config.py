@@ -218,16 +218,16 @@ class LaunchConfig:
     # flight, the scale loads among them, then FENCE.VIEW.ASYNC.S), by a PTX patch (ptx_patches.py).
     # The stage a copy overwrites was last read by ldmatrix whose results the previous step's MMAs
     # consumed, so those reads are complete when the copy issues; CUTLASS's TMA pipelines release a
-    # stage without the fence too. Offline 704 loop instructions against 706 (thirty-eighth session)
+    # stage without the fence too. Offline 703 loop instructions against 705 (thirty-eighth session)
     tma_rows_unfenced: bool = False
     # with tma_rows (and its fences): each full step's stage gets its next copy, num_stages steps
     # ahead, right after the step has read its operands from it into registers (ordered behind
     # those ldmatrix reads by Triton's proxy fence), instead of at the next step's start: two
     # stages then give two steps of lead at two stages' shared memory (thirty-eighth session)
     tma_rows_early: bool = False
-    # with tma_rows_early, whose next scale loads follow the copy (mid-step, 239 instructions before
+    # with tma_rows_early, whose next scale loads follow the copy (mid-step, 238 instructions before
     # their use offline): the scale pairs loaded two steps ahead instead, carried in registers
-    # (719 loop instructions against 699; thirty-eighth session)
+    # (719 loop instructions against 700; thirty-eighth session)
     scale_pairs_two_ahead: bool = False
     # v3: this many consecutive equal splits of one (sequence, kv head) in one CTA, a warp each,
     # sharing the query's transform and the epilogue's T and merging their partials into one

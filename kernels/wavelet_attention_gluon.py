@@ -1261,6 +1261,42 @@ if HAS_GLUON:
         # steps below every real row's limit need no score mask
         all_hi = gl.min(gl.where(row_ok, row_hi, hi), axis=0)
         full_hi = lo + gl.maximum(all_hi - lo, 0) // BLOCK_N * BLOCK_N
+        # ---- the TMA ring of code rows: stage i holds copy i's key and value rows
+        if TMA_ROWS:
+            gl.static_assert(
+                STAGES >= 2 and not KEYS_AHEAD and not KEYS_VIA_SMEM and not ROW_COPIES,
+                "TMA_ROWS: a ring of STAGES >= 2 row tiles, the keys read from it",
+            )
+            gl.static_assert(
+                CODE_ROW == 24 and E4 == 0 and E2 == 16 and not KEY_WORD_PAIRS and not BAND_COLUMNS,
+                "TMA_ROWS reads the default codec's rows: the 4-bit band's 16 elements, the 2-bit band's 8",
+            )
+            gl.static_assert(
+                not COUNTED_STEPS
+                and LOADS_BEFORE_WAIT == 0
+                and not PREFETCH_VALUE_ROWS
+                and not FILL_VALUE_ROWS_L2,
+                "TMA_ROWS: no COUNTED_STEPS, LOADS_BEFORE_WAIT, PREFETCH_VALUE_ROWS or FILL_VALUE_ROWS_L2",
+            )
+            krows_t = gl.allocate_shared_memory(gl.int16, [STAGES, BLOCK_N, 32], _TMA_ROWS)
+            vrows_t = gl.allocate_shared_memory(gl.int16, [STAGES, BLOCK_N, 32], _TMA_ROWS)
+            bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+            for i in gl.static_range(STAGES):
+                mbarrier.init(bars.index(i), count=1)
+            # the flat rows of this (sequence, kv head)'s token 0 in the [rows, 24] views
+            k_row0 = ((batch.to(gl.int64) * kc_stride_b + kv_head * kc_stride_h) // (2 * CODE_ROW)).to(
+                gl.int32
+            )
+            v_row0 = ((batch.to(gl.int64) * vc_stride_b + kv_head * vc_stride_h) // (2 * CODE_ROW)).to(
+                gl.int32
+            )
+            ring = (krows_t, krows_t, vrows_t, vrows_t)  # (unread: the cp.async ring's place)
+            tma_ring = (k_rows_desc, v_rows_desc, krows_t, vrows_t, bars)
+            # the first copies (numbers 0 ..; none past the full steps: each copy is waited for) go
+            # out now: they need nothing from the query, whose transform they then overlap
+            for i in gl.static_range(STAGES if TMA_ROWS_EARLY else STAGES - 1):
+                first = lo + i * BLOCK_N
+                _issue_rows_tma(tma_ring, i, k_row0 + first, v_row0 + first, first + BLOCK_N <= full_hi)
         # ---- loop invariants
         if QUERY_IN_SPLIT:
             gl.static_assert(LOADS_BEFORE_WAIT == 0, "QUERY_IN_SPLIT reads the query after the wait")
@@ -1314,36 +1350,8 @@ if HAS_GLUON:
             vt = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, _TOKEN_ROWS))
         mt = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, _MMA))
         # the ring of code tiles: stage i holds step i's key and value tiles
-        if TMA_ROWS:
-            gl.static_assert(
-                STAGES >= 2 and not KEYS_AHEAD and not KEYS_VIA_SMEM and not ROW_COPIES,
-                "TMA_ROWS: a ring of STAGES >= 2 row tiles, the keys read from it",
-            )
-            gl.static_assert(
-                CODE_ROW == 24 and E4 == 0 and E2 == 16 and not KEY_WORD_PAIRS and not BAND_COLUMNS,
-                "TMA_ROWS reads the default codec's rows: the 4-bit band's 16 elements, the 2-bit band's 8",
-            )
-            gl.static_assert(
-                not COUNTED_STEPS
-                and LOADS_BEFORE_WAIT == 0
-                and not PREFETCH_VALUE_ROWS
-                and not FILL_VALUE_ROWS_L2,
-                "TMA_ROWS: no COUNTED_STEPS, LOADS_BEFORE_WAIT, PREFETCH_VALUE_ROWS or FILL_VALUE_ROWS_L2",
-            )
-            krows_t = gl.allocate_shared_memory(gl.int16, [STAGES, BLOCK_N, 32], _TMA_ROWS)
-            vrows_t = gl.allocate_shared_memory(gl.int16, [STAGES, BLOCK_N, 32], _TMA_ROWS)
-            bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-            for i in gl.static_range(STAGES):
-                mbarrier.init(bars.index(i), count=1)
-            # the flat rows of this (sequence, kv head)'s token 0 in the [rows, 24] views
-            k_row0 = ((batch.to(gl.int64) * kc_stride_b + kv_head * kc_stride_h) // (2 * CODE_ROW)).to(
-                gl.int32
-            )
-            v_row0 = ((batch.to(gl.int64) * vc_stride_b + kv_head * vc_stride_h) // (2 * CODE_ROW)).to(
-                gl.int32
-            )
-            ring = (krows_t, krows_t, vrows_t, vrows_t)  # (unread: the cp.async ring's place)
-            tma_ring = (k_rows_desc, v_rows_desc, krows_t, vrows_t, bars)
+        if TMA_ROWS:  # (allocated, and its first copies issued, before the query's transform)
+            pass
         elif ROW_COPIES:
             krows = gl.allocate_shared_memory(gl.int16, [STAGES, BLOCK_N, 32], _ROW_TILE)
             vrows = gl.allocate_shared_memory(gl.int16, [STAGES, BLOCK_N, 32], _ROW_TILE)
@@ -1369,25 +1377,21 @@ if HAS_GLUON:
         # step i + STAGES - 1 are in flight while step i computes; scales one step ahead.
         if full_hi > lo:
             last_full = full_hi - BLOCK_N
-            for i in gl.static_range(STAGES if TMA_ROWS_EARLY else STAGES - 1):
+            for i in gl.static_range(0 if TMA_ROWS else STAGES - 1):  # (TMA_ROWS: issued above)
                 ahead = gl.minimum(lo + i * BLOCK_N, last_full)  # past the end: a harmless repeat
-                if TMA_ROWS:  # copy number i; none past the full steps (each copy is waited for)
-                    first = lo + i * BLOCK_N
-                    _issue_rows_tma(tma_ring, i, k_row0 + first, v_row0 + first, first <= last_full)
-                else:
-                    _issue_stage(
-                        ring,
-                        i,
-                        kcodes,
-                        vcodes,
-                        ahead + vt,
-                        CODE_ROW,
-                        E4,
-                        E2,
-                        KEYS_VIA_SMEM,
-                        CACHE_TILES,
-                        ROW_COPIES,
-                    )
+                _issue_stage(
+                    ring,
+                    i,
+                    kcodes,
+                    vcodes,
+                    ahead + vt,
+                    CODE_ROW,
+                    E4,
+                    E2,
+                    KEYS_VIA_SMEM,
+                    CACHE_TILES,
+                    ROW_COPIES,
+                )
             k_pair = _load_scale_pairs(kscales, lo + st, SCALE_ROW)
             if BAND_COLUMNS:
                 v_pair = _load_scale_words(vscales, lo + st, SCALE_ROW)

@@ -845,7 +845,7 @@ def test_band_warps_spike_compiles_for_sm90(tmp_path):
 def test_tma_rows_split_kernel_compiles_without_spills_and_leaves_the_tuned_kernel(tmp_path):
     # LaunchConfig.tma_rows in the split kernel (prepared in the thirty-seventh session, not yet run
     # on a GPU): offline its loop takes 2 TMA copies and no cp.async or global code loads, no
-    # spill at the 168-register cap, 706 instructions against the tuned 728 (Triton 3.6)
+    # spill at the 168-register cap, 705 instructions against the tuned 728 (Triton 3.6)
     import re
 
     tma = ("--tma-rows", "--stages", "2", "--without", "keys_ahead", "--without", "key_word_pairs")
@@ -865,7 +865,7 @@ def test_tma_rows_split_kernel_compiles_without_spills_and_leaves_the_tuned_kern
     assert not any(o.startswith("LDGSTS") for o in ops), ops
     assert sum(o.startswith("LDSM") for o in ops) >= 8, ops
     # Triton fences each loop's copies (fence.proxy.async: MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S);
-    # tma_rows_unfenced patches them out of the PTX (thirty-eighth session: 704 loop instructions)
+    # tma_rows_unfenced patches them out of the PTX (thirty-eighth session: 703 loop instructions)
     assert ops.count("MEMBAR.ALL.CTA") == 1 and ops.count("FENCE.VIEW.ASYNC.S") == 1, ops
     unfenced = tmp_path / "unfenced"
     out = _run_sm90_tool("sass_attention_v3.py", unfenced, "--tuned", "--pdl", *tma, "--tma-rows-unfenced")
@@ -880,7 +880,7 @@ def test_tma_rows_split_kernel_compiles_without_spills_and_leaves_the_tuned_kern
 
 def test_tma_rows_early_issues_each_copy_after_its_stages_value_reads(tmp_path):
     # LaunchConfig.tma_rows_early (thirty-eighth session): a full step's stage gets its next copy
-    # once the step has read its value operands, behind the proxy fence; offline 699 loop
+    # once the step has read its value operands, behind the proxy fence; offline 700 loop
     # instructions at 2 stages (Triton 3.6), no spill, the fence after the last value ldmatrix
     import re
 
