@@ -218,6 +218,24 @@ def test_tma_rows_config_names_what_it_cannot_take(clash, named):
         K.LaunchConfig(**{**TMA_ROWS_CONFIG, "kernel": "v1"})
 
 
+def test_tma_row_descriptors_view_every_cache_row_as_24_int16():
+    # the kernel addresses token t of (sequence b, kv head h) as flat row (b * Hkv + h) * capacity
+    # + t of a [rows, 24] int16 view, read in [64, 32] boxes: the descriptors must say exactly that
+    gluon = pytest.importorskip("wmoe_compile.kernels.wavelet_attention_gluon")
+    if not gluon.HAS_GLUON:
+        pytest.skip(gluon.GLUON_IMPORT_ERROR)
+    k_codes = torch.randint(0, 256, (3, 2, 80, 48), dtype=torch.uint8)
+    v_codes = torch.randint(0, 256, (3, 2, 80, 48), dtype=torch.uint8)
+    k_desc, v_desc = K._tma_row_descriptors(k_codes, v_codes)
+    for desc, codes in ((k_desc, k_codes), (v_desc, v_codes)):
+        assert list(desc.shape) == [3 * 2 * 80, 24] and list(desc.strides) == [24, 1]
+        assert list(desc.block_shape) == [64, 32] and desc.layout == gluon.TMA_ROWS_LAYOUT
+        assert desc.base.data_ptr() == codes.data_ptr()
+        b, h, t = 2, 1, 77  # a row's 24 int16 are its 48 code bytes
+        row = (b * 2 + h) * 80 + t
+        assert torch.equal(desc.base[row].view(torch.uint8), codes[b, h, t])
+
+
 def test_tma_rows_reason_names_what_the_caches_lack():
     # tma_rows runs only on the default codec's 48-byte rows in contiguous CUDA codes on sm_90+;
     # the launch then runs the same step without it (wavelet_attention_triton)
