@@ -1350,13 +1350,12 @@ if HAS_GLUON:
             vt = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, _TOKEN_ROWS))
         mt = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, _MMA))
         # the ring of code tiles: stage i holds step i's key and value tiles
-        if TMA_ROWS:  # (allocated, and its first copies issued, before the query's transform)
-            pass
-        elif ROW_COPIES:
+        # (TMA_ROWS: allocated, and its first copies issued, before the query's transform)
+        if ROW_COPIES:
             krows = gl.allocate_shared_memory(gl.int16, [STAGES, BLOCK_N, 32], _ROW_TILE)
             vrows = gl.allocate_shared_memory(gl.int16, [STAGES, BLOCK_N, 32], _ROW_TILE)
             ring = (krows, krows, vrows, vrows)
-        else:
+        elif not TMA_ROWS:
             KEY_STAGES: gl.constexpr = STAGES if KEYS_VIA_SMEM else 1  # 1: an unused placeholder
             k4s = gl.allocate_shared_memory(gl.int16, [KEY_STAGES, BLOCK_N, 16], _TILE)
             k2s = gl.allocate_shared_memory(gl.int16, [KEY_STAGES, BLOCK_N, 16], _TILE)
@@ -1377,21 +1376,22 @@ if HAS_GLUON:
         # step i + STAGES - 1 are in flight while step i computes; scales one step ahead.
         if full_hi > lo:
             last_full = full_hi - BLOCK_N
-            for i in gl.static_range(0 if TMA_ROWS else STAGES - 1):  # (TMA_ROWS: issued above)
-                ahead = gl.minimum(lo + i * BLOCK_N, last_full)  # past the end: a harmless repeat
-                _issue_stage(
-                    ring,
-                    i,
-                    kcodes,
-                    vcodes,
-                    ahead + vt,
-                    CODE_ROW,
-                    E4,
-                    E2,
-                    KEYS_VIA_SMEM,
-                    CACHE_TILES,
-                    ROW_COPIES,
-                )
+            if not TMA_ROWS:  # (TMA_ROWS: its first copies went out before the query's transform)
+                for i in gl.static_range(STAGES - 1):
+                    ahead = gl.minimum(lo + i * BLOCK_N, last_full)  # past the end: a harmless repeat
+                    _issue_stage(
+                        ring,
+                        i,
+                        kcodes,
+                        vcodes,
+                        ahead + vt,
+                        CODE_ROW,
+                        E4,
+                        E2,
+                        KEYS_VIA_SMEM,
+                        CACHE_TILES,
+                        ROW_COPIES,
+                    )
             k_pair = _load_scale_pairs(kscales, lo + st, SCALE_ROW)
             if BAND_COLUMNS:
                 v_pair = _load_scale_words(vscales, lo + st, SCALE_ROW)
