@@ -210,6 +210,18 @@ class DecoderLayer(nn.Module):
         return x + self.moe(self.moe_norm(x))
 
 
+def _seeded_normal_(weight: torch.Tensor, std: float, generator: torch.Generator | None) -> None:
+    """Fill ``weight`` in place (on its device, one parameter at a time, so big configs init fast)
+    from N(0, std) drawn in fp32, then rounded to its dtype: one seed gives one model in every
+    dtype. (torch 2.11's CPU normal_ draws bf16 / fp16 tensors of 16+ elements from another stream
+    than fp32's; 2.13 and 2.14 draw the same values.)"""
+    if weight.dtype == torch.float32:
+        weight.normal_(0.0, std, generator=generator)
+        return
+    drawn = torch.empty(weight.shape, dtype=torch.float32, device=weight.device)
+    weight.copy_(drawn.normal_(0.0, std, generator=generator))
+
+
 class MixtralModel(nn.Module):
     """Decoder-only MoE LM. forward(tokens [B, T], positions [T]) -> logits [B, T, vocab]."""
 
@@ -232,10 +244,9 @@ class MixtralModel(nn.Module):
         gen = torch.Generator(device).manual_seed(seed) if seed is not None else None
         for module in self.modules():
             if isinstance(module, nn.Linear):
-                # Fill in place (on the weight's device, in its dtype) so big configs init fast.
-                module.weight.normal_(0.0, 1.0 / math.sqrt(module.in_features), generator=gen)
+                _seeded_normal_(module.weight, 1.0 / math.sqrt(module.in_features), gen)
             elif isinstance(module, nn.Embedding):
-                module.weight.normal_(0.0, 1.0, generator=gen)
+                _seeded_normal_(module.weight, 1.0, gen)
             elif isinstance(module, RMSNorm):
                 module.weight.fill_(1.0)
 
