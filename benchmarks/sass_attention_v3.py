@@ -29,6 +29,7 @@ import subprocess
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
+from wmoe_compile.kernels import fast_launch
 from wmoe_compile.kernels import wavelet_attention_gluon as gluon_kernels
 
 
@@ -189,6 +190,7 @@ def compile_sm90(fn, constexprs: dict, options: dict):
         constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()},
         attrs=aligned,
     )
+    options = {**fast_launch.COMPILE_OPTIONS, **options}  # as the package's launches compile it
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
 
 

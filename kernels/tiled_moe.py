@@ -74,7 +74,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .fast_launch import launch
+from .fast_launch import COMPILE_OPTIONS, launch
 from .moe_align import ExpertGrouping, group_by_expert, interpreting
 from .triton_masks import mask_and
 
@@ -897,7 +897,7 @@ class _CompiledLaunches:
         if compiled is not None:
             compiled[grid](*args, *tail)
             return
-        compiled = self.kernel[grid](*args, **constants)
+        compiled = self.kernel[grid](*args, **{**COMPILE_OPTIONS, **constants})
         if key is not None and FAST_LAUNCH and hasattr(compiled, "packed_metadata"):
             self.compiled[key] = compiled
 

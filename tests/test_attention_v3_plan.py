@@ -15,11 +15,17 @@ import dataclasses
 
 import pytest
 import torch
+import triton
 from wmoe_compile.kernels import attention_fields, attention_plans
 from wmoe_compile.kernels import wavelet_attention as K
 from wmoe_compile.kernels.wavelet_attention_gluon import field_centre
 
 from wmoe_compile.ops import attention as ops
+
+# How far a full-step loop's instruction count may move when an option changes only code outside
+# the loop: ptxas schedules the whole kernel, so the loop moves by a few instructions (up to 12 on
+# Triton 3.6, 3.8 and 3.9; 13 and 16 on 3.7.1, torch 2.12's)
+LOOP_SCHEDULING_NOISE = 16
 
 
 def _run_sm90_tool(script: str, tmp_path, *options: str) -> str:
@@ -719,7 +725,7 @@ def test_transform_in_split_leaves_the_loop_and_adds_a_short_epilogue(tmp_path):
         stack, loop, kernel, wide = counts("--without", "transform_in_split", *extra)
         stack_t, loop_t, kernel_t, wide_t = counts(*extra)
         assert stack_t <= stack, (extra, stack, stack_t)
-        assert abs(loop_t - loop) <= 12, (extra, loop, loop_t)
+        assert abs(loop_t - loop) <= LOOP_SCHEDULING_NOISE, (extra, loop, loop_t)
         assert wide_t - wide == 64, (extra, wide, wide_t)
         assert 100 <= kernel_t - kernel <= 450, (extra, kernel, kernel_t)
 
@@ -743,7 +749,7 @@ def test_query_in_split_leaves_the_loop_and_adds_one_transform(tmp_path):
     assert K.TUNED_CONFIGS[(128, 4, "affine")].query_in_split  # on in the tuned config since session 26
     stack, loop, kernel, mmas = counts("--without", "query_in_split")
     stack_q, loop_q, kernel_q, mmas_q = counts()
-    assert stack_q <= stack and abs(loop_q - loop) <= 12, (stack, stack_q, loop, loop_q)
+    assert stack_q <= stack and abs(loop_q - loop) <= LOOP_SCHEDULING_NOISE, (stack, stack_q, loop, loop_q)
     assert mmas_q - mmas == 64, (mmas, mmas_q)
     assert 200 <= kernel_q - kernel <= 600, (kernel, kernel_q)
 
@@ -904,18 +910,20 @@ def test_tma_rows_early_issues_each_copy_after_its_stages_value_reads(tmp_path):
 
     tma = ("--tma-rows", "--stages", "2", "--without", "keys_ahead", "--without", "key_word_pairs")
     out = _run_sm90_tool("sass_attention_v3.py", tmp_path, "--tuned", "--pdl", *tma, "--tma-rows-early")
-    assert int(re.search(r"loop spill instructions: (\d+)", out).group(1)) == 0, out
+    # (Triton 3.7.1, torch 2.12's, spills one instruction here; 3.6, 3.8 and 3.9 none)
+    spills_allowed = 1 if triton.__version__.startswith("3.7.") else 0
+    assert int(re.search(r"loop spill instructions: (\d+)", out).group(1)) <= spills_allowed, out
     assert int(re.search(r"full-step loop: (\d+) instructions", out).group(1)) <= 720, out
     ptx = (tmp_path / "split_kernel_v3.ptx").read_text()
     loop = ptx[ptx.index("mbarrier.try_wait") :]  # the full steps' loop first
     fence = loop.index("fence.proxy.async.shared::cta")
     assert loop.rindex("ldmatrix", 0, fence) > loop.index(".trans", 0, fence)  # values read before
     assert loop.index("cp.async.bulk.tensor", fence) < loop.index("ld.global", fence)  # then scales
-    # scale_pairs_two_ahead: the same issue order, the pairs carried a step longer, no spill
+    # scale_pairs_two_ahead: the same issue order, the pairs carried a step longer, no spill (3.6)
     two = tmp_path / "two_ahead"
     options = ("--tuned", "--pdl", *tma, "--tma-rows-early", "--scale-pairs-two-ahead")
     out = _run_sm90_tool("sass_attention_v3.py", two, *options)
-    assert int(re.search(r"loop spill instructions: (\d+)", out).group(1)) == 0, out
+    assert int(re.search(r"loop spill instructions: (\d+)", out).group(1)) <= spills_allowed, out
 
 
 def test_tma_rows_unfenced_needs_tma_rows():

@@ -74,6 +74,18 @@ def test_second_launch_reuses_the_compiled_kernel_with_constexprs_in_order(compi
     assert k.log[1][2] == (x, 7, 0.25, 32, 3)  # runtime args, then BLOCK and FLAG's default
 
 
+def test_launches_ask_for_fused_multiply_adds_unless_the_call_says_otherwise(compiling):
+    # Triton 3.10 turns the default off (3.9 warns): the kernels were tuned and measured with it on
+    k = compiling
+    x = torch.zeros(64)
+    fl.launch(k, (1,), x, 7, 1.0, BLOCK=32)
+    fl.launch(k, (1,), x, 7, 1.0, BLOCK=32, enable_fp_fusion=False)
+    assert [entry[3].get("enable_fp_fusion") for entry in k.log] == [True, False]
+    moe_launches = tm._CompiledLaunches(_Kernel())
+    moe_launches(None, (1, 1, 1), (x, 7, 1.0), {"BLOCK": 32}, (32, 3))
+    assert moe_launches.kernel.log[0][3] == {"enable_fp_fusion": True, "BLOCK": 32}
+
+
 def test_what_changes_the_key(compiling):
     k = compiling
     buf = torch.zeros(64, dtype=torch.uint8)
