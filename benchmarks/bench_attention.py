@@ -87,6 +87,17 @@ RUNTIME_GRID = [dict(ctas_per_sm=c, min_split_tokens=m) for c in (8.0, 16.0, 32.
 TOP_K = 2
 
 
+def _heads(text: str) -> tuple[int, int]:
+    """--heads "HQ,HKV": positive ints, HQ a multiple of HKV (the op's GQA contract)."""
+    try:
+        hq, hkv = (int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--heads takes two ints HQ,HKV, e.g. 32,8; got {text!r}") from None
+    if hq < 1 or hkv < 1 or hq % hkv:
+        raise argparse.ArgumentTypeError(f"--heads {text}: query heads need a positive multiple of kv heads")
+    return hq, hkv
+
+
 def _parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="benchmarks/out")
@@ -96,6 +107,12 @@ def _parse() -> argparse.Namespace:
     p.add_argument("--smoke", action="store_true", help="CPU + Triton interpreter, tiny shapes")
     p.add_argument("--config", default="", help="LaunchConfig fields as JSON (instead of the tuned one)")
     p.add_argument("--codec", default="", help=f"comma-separated subset of {list(CODECS)} (default: all)")
+    p.add_argument(
+        "--heads",
+        type=_heads,
+        default=(HQ, HKV),
+        help=f"query heads,kv heads (default {HQ},{HKV}, Mixtral's; 32,4 is Qwen3-MoE's GQA group of 8)",
+    )
     p.add_argument(
         "--sustained",
         type=float,
@@ -455,7 +472,8 @@ def kernel_breakdown(setup: Setup, config: wa.LaunchConfig) -> dict[str, float]:
 def _table(info: dict, codec: str, chosen: wa.LaunchConfig | str, results: list[dict]) -> str:
     lines = [
         f"{info['date']}, {info['gpu']}, torch {info['torch']}, triton {info['triton']}; codec `{codec}` "
-        f"= `{CODECS[codec]}` ({info['bytes_per_vector']} B/vector); config {chosen}",
+        f"= `{CODECS[codec]}` ({info['bytes_per_vector']} B/vector); {info['heads']['q']} query / "
+        f"{info['heads']['kv']} kv heads, D {HEAD_DIM}; config {chosen}",
         "",
         "| B | N | ms | bytes read | TB/s | x floor | read floor ms | x read floor | SDPA bf16 ms | speedup "
         "| rel err |",
@@ -509,7 +527,11 @@ def main() -> int:
         if args.precompile_only:
             return 0
     shapes = [(1, 256), (2, 300)] if smoke else SHAPES
-    hq, hkv = (8, 2) if smoke else (HQ, HKV)
+    hq, hkv = args.heads
+    if smoke:  # two kv heads, the GQA group kept
+        hq, hkv = 2 * hq // hkv, 2
+    info["heads"] = dict(q=hq, kv=hkv)
+    block_m = wa._block_m(hq // hkv)  # the GQA group's query rows a program (one new token)
     setups = [Setup(b, n, hq, hkv, device, smoke) for b, n in shapes]
     # the peer first: a failure further down must not lose it
     sdpa = [time_sdpa(s, smoke) for s in setups]
@@ -521,7 +543,7 @@ def main() -> int:
     for codec in codecs:
         for s in setups:
             s.use_codec(CODECS[codec])
-        chosen = None  # per shape: wa.tuned_config(layout, HEAD_DIM, 4, B * Hkv programs)
+        chosen = None  # per shape: wa.tuned_config(layout, HEAD_DIM, block_m, B * Hkv programs)
         if args.config:
             chosen = wa.LaunchConfig(**json.loads(args.config))
         sweep_rows = []
@@ -532,7 +554,7 @@ def main() -> int:
         results = []
         for setup, (b, n), (sdpa_ms, sdpa_plain) in zip(setups, shapes, sdpa, strict=True):
             # the op's own choice for this launch size unless a config was given or swept
-            config = chosen or wa.tuned_config(setup.layout, HEAD_DIM, 4, b * hkv)
+            config = chosen or wa.tuned_config(setup.layout, HEAD_DIM, block_m, b * hkv)
             err = rel_error(setup, config)
             ours_calls = [lambda i=i, s=setup, c=config: s.call(i, c) for i in range(len(setup.copies))]
             ours_rounds, sdpa_rounds = time_alternating(ours_calls, sdpa_calls(setup), ROUNDS, smoke)
@@ -575,7 +597,7 @@ def main() -> int:
                 sustained=sustained,  # --sustained: each side replayed alone for that long
                 rel_err=err,
                 num_splits=num_splits,
-                kernel=config.kernel,
+                kernel=wa.split_kernel_choice(config, setup.layout, *setup.args(0)[1:3], block_m),
             )
             if not smoke and (b, n) in ((1, 32768), (8, 131072)):
                 row["kernels_us"] = kernel_breakdown(setup, config)

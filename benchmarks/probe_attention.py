@@ -36,9 +36,9 @@ from wmoe_compile.kernels import wavelet_attention as wa  # noqa: E402
 UNIFORM = ba.CODECS["default"]  # affine grids
 
 
-def _compile_worker(configs: list[dict], queue) -> None:
+def _compile_worker(configs: list[dict], heads: tuple[int, int], queue) -> None:
     try:
-        setup = ba.Setup(1, 2048, ba.HQ, ba.HKV, "cuda", smoke=True)
+        setup = ba.Setup(1, 2048, *heads, "cuda", smoke=True)
         setup.use_codec(UNIFORM)
         for c in configs:
             for splits in (1, 3, 16):
@@ -55,12 +55,14 @@ def _compile_worker(configs: list[dict], queue) -> None:
         queue.put(1)
 
 
-def precompile(configs: list[dict]) -> None:
+def precompile(configs: list[dict], heads: tuple[int, int] = (ba.HQ, ba.HKV)) -> None:
     t = time.time()
     workers = min(len(configs), 12)
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    procs = [ctx.Process(target=_compile_worker, args=(configs[w::workers], queue)) for w in range(workers)]
+    procs = [
+        ctx.Process(target=_compile_worker, args=(configs[w::workers], heads, queue)) for w in range(workers)
+    ]
     for p in procs:
         p.start()
     for _ in procs:
@@ -242,11 +244,13 @@ def main() -> None:
     p.add_argument("--shapes", default="8,131072;32,32768;1,32768")
     p.add_argument("--out", default="benchmarks/out")
     p.add_argument("--carveouts", default="", help="timeline: name=percent,... set before capture")
+    p.add_argument("--heads", type=ba._heads, default=(ba.HQ, ba.HKV), help="query heads,kv heads (32,8)")
     a = p.parse_args()
+    hq, hkv = a.heads
     if a.mode == "once":
         b, n = map(int, a.shape.split(","))
         ba.ROTATE_BYTES = 1  # one copy
-        s = ba.Setup(b, n, ba.HQ, ba.HKV, "cuda", smoke=False)
+        s = ba.Setup(b, n, hq, hkv, "cuda", smoke=False)
         s.use_codec(UNIFORM)
         cfg = wa.LaunchConfig(**json.loads(a.config))
         for _ in range(3):
@@ -264,7 +268,7 @@ def main() -> None:
     shapes = [t[:2] for t in parsed]
     if a.mode == "kernels":  # torch.profiler: mean us per call of each kernel, per shape and config
         for b, n in shapes:
-            s = ba.Setup(b, n, ba.HQ, ba.HKV, "cuda", smoke=False)
+            s = ba.Setup(b, n, hq, hkv, "cuda", smoke=False)
             s.use_codec(UNIFORM)
             for c in configs:
                 times = ba.kernel_breakdown(s, wa.LaunchConfig(**c))
@@ -276,11 +280,11 @@ def main() -> None:
         out = pathlib.Path(a.out)
         out.mkdir(parents=True, exist_ok=True)
         for b, n in shapes:
-            s = ba.Setup(b, n, ba.HQ, ba.HKV, "cuda", smoke=False)
+            s = ba.Setup(b, n, hq, hkv, "cuda", smoke=False)
             s.use_codec(UNIFORM)
             s.dense.clear()
-            programs = b * ba.HKV  # one row block of the GQA group's 4 rows
-            auto = wa.tuned_config(s.layout, ba.HEAD_DIM, ba.HQ // ba.HKV, programs)
+            programs = b * hkv  # one row block of the GQA group's rows
+            auto = wa.tuned_config(s.layout, ba.HEAD_DIM, wa._block_m(hq // hkv), programs)
             for i, c in enumerate(configs):
                 cfg = auto if c == "auto" else wa.LaunchConfig(**c)
                 result = phases(s, cfg)
@@ -301,7 +305,7 @@ def main() -> None:
         return
     if a.mode == "timeline":
         for b, n in shapes:
-            s = ba.Setup(b, n, ba.HQ, ba.HKV, "cuda", smoke=False)
+            s = ba.Setup(b, n, hq, hkv, "cuda", smoke=False)
             s.use_codec(UNIFORM)
             s.dense.clear()
             for c in configs:  # "auto": the package's choice for the shape
@@ -312,11 +316,11 @@ def main() -> None:
                 )
             s.free()
         return
-    precompile(configs)
+    precompile(configs, a.heads)
     setups = []
     for b, n, *more in parsed:  # the caches' capacity, past the length; the positions of their rows
         capacity, rows = (more + [None, None])[:2]
-        s = ba.Setup(b, n, ba.HQ, ba.HKV, "cuda", smoke=False, capacity=capacity, row_positions=rows)
+        s = ba.Setup(b, n, hq, hkv, "cuda", smoke=False, capacity=capacity, row_positions=rows)
         s.use_codec(UNIFORM)
         s.dense.clear()
         setups.append(s)
@@ -341,7 +345,8 @@ def main() -> None:
         print(f"[{config_label(c, configs[0])}]: {times}  x floor {ratios}  err {err:.1e}", flush=True)
     out = pathlib.Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "probe_grid.json").write_text(json.dumps(dict(shapes=parsed, rows=rows), indent=1))
+    grid = dict(shapes=parsed, heads=[hq, hkv], rows=rows)
+    (out / "probe_grid.json").write_text(json.dumps(grid, indent=1))
     if len(rows) > 1 and rows[0]["config"] == configs[0]:
         print(same_round_summary(rows, parsed), flush=True)
 

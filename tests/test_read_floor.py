@@ -9,6 +9,7 @@ import importlib.util
 import pathlib
 import sys
 
+import pytest
 import torch
 
 BENCH = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
@@ -50,24 +51,31 @@ def test_read_kernel_reads_each_split_exactly():
             assert got == want & 0xFFFFFFFF, (split, head)
 
 
-def test_bench_attention_runs_as_the_device_runs_it(tmp_path):
-    # `python -P` (the device's way) leaves the script's folder off sys.path; bench_attention
-    # imports read_floor from there. The smoke run (CPU, interpreter, tiny shapes) writes its table.
+def _run_bench_attention(tmp_path, *options: str):
     import os
     import subprocess
 
     env = dict(os.environ, TRITON_INTERPRET="1")
-    run = subprocess.run(
+    return subprocess.run(
         [sys.executable, "-P", str(BENCH / "bench_attention.py"), "--smoke", "--codec", "default"]
-        + ["--out", str(tmp_path)],
+        + ["--out", str(tmp_path), *options],
         env=env,
         capture_output=True,
         text=True,
         timeout=600,
     )
+
+
+@pytest.mark.parametrize("heads, smoke_heads", [(None, "8 query / 2 kv"), ("32,4", "16 query / 2 kv")])
+def test_bench_attention_runs_as_the_device_runs_it(tmp_path, heads, smoke_heads):
+    # `python -P` (the device's way) leaves the script's folder off sys.path; bench_attention
+    # imports read_floor from there. The smoke run (CPU, interpreter, tiny shapes) writes its table;
+    # --heads sets the GQA group (the smoke run keeps the group with two kv heads)
+    run = _run_bench_attention(tmp_path, *(["--heads", heads] if heads else []))
     assert run.returncode == 0, run.stderr[-2000:]
     table = (tmp_path / "attention.md").read_text()
     assert "| read floor ms | x read floor |" in table
+    assert f"{smoke_heads} heads, D 128" in table.splitlines()[0]
     # each row's speedup is the median of its alternating rounds' ratios (time_alternating)
     import json
     import statistics
@@ -76,6 +84,12 @@ def test_bench_attention_runs_as_the_device_runs_it(tmp_path):
         rounds = list(zip(row["sdpa_rounds_ms"], row["ours_rounds_ms"], strict=True))
         assert rounds and row["speedup"] == statistics.median(p / o for p, o in rounds)
         assert row["ms"] == statistics.median(row["ours_rounds_ms"])
+
+
+@pytest.mark.parametrize("heads", ["30,4", "32", "a,b", "0,4"])
+def test_bench_attention_refuses_heads_the_op_would_refuse(tmp_path, heads):
+    run = _run_bench_attention(tmp_path, "--heads", heads)
+    assert run.returncode == 2 and "--heads" in run.stderr, run.stderr[-2000:]
 
 
 def test_probe_clocks_reads_nvidia_smi_samples(tmp_path):
@@ -108,6 +122,7 @@ def test_bench_attention_table_reports_the_sustained_figures():
     ba = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(ba)
     info = dict(date="2026-12-02", gpu="H200", torch="2.11", triton="3.6", bytes_per_vector=52)
+    info.update(heads=dict(q=32, kv=8))
     row = dict(B=8, N=131072, ms=0.25, bytes=8.76e8, TBps=3.5, x_floor=1.2, read_floor_ms=0.2)
     row.update(x_read_floor=1.25, sdpa_ms=0.95, speedup=3.8, rel_err=7e-4)
     held = dict(row, sustained=dict(seconds=3.0, ms=0.262, sdpa_ms=0.928, speedup=0.928 / 0.262))
