@@ -384,6 +384,21 @@ def test_tuned_config_by_launch_size():
     assert lloyd == K.TUNED_CONFIGS[(128, 4, "table")]
 
 
+def test_a_gqa_group_of_8_takes_the_group_of_4s_configs():
+    # block_m 8 (Qwen3-MoE's 32 query / 4 kv heads, or a group of 4 with two new tokens) ran the
+    # untuned v2 default until the thirty-ninth session; now v3 with the group of 4's settings,
+    # without the two options that need 4 rows (band_columns, cta_splits); 16 rows stay on v2
+    affine = ops.compressed_layout("default", 128)
+    assert K._block_m(8) == K._block_m(4 * 2) == 8
+    large = K.tuned_config(affine, 128, 8, programs=64)
+    small = K.tuned_config(affine, 128, 8, programs=4)
+    assert large == K.tuned_config(affine, 128, 4, programs=64) and large.kernel == "v3"
+    group_of_4_small = K.tuned_config(affine, 128, 4, programs=4)
+    assert small == dataclasses.replace(group_of_4_small, band_columns=False, cta_splits=0)
+    assert K.v1_fallback(small) == K.v1_fallback(group_of_4_small)  # v1's own small-launch settings
+    assert K.tuned_config(affine, 128, 16, programs=64) == K.default_config(128, 16)
+
+
 @pytest.mark.parametrize(
     "bad,named",
     [
@@ -565,6 +580,33 @@ def test_gpu_real_shapes(head_dim, spec):
     for config in configs:
         got = _run_triton(args, codec, head_dim**-0.5, config=config)
         assert rel_err(got, want) <= 1e-2, config
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "batch,hkv,group,tq",
+    [
+        (1, 4, 8, 1),  # Qwen3-MoE's 32 / 4 heads, one sequence: the small-launch config
+        (6, 4, 8, 1),  # the large launches' config
+        (3, 8, 6, 1),  # Mixtral-8x22B's 48 / 8: 6 of the 8 rows real
+        (3, 8, 4, 2),  # a group of 4 with two new tokens (causal rows)
+    ],
+)
+def test_gpu_a_group_of_8_rows_runs_v3_with_the_packages_own_config(batch, hkv, group, tq):
+    # thirty-ninth session: block_m 8 takes the group of 4's tuned configs (v3), not the untuned v2
+    seq_lens = [8192, tq, 3000, 2049, 133, 4097][:batch]
+    codec, args = make_case(
+        UNIFORM_REAL, batch, hkv, group, tq, 128, seq_lens, 8192, torch.bfloat16, "cuda", "full"
+    )
+    layout = ops.compressed_layout(codec.spec, 128)
+    block_m = K._block_m(group * tq)
+    assert block_m == 8
+    config = K.tuned_config(layout, 128, block_m, batch * hkv)
+    assert K.split_kernel_choice(config, layout, args[1], args[2], block_m) == "v3"
+    got = _run_triton(args, codec, 128**-0.5)  # the op's own choice of config and splits
+    assert torch.isfinite(got).all()
+    assert rel_err(got, dense_reference(codec, args, 128**-0.5)) <= 1e-2
+    assert not K._V3_FAILURE, K._V3_FAILURE  # v3 ran (a failed build would have fallen back to v1)
 
 
 def _config_id(config: K.LaunchConfig) -> str:
