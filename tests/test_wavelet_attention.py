@@ -174,6 +174,21 @@ def test_matches_decompress_attention(head_dim, dtype, tq, group, spec):
     assert rel_err(K.wavelet_attention_reference(*args, ref, sm_scale), want) <= 1e-2
 
 
+@pytest.mark.parametrize("group,tq", [(8, 1), (4, 2)])
+def test_the_ops_own_config_at_a_group_of_8_rows(group, tq):
+    # block_m 8 takes the group of 4's tuned v3 configs (thirty-ninth session); here, where v3
+    # cannot run, their v1 fallback: one sequence (the small-launch config) and three
+    codec, args = make_case(
+        UNIFORM_REAL, 3, 2, group, tq, 128, [tq, 130, 67], 130, torch.float32, channel="full"
+    )
+    layout = ops.compressed_layout(codec.spec, 128)
+    assert K.tuned_config(layout, 128, K._block_m(group * tq), 6).kernel == "v3"
+    want = dense_reference(codec, args, 128**-0.5)
+    assert rel_err(_run_triton(args, codec, 128**-0.5), want) <= 1e-2
+    one = [a[:1] for a in args[:8]] + list(args[8:])
+    assert rel_err(_run_triton(one, codec, 128**-0.5), dense_reference(codec, one, 128**-0.5)) <= 1e-2
+
+
 OTHER_SPECS = [
     "seed",  # log-grid + ternary tables (gathers), no window, no sinks
     "wavelet=db4;levels=2;bands=1/4:8:uniform:absmax,3/4:4:lloyd:mse;window=5;sinks=1",  # 8-bit + 3 chunks
