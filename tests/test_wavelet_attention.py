@@ -185,7 +185,7 @@ def test_the_ops_own_config_at_a_group_of_8_rows(group, tq):
     assert K.tuned_config(layout, 128, K._block_m(group * tq), 6).kernel == "v3"
     want = dense_reference(codec, args, 128**-0.5)
     assert rel_err(_run_triton(args, codec, 128**-0.5), want) <= 1e-2
-    one = [a[:1] for a in args[:8]] + list(args[8:])
+    one = [a[1:2] for a in args[:8]] + list(args[8:])  # the full 130-token sequence alone
     assert rel_err(_run_triton(one, codec, 128**-0.5), dense_reference(codec, one, 128**-0.5)) <= 1e-2
 
 
