@@ -266,8 +266,6 @@ def _v3_reason(
         return "v3 is a Gluon kernel: CUDA only, no interpreter"
     if torch.cuda.get_device_capability(k_codes.device) < (8, 0):
         return "v3 needs sm_80 or newer (mma.sync m16n8k16, cp.async)"
-    if block_m > V3_MAX_ROWS:
-        return f"{block_m} query rows per program, v3 handles {V3_MAX_ROWS}"
     if any(st % 2 for st in k_codes.stride()[:3]) or k_codes.data_ptr() % 2:
         return "code cache strides are not int16-aligned"
     if any(st % 2 for st in k_scales.stride()[:3]) or k_scales.data_ptr() % 4:
@@ -1010,6 +1008,12 @@ def wavelet_attention_triton(
         config = replace(config, band_columns=False)
     if use_v2 and block_m > V2_MAX_BLOCK_M:
         block_m = V2_MAX_BLOCK_M
+        n_row_blocks = -(-rows // block_m)
+    if use_v3 and block_m > V3_MAX_ROWS:
+        # the MMAs take 8 query rows: a larger group runs in row blocks of 8, each program reading
+        # its kv head's codes (a row block's programs are neighbours in the grid, so they read the
+        # same rows at about the same time and the second read mostly hits L2)
+        block_m = V3_MAX_ROWS
         n_row_blocks = -(-rows // block_m)
     programs = batch * hkv * n_row_blocks
     if num_splits is None:

@@ -561,6 +561,36 @@ def test_a_v3_build_failure_falls_back_to_v1_once(monkeypatch, config):
     assert K.split_kernel_choice(config, ops.compressed_layout(codec.spec, 128), args[1], args[2], 4) == "v1"
 
 
+@pytest.mark.parametrize("group,tq,blocks", [(16, 1, 2), (12, 1, 2), (8, 2, 2), (8, 1, 1), (4, 1, 1)])
+def test_v3_takes_more_than_8_query_rows_in_row_blocks_of_8(monkeypatch, group, tq, blocks):
+    # v3's MMAs take 8 query rows: a v3 config for a larger GQA group (Qwen3-235B's 16) runs it in
+    # row blocks of 8 rather than falling back to v1. Pretend v3 can run here and record the launch
+    # sizes it is handed; the recorder then fails the launch, so the call runs v1 (checked too).
+    import warnings
+
+    from test_wavelet_attention import UNIFORM_SPEC, _run_triton, dense_reference, make_case, rel_err
+
+    monkeypatch.setattr(K, "_V3_FAILURE", "")
+    monkeypatch.setattr(K, "_v3_reason", lambda *a: K._V3_FAILURE or None)
+    seen = []
+
+    def record_and_fail(q, common_exact, k_codes, k_scales, v_codes, v_scales, seq_lens, plan2, parts, dims, *a, **kw):
+        seen.append((dims, parts[2].shape))
+        raise RuntimeError("recorded")
+
+    monkeypatch.setattr(K, "_launch_v3", record_and_fail)
+    codec, args = make_case(UNIFORM_SPEC, 2, 2, group, tq, 128, [75, 33], 75, torch.float16)
+    config = K.TUNED_CONFIGS[(128, 8, "affine")]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = _run_triton(args, codec, 0.125, config=config, num_splits=2)
+    assert rel_err(got, dense_reference(codec, args, 0.125)) <= 1e-2
+    (dims, l_part_shape), = seen
+    hkv, _, _, n_row_blocks, _, _, block_m, _, programs = dims[:9]
+    assert (block_m, n_row_blocks) == (min(K._block_m(group * tq), 8), blocks)
+    assert programs == 2 * hkv * blocks and l_part_shape[0] == programs
+
+
 @pytest.mark.parametrize(
     "options",
     [

@@ -624,6 +624,38 @@ def test_gpu_a_group_of_8_rows_runs_v3_with_the_packages_own_config(batch, hkv, 
     assert not K._V3_FAILURE, K._V3_FAILURE  # v3 ran (a failed build would have fallen back to v1)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "batch,hkv,group,tq",
+    [
+        (3, 4, 16, 1),  # Qwen3-235B's 64 / 4 heads: two row blocks of 8
+        (1, 4, 16, 1),  # one sequence
+        (3, 4, 12, 1),  # 12 rows: the second block half padding
+        (3, 2, 8, 2),  # a group of 8 with two new tokens (causal rows across the blocks)
+    ],
+)
+@pytest.mark.parametrize("small", [False, True])
+def test_gpu_v3_runs_a_group_of_more_than_8_rows_in_row_blocks(batch, hkv, group, tq, small):
+    # fortieth session: a v3 config given for more than 8 query rows runs them in row blocks of 8
+    # (it fell back to v1 before); every row of every block must match the reference
+    seq_lens = [8192, tq, 3000, 2049][:batch]
+    codec, args = make_case(
+        UNIFORM_REAL, batch, hkv, group, tq, 128, seq_lens, 8192, torch.bfloat16, "cuda", "full"
+    )
+    layout = ops.compressed_layout(codec.spec, 128)
+    config = (K.SMALL_LAUNCH_CONFIGS if small else K.TUNED_CONFIGS)[(128, 8, "affine")]
+    assert K.split_kernel_choice(config, layout, args[1], args[2], K._block_m(group * tq)) == "v3"
+    want = dense_reference(codec, args, 128**-0.5)
+    for splits in (None, 1, 7):
+        got = _run_triton(args, codec, 128**-0.5, config=config, num_splits=splits)
+        assert torch.isfinite(got).all()
+        assert rel_err(got, want) <= 1e-2, splits
+        # each query head against its own reference row: a block writing another's rows shows here
+        for head in range(group * hkv):
+            assert rel_err(got[:, head], want[:, head]) <= 1e-2, (splits, head)
+    assert not K._V3_FAILURE, K._V3_FAILURE
+
+
 def _config_id(config: K.LaunchConfig) -> str:
     """The fields that differ from LaunchConfig's defaults, e.g. 'kernel=v3-num_stages=1'."""
     default = K.LaunchConfig()
