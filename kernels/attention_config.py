@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from .attention_plans import V3_MAX_ROWS
+
 if TYPE_CHECKING:
     from .wavelet_attention import CompressedLayout
 
@@ -847,22 +849,33 @@ SMALL_LAUNCH_V1_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
 
 # A GQA group of 5-8 query rows a program (block_m 8: Qwen3-MoE's 32 query / 4 kv heads,
 # Mixtral-8x22B's 48 / 8, or a group of 4 with two new tokens) takes the group of 4's configs
-# (thirty-ninth session); until then it ran default_config (v2, untuned: the tuned v2 took about
-# twice v3's time at (8, 131072)). Not yet timed at such heads (device_pending.sh gqa8). Why they
-# should hold: v3's MMAs have 8 query columns either way, so the tuned loop compiles to the same
-# 728 instructions of the same mix at 8 rows as at 4 (tests/test_attention_v3_plan.py; Triton 3.6,
-# scheduled a little differently), a kv head's byte stream does not depend on its group, and the
-# GPU tests run these configs at a group of 8. band_columns and cta_splits need 4 rows.
+# (thirty-ninth session); until then it ran default_config (v2, untuned). Why they hold: v3's MMAs
+# have 8 query columns either way, so the tuned loop compiles to the same 728 instructions of the
+# same mix at 8 rows as at 4 (tests/test_attention_v3_plan.py; Triton 3.6, scheduled a little
+# differently), and a kv head's byte stream does not depend on its group. band_columns and
+# cta_splits need 4 rows. A group of 9-16 rows (block_m 16: Qwen3-235B's 64 / 4 heads) takes the
+# same configs since the fortieth session, v3 running it in two row blocks of 8. Measured
+# (2026-12-05 03:3x UTC, H200, probe_attention.py grid, 3 rounds, benchmarks/RESULTS.md) at
+# (8, 131072) / (32, 32768) / (1, 32768), the old default against these:
+#   32 / 4 heads: v2 0.269 / 0.243 / 0.031 ms -> 0.125 / 0.127 (tuned) / 0.015 (small launch)
+#   64 / 4 heads: v2 0.81 / 0.82 / 0.046 ms -> 0.225 / 0.231 (tuned) / 0.019 (small launch)
 TUNED_CONFIGS[(128, 8, "affine")] = TUNED_CONFIGS[(128, 4, "affine")]
 SMALL_LAUNCH_CONFIGS[(128, 8, "affine")] = replace(
     SMALL_LAUNCH_CONFIGS[(128, 4, "affine")], band_columns=False, cta_splits=0
 )
 SMALL_LAUNCH_V1_CONFIGS[(128, 8, "affine")] = SMALL_LAUNCH_V1_CONFIGS[(128, 4, "affine")]
+TUNED_CONFIGS[(128, 16, "affine")] = TUNED_CONFIGS[(128, 8, "affine")]
+SMALL_LAUNCH_CONFIGS[(128, 16, "affine")] = SMALL_LAUNCH_CONFIGS[(128, 8, "affine")]
 
 
-def v1_fallback(config: LaunchConfig) -> LaunchConfig:
+def v1_fallback(config: LaunchConfig, block_m: int = V3_MAX_ROWS) -> LaunchConfig:
     """What runs where `config` asks for v3 and v3 cannot run: for a small-launch config, the v1
-    settings tuned for small launches; else the same settings on v1, without v3's options."""
+    settings tuned for small launches; else the same settings on v1, without v3's options.
+    block_m: the call's query rows a program outside v3; for more than v3's row block, the
+    untuned default that ran such groups before v3 took them (v2, one block of up to 16 rows
+    on 4 warps), not v3's one-warp settings on v1."""
+    if block_m > V3_MAX_ROWS:
+        return default_config(128, block_m)
     for key, small in SMALL_LAUNCH_CONFIGS.items():
         if config == small and key in SMALL_LAUNCH_V1_CONFIGS:
             return SMALL_LAUNCH_V1_CONFIGS[key]

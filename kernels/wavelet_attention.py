@@ -997,7 +997,7 @@ def wavelet_attention_triton(
         config = tuned_config(layout, d, block_m, batch * hkv * n_row_blocks)
     kernel = split_kernel_choice(config, layout, k_codes, k_scales, block_m)
     if config.kernel == "v3" and kernel != "v3":
-        config = v1_fallback(config)
+        config = v1_fallback(config, block_m)
     use_v3, use_v2 = kernel == "v3", kernel == "v2"
     if use_v3 and config.key_word_pairs and not _key_pairs_aligned(k_codes, layout):
         # the paired loads read 8 bytes at once: rows that are not 8-byte aligned take the same
@@ -1238,7 +1238,7 @@ def wavelet_attention_triton(
                 v_channel_scale,
                 layout,
                 sm_scale,
-                v1_fallback(config),
+                v1_fallback(config, _block_m(rows)),
                 plan,
                 validate=False,
             )

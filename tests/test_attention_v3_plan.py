@@ -561,6 +561,28 @@ def test_a_v3_build_failure_falls_back_to_v1_once(monkeypatch, config):
     assert K.split_kernel_choice(config, ops.compressed_layout(codec.spec, 128), args[1], args[2], 4) == "v1"
 
 
+def test_a_group_of_16_where_v3_cannot_run_takes_the_v2_default_it_ran_before(monkeypatch):
+    # the package's choice at 9-16 rows is v3 (two row blocks of 8); without v3 (here: the CPU) the
+    # call must not run v3's one-warp settings on v1 at 16 rows, but default_config's 4 warps (v2
+    # where the layout allows it, else v1)
+    from test_wavelet_attention import UNIFORM_SPEC, _run_triton, dense_reference, make_case, rel_err
+
+    launched = []
+    real_launch = K.launch
+
+    def record(kernel, grid, *args, **kw):
+        launched.append((getattr(kernel, "__name__", str(kernel)), kw.get("BLOCK_M"), kw.get("num_warps")))
+        return real_launch(kernel, grid, *args, **kw)
+
+    monkeypatch.setattr(K, "launch", record)
+    codec, args = make_case(UNIFORM_SPEC, 2, 1, 16, 1, 128, [75, 33], 75, torch.float16)
+    assert K.tuned_config(ops.compressed_layout(codec.spec, 128), 128, 16, 2).kernel == "v3"
+    got = _run_triton(args, codec, 0.125, num_splits=2)
+    assert rel_err(got, dense_reference(codec, args, 0.125)) <= 1e-2
+    split = [entry for entry in launched if entry[0].startswith("_split_kernel")]
+    assert split == [(split[0][0], 16, K.default_config(128, 16).num_warps)], launched
+
+
 @pytest.mark.parametrize("group,tq,blocks", [(16, 1, 2), (12, 1, 2), (8, 2, 2), (8, 1, 1), (4, 1, 1)])
 def test_v3_takes_more_than_8_query_rows_in_row_blocks_of_8(monkeypatch, group, tq, blocks):
     # v3's MMAs take 8 query rows: a v3 config for a larger GQA group (Qwen3-235B's 16) runs it in
@@ -574,7 +596,8 @@ def test_v3_takes_more_than_8_query_rows_in_row_blocks_of_8(monkeypatch, group, 
     monkeypatch.setattr(K, "_v3_reason", lambda *a: K._V3_FAILURE or None)
     seen = []
 
-    def record_and_fail(q, common_exact, k_codes, k_scales, v_codes, v_scales, seq_lens, plan2, parts, dims, *a, **kw):
+    def record_and_fail(*args, **kw):
+        parts, dims = args[8:10]  # _launch_v3's partial buffers and launch sizes
         seen.append((dims, parts[2].shape))
         raise RuntimeError("recorded")
 
@@ -585,7 +608,7 @@ def test_v3_takes_more_than_8_query_rows_in_row_blocks_of_8(monkeypatch, group, 
         warnings.simplefilter("ignore")
         got = _run_triton(args, codec, 0.125, config=config, num_splits=2)
     assert rel_err(got, dense_reference(codec, args, 0.125)) <= 1e-2
-    (dims, l_part_shape), = seen
+    ((dims, l_part_shape),) = seen
     hkv, _, _, n_row_blocks, _, _, block_m, _, programs = dims[:9]
     assert (block_m, n_row_blocks) == (min(K._block_m(group * tq), 8), blocks)
     assert programs == 2 * hkv * blocks and l_part_shape[0] == programs
