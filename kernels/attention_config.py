@@ -222,6 +222,13 @@ class LaunchConfig:
     # consumed, so those reads are complete when the copy issues; CUTLASS's TMA pipelines release a
     # stage without the fence too. Offline 703 loop instructions against 705 (thirty-eighth session)
     tma_rows_unfenced: bool = False
+    # v3's split kernel: its preferred shared-memory carveout in percent of the SM's most (set on
+    # the compiled function, as exact_carveout is on the exact-token kernel's), -1 for the driver's
+    # choice. With tma_rows every program holds 16.9 KB (2 stages) or 25.1 KB (3), so 12 resident
+    # programs need the SM's whole 228 KB; in the fortieth session's grid every tma_rows variant
+    # ran +54 to +57% at the driver's choice, as if a wave held fewer programs than planned.
+    # Ignored by v1 and v2
+    split_carveout: int = -1
     # with tma_rows (and its fences): each full step's stage gets its next copy, num_stages steps
     # ahead, right after the step has read its operands from it into registers (ordered behind
     # those ldmatrix reads by Triton's proxy fence), instead of at the next step's start: two
@@ -370,6 +377,11 @@ class LaunchConfig:
             raise ValueError(
                 "LaunchConfig.loads_before_pdl_wait is a v3 option, a step count >= 0: got "
                 f"{self.loads_before_pdl_wait} with kernel={self.kernel!r}"
+            )
+        if not -1 <= self.split_carveout <= 100:
+            raise ValueError(
+                "LaunchConfig.split_carveout is a percent from 0 to 100 of the SM's most shared memory, "
+                f"or -1 for the driver's choice: got {self.split_carveout}"
             )
         if not -1 <= self.exact_carveout <= 100:
             raise ValueError(

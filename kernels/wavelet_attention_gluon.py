@@ -1191,6 +1191,9 @@ if HAS_GLUON:
         QUERY_IN_SPLIT: gl.constexpr = False,
         # a probe: each program stamps its phases into clock_ptr (LaunchConfig.phase_clocks)
         PHASE_CLOCKS: gl.constexpr = False,
+        # the preferred shared-memory carveout, set by fast_launch.launch on the compiled function
+        # (LaunchConfig.split_carveout; unread here)
+        CARVEOUT: gl.constexpr = -1,
     ):
         """One (split, sequence, kv head, row block): online softmax over a range of compressed
         tokens in the coefficient domain; grid (num_splits, programs), or (programs, num_splits)

@@ -1003,6 +1003,21 @@ def test_tma_rows_early_issues_each_copy_after_its_stages_value_reads(tmp_path):
     assert int(re.search(r"loop spill instructions: (\d+)", out).group(1)) <= spills_allowed, out
 
 
+@pytest.mark.parametrize("percent", [-2, 101])
+def test_split_carveout_outside_0_to_100_is_refused(percent):
+    with pytest.raises(ValueError, match=r"split_carveout is a percent from 0 to 100.*got " + str(percent)):
+        K.LaunchConfig(kernel="v3", split_carveout=percent)
+
+
+def test_split_carveout_reaches_the_split_kernel_only_when_set():
+    # as a CARVEOUT constexpr (fast_launch sets it on the compiled function); unset, the kernel keeps
+    # its JIT key
+    tuned = K.TUNED_CONFIGS[(128, 4, "affine")]
+    assert "CARVEOUT" not in K.v3_option_constexprs(tuned, False)
+    carved = K.v3_option_constexprs(dataclasses.replace(tuned, split_carveout=100), False)
+    assert carved["CARVEOUT"] == 100
+
+
 def test_tma_rows_unfenced_needs_tma_rows():
     K.LaunchConfig(**TMA_ROWS_CONFIG, tma_rows_unfenced=True)
     with pytest.raises(ValueError, match="tma_rows_unfenced drops the proxy fences.*needs tma_rows=True"):

@@ -1491,6 +1491,41 @@ def test_gpu_exact_carveout_is_set_on_its_own_variant_and_changes_no_value():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("tma_rows", [False, True])
+def test_gpu_split_carveout_is_set_on_the_split_kernel_and_changes_no_value(tma_rows):
+    # LaunchConfig.split_carveout (fortieth session): the v3 split kernel's preferred carveout, set
+    # on its compiled function (read back from the driver); bit-identical to the driver's choice
+    import ctypes
+
+    from wmoe_compile.kernels import fast_launch
+    from wmoe_compile.kernels.wavelet_attention_gluon import split_kernel_v3
+
+    tuned = K.TUNED_CONFIGS[(128, 4, "affine")]
+    base = (
+        dataclasses.replace(tuned, num_stages=2, keys_ahead=False, key_word_pairs=False, tma_rows=True)
+        if tma_rows
+        else tuned
+    )
+    codec, args = make_case(
+        UNIFORM_REAL, 5, 2, 4, 1, 128, [4096, 1, 1000, 2049, 133], 4096, torch.bfloat16, "cuda", "full"
+    )
+    want = _run_triton(args, codec, 128**-0.5, config=base, num_splits=7)
+    carved = dataclasses.replace(base, split_carveout=100)
+    for _ in range(2):
+        assert torch.equal(_run_triton(args, codec, 128**-0.5, config=carved, num_splits=7), want)
+    kept = fast_launch.kernel_info(split_kernel_v3).compiled
+    variants = [compiled for key, (compiled, _) in kept.items() if ("CARVEOUT", 100) in key[1]]
+    assert variants, "no split-kernel variant was launched with CARVEOUT=100"
+    value = ctypes.c_int(-7)
+    status = ctypes.CDLL("libcuda.so.1").cuFuncGetAttribute(
+        ctypes.byref(value), 9, ctypes.c_void_p(variants[0].function)
+    )  # 9: CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
+    assert status == 0 and value.value == 100, (status, value.value)
+    assert rel_err(want, dense_reference(codec, args, 128**-0.5)) <= 1e-2
+    assert not K._V3_FAILURE, K._V3_FAILURE
+
+
+@pytest.mark.gpu
 def test_gpu_repeated_calls_reuse_compiled_kernels_and_stay_correct():
     # the second call of a shape launches the kept CompiledKernels (kernels/fast_launch.py): fresh
     # inputs of the same shapes and alignment must give results as correct as the first call's
