@@ -442,7 +442,7 @@ split_carveout)
     # 04:16 UTC); 12 resident programs of 16.9 KB need the SM's whole 228 KB. Grid: [tuned, tma_rows
     # unfenced / early / 3 stages unfenced at split_carveout=100, unfenced at the driver's choice,
     # tuned at 100] x 2 rounds at the two target shapes
-    attention_tests "split_carveout" 120
+    attention_tests "split_carveout" 100
     run 300 python3 -P benchmarks/probe_attention.py grid --configs benchmarks/configs/probe_tma_split_carveout.json \
         --shapes "8,131072;32,32768" --out "$OUT/split_carveout" | grep -v "^\["
     ;;
