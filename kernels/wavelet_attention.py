@@ -1013,7 +1013,7 @@ def wavelet_attention_triton(
     if use_v3 and block_m > V3_MAX_ROWS:
         # the MMAs take 8 query rows: a larger group runs in row blocks of 8, each program reading
         # its kv head's codes (a row block's programs are neighbours in the grid, so they read the
-        # same rows at about the same time and the second read mostly hits L2)
+        # same rows at about the same time: the second read can find them in L2; not measured)
         block_m = V3_MAX_ROWS
         n_row_blocks = -(-rows // block_m)
     programs = batch * hkv * n_row_blocks

@@ -1464,14 +1464,32 @@ def test_gpu_v3_takes_a_split_plan_launched_split_major(plan):
     _replay_with_fresh_inputs(args, codec, config=config)
 
 
+def _preferred_carveouts(kernel, percent: int) -> list[int]:
+    """The preferred shared-memory carveout the driver holds for each kept compiled variant of
+    `kernel` launched with CARVEOUT=percent (asserting there is one)."""
+    import ctypes
+
+    from wmoe_compile.kernels import fast_launch
+
+    kept = fast_launch.kernel_info(kernel).compiled
+    variants = [compiled for key, (compiled, _) in kept.items() if ("CARVEOUT", percent) in key[1]]
+    assert variants, f"no variant of {kernel} was launched with CARVEOUT={percent}"
+    values = []
+    for compiled in variants[:1]:
+        value = ctypes.c_int(-7)
+        status = ctypes.CDLL("libcuda.so.1").cuFuncGetAttribute(
+            ctypes.byref(value), 9, ctypes.c_void_p(compiled.function)
+        )  # 9: CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
+        assert status == 0, status
+        values.append(value.value)
+    return values
+
+
 @pytest.mark.gpu
 def test_gpu_exact_carveout_is_set_on_its_own_variant_and_changes_no_value():
     # LaunchConfig.exact_carveout compiles the exact-token kernel as a variant of its own and sets
     # the preferred shared-memory carveout on it (read back from the driver here); the output must be
     # bit-identical to the driver's choice, on the first call and from the kept variant
-    import ctypes
-
-    from wmoe_compile.kernels import fast_launch
 
     codec, args = make_case(UNIFORM_REAL, 1, 8, 4, 1, 128, [3000], 3000, torch.bfloat16, "cuda", "full")
     carved = K.SMALL_LAUNCH_CONFIGS[(128, 4, "affine")]  # 44%, one sequence being one wave
@@ -1479,14 +1497,7 @@ def test_gpu_exact_carveout_is_set_on_its_own_variant_and_changes_no_value():
     want = _run_triton(args, codec, 128**-0.5, config=dataclasses.replace(carved, exact_carveout=-1))
     for _ in range(2):
         assert torch.equal(_run_triton(args, codec, 128**-0.5, config=carved), want)
-    kept = fast_launch.kernel_info(K._exact_kernel).compiled
-    variants = [compiled for key, (compiled, _) in kept.items() if ("CARVEOUT", 44) in key[1]]
-    assert variants, "no exact-kernel variant was launched with CARVEOUT=44"
-    value = ctypes.c_int(-7)
-    status = ctypes.CDLL("libcuda.so.1").cuFuncGetAttribute(
-        ctypes.byref(value), 9, ctypes.c_void_p(variants[0].function)
-    )  # 9: CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
-    assert status == 0 and value.value == 44, (status, value.value)
+    assert _preferred_carveouts(K._exact_kernel, 44) == [44]
     assert not K._V3_FAILURE, K._V3_FAILURE
 
 
@@ -1495,9 +1506,7 @@ def test_gpu_exact_carveout_is_set_on_its_own_variant_and_changes_no_value():
 def test_gpu_split_carveout_is_set_on_the_split_kernel_and_changes_no_value(tma_rows):
     # LaunchConfig.split_carveout (fortieth session): the v3 split kernel's preferred carveout, set
     # on its compiled function (read back from the driver); bit-identical to the driver's choice
-    import ctypes
 
-    from wmoe_compile.kernels import fast_launch
     from wmoe_compile.kernels.wavelet_attention_gluon import split_kernel_v3
 
     tuned = K.TUNED_CONFIGS[(128, 4, "affine")]
@@ -1513,14 +1522,7 @@ def test_gpu_split_carveout_is_set_on_the_split_kernel_and_changes_no_value(tma_
     carved = dataclasses.replace(base, split_carveout=100)
     for _ in range(2):
         assert torch.equal(_run_triton(args, codec, 128**-0.5, config=carved, num_splits=7), want)
-    kept = fast_launch.kernel_info(split_kernel_v3).compiled
-    variants = [compiled for key, (compiled, _) in kept.items() if ("CARVEOUT", 100) in key[1]]
-    assert variants, "no split-kernel variant was launched with CARVEOUT=100"
-    value = ctypes.c_int(-7)
-    status = ctypes.CDLL("libcuda.so.1").cuFuncGetAttribute(
-        ctypes.byref(value), 9, ctypes.c_void_p(variants[0].function)
-    )  # 9: CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
-    assert status == 0 and value.value == 100, (status, value.value)
+    assert _preferred_carveouts(split_kernel_v3, 100) == [100]
     assert rel_err(want, dense_reference(codec, args, 128**-0.5)) <= 1e-2
     assert not K._V3_FAILURE, K._V3_FAILURE
 
