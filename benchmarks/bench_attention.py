@@ -597,7 +597,7 @@ def main() -> int:
                 sustained=sustained,  # --sustained: each side replayed alone for that long
                 rel_err=err,
                 num_splits=num_splits,
-                kernel=wa.split_kernel_choice(config, setup.layout, *setup.args(0)[1:3], block_m),
+                kernel=wa.split_kernel_choice(config, setup.layout, *setup.args(0)[1:3]),
             )
             if not smoke and (b, n) in ((1, 32768), (8, 131072)):
                 row["kernels_us"] = kernel_breakdown(setup, config)

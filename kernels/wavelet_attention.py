@@ -253,10 +253,9 @@ def _v2_reason(layout: CompressedLayout, k_codes: torch.Tensor, k_scales: torch.
 _V3_FAILURE = ""
 
 
-def _v3_reason(
-    layout: CompressedLayout, k_codes: torch.Tensor, k_scales: torch.Tensor, block_m: int
-) -> str | None:
-    """None when the Gluon v3 kernel can run this call, else why not (the call then runs v1)."""
+def _v3_reason(layout: CompressedLayout, k_codes: torch.Tensor, k_scales: torch.Tensor) -> str | None:
+    """None when the Gluon v3 kernel can run this call, else why not (the call then runs v1). Any
+    GQA group: the launcher runs more than V3_MAX_ROWS query rows in row blocks of that many."""
     reason = _layout_reason(layout, "v3", _v3_layout_check)
     if reason is not None:
         return reason
@@ -307,12 +306,11 @@ def split_kernel_choice(
     layout: CompressedLayout,
     k_codes: torch.Tensor,
     k_scales: torch.Tensor,
-    block_m: int,
 ) -> str:
     """The split kernel a call runs: the config's where it can run, else v1 (every layout the
     Triton path accepts, and the faster Triton kernel on large launches: v2 is the fallback only
     of configs that ask for v2)."""
-    if config.kernel == "v3" and _v3_reason(layout, k_codes, k_scales, block_m) is None:
+    if config.kernel == "v3" and _v3_reason(layout, k_codes, k_scales) is None:
         return "v3"
     if config.kernel == "v2" and _v2_reason(layout, k_codes, k_scales) is None:
         return "v2"
@@ -996,7 +994,7 @@ def wavelet_attention_triton(
     n_row_blocks = -(-rows // block_m)
     if config is None:
         config = tuned_config(layout, d, block_m, batch * hkv * n_row_blocks)
-    kernel = split_kernel_choice(config, layout, k_codes, k_scales, block_m)
+    kernel = split_kernel_choice(config, layout, k_codes, k_scales)
     if config.kernel == "v3" and kernel != "v3":
         config = v1_fallback(config, block_m)
     use_v3, use_v2 = kernel == "v3", kernel == "v2"

@@ -144,7 +144,7 @@ def test_v3_rejects_other_layouts_with_a_reason(spec, head_dim, why):
         K._plan_v3(layout, torch.device("cpu"))
     codes = torch.zeros(1, 1, 4, layout.n_code_bytes, dtype=torch.uint8)
     scales = torch.zeros(1, 1, 4, layout.n_bands, dtype=torch.float16)
-    assert why in K._v3_reason(layout, codes, scales, 4)
+    assert why in K._v3_reason(layout, codes, scales)
 
 
 def test_v3_falls_back_off_the_gpu():
@@ -152,9 +152,9 @@ def test_v3_falls_back_off_the_gpu():
     layout = ops.compressed_layout("default", 128)
     codes = torch.zeros(1, 1, 4, layout.n_code_bytes, dtype=torch.uint8)
     scales = torch.zeros(1, 1, 4, 2, dtype=torch.float16)
-    assert "CUDA only" in K._v3_reason(layout, codes, scales, 4)
+    assert "CUDA only" in K._v3_reason(layout, codes, scales)
     config = K.LaunchConfig(kernel="v3", num_stages=1)
-    assert K.split_kernel_choice(config, layout, codes, scales, 4) == "v1"
+    assert K.split_kernel_choice(config, layout, codes, scales) == "v1"
 
 
 @pytest.mark.parametrize(
@@ -558,7 +558,7 @@ def test_a_v3_build_failure_falls_back_to_v1_once(monkeypatch, config):
     assert rel_err(got, dense_reference(codec, args, 0.125)) <= 1e-2
     assert any("v3 failed on this Triton" in str(w.message) for w in caught)
     assert K._V3_FAILURE.startswith("v3 failed on this Triton")
-    assert K.split_kernel_choice(config, ops.compressed_layout(codec.spec, 128), args[1], args[2], 4) == "v1"
+    assert K.split_kernel_choice(config, ops.compressed_layout(codec.spec, 128), args[1], args[2]) == "v1"
 
 
 def test_a_group_of_16_where_v3_cannot_run_takes_the_v2_default_it_ran_before(monkeypatch):

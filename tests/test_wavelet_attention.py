@@ -624,7 +624,7 @@ def test_gpu_a_group_of_8_rows_runs_v3_with_the_packages_own_config(batch, hkv, 
     block_m = K._block_m(group * tq)
     assert block_m == 8
     config = K.tuned_config(layout, 128, block_m, batch * hkv)
-    assert K.split_kernel_choice(config, layout, args[1], args[2], block_m) == "v3"
+    assert K.split_kernel_choice(config, layout, args[1], args[2]) == "v3"
     got = _run_triton(args, codec, 128**-0.5)  # the op's own choice of config and splits
     assert torch.isfinite(got).all()
     assert rel_err(got, dense_reference(codec, args, 128**-0.5)) <= 1e-2
@@ -654,10 +654,10 @@ def test_gpu_v3_runs_a_group_of_more_than_8_rows_in_row_blocks(batch, hkv, group
     if source == "package":
         config = None  # the op's own choice
         chosen = K.tuned_config(layout, 128, block_m, batch * hkv)
-        assert K.split_kernel_choice(chosen, layout, args[1], args[2], block_m) == "v3"
+        assert K.split_kernel_choice(chosen, layout, args[1], args[2]) == "v3"
     else:
         config = (K.SMALL_LAUNCH_CONFIGS if source == "small" else K.TUNED_CONFIGS)[(128, 8, "affine")]
-        assert K.split_kernel_choice(config, layout, args[1], args[2], block_m) == "v3"
+        assert K.split_kernel_choice(config, layout, args[1], args[2]) == "v3"
     want = dense_reference(codec, args, 128**-0.5)
     for splits in (None, 1, 7) if source != "package" else (None,):
         got = _run_triton(args, codec, 128**-0.5, config=config, num_splits=splits)
@@ -775,8 +775,7 @@ def test_gpu_v3_matches_reference(spec, group, tq, channel, config):
         spec, 5, 2, group, tq, 128, seq_lens, 4096, torch.bfloat16, device="cuda", channel=channel
     )
     layout = ops.compressed_layout(codec.spec, 128)
-    block_m = K._block_m(group * tq)
-    assert K.split_kernel_choice(config, layout, args[1], args[2], block_m) == "v3"
+    assert K.split_kernel_choice(config, layout, args[1], args[2]) == "v3"
     want = dense_reference(codec, args, 128**-0.5)
     for splits in (None, 1, 7, 70):
         got = _run_triton(args, codec, 128**-0.5, config=config, num_splits=splits)
@@ -1116,7 +1115,7 @@ def test_gpu_v3_key_word_pairs_on_a_cache_not_8_byte_aligned():
     tuned = K.TUNED_CONFIGS[(128, 4, "affine")]
     assert tuned.key_word_pairs
     moved = (args[0], shifted, *args[2:])
-    assert K.split_kernel_choice(tuned, layout, shifted, args[2], 4) == "v3"
+    assert K.split_kernel_choice(tuned, layout, shifted, args[2]) == "v3"
     got = _run_triton(moved, codec, 128**-0.5, config=tuned, num_splits=7)
     unpaired = dataclasses.replace(tuned, key_word_pairs=False)
     assert torch.equal(got, _run_triton(args, codec, 128**-0.5, config=unpaired, num_splits=7))
