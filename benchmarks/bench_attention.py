@@ -4,7 +4,7 @@ torch SDPA (bf16, enable_gqa=True) over a dense bf16 cache, measured in the same
     python benchmarks/bench_attention.py --out DIR [--sweep] [--precompile] [--config JSON] [--smoke]
         [--sustained SECONDS]
 
-Shapes: Hq=32, Hkv=8, D=128, one query token, (B, N) in {(1, 32768), (8, 32768), (8, 131072),
+Shapes: Hq=32, Hkv=8, D=128 (--heads, --head-dim 64 / 256 for other models), one query token, (B, N) in {(1, 32768), (8, 32768), (8, 131072),
 (32, 32768)}, the default codec (uniform grids after a per-head rotation: 64 coefficients at 4 bits
 + 64 at 2 bits + two fp16 scales = 52 B per vector, 128-token exact window, 4 exact sinks) and the
 Lloyd-grid variant of the same size. Every sequence is full (N).
@@ -52,6 +52,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 COPY_TBPS = 4.25  # H200 device-to-device copy, docs (DESIGN.md reference figures)
 SHAPES = [(1, 32768), (8, 32768), (8, 131072), (32, 32768)]
 HQ, HKV, HEAD_DIM = 32, 8, 128
+HEAD_DIMS = (64, 128, 256)  # what the op supports (--head-dim)
 # Both 52 B per 128-d vector (64 coefficients x 4 bit + 64 x 2 bit + two fp16 scales). The codec's
 # default preset has affine (uniform) grids, which the kernels decode without tables; "lloyd" (the
 # default until 2026-11-30 14:40) has Lloyd-Max grids: table lookups, v1 kernel only. Both with the
@@ -114,13 +115,25 @@ def _parse() -> argparse.Namespace:
         help=f"query heads,kv heads (default {HQ},{HKV}, Mixtral's; 32,4 is Qwen3-MoE's GQA group of 8)",
     )
     p.add_argument(
+        "--head-dim",
+        type=int,
+        choices=HEAD_DIMS,
+        default=HEAD_DIM,
+        help=f"head_dim (default {HEAD_DIM}; 64 is gpt-oss's, 256 Gemma-style; the Gluon split kernel "
+        "takes 128 only, other widths run the Triton kernels)",
+    )
+    p.add_argument(
         "--sustained",
         type=float,
         default=0.0,
         help="also replay ours, then SDPA, back to back for this many seconds per shape (the op "
         "reaches the GPU's power cap within a second): medians after the first second",
     )
-    return p.parse_args()
+    args = p.parse_args()
+    if args.head_dim != HEAD_DIM and (args.sweep or args.precompile or args.precompile_only):
+        # the sweep's candidates are the Gluon and Triton configs of head_dim 128
+        p.error(f"--sweep and --precompile tune head_dim {HEAD_DIM}; got --head-dim {args.head_dim}")
+    return args
 
 
 ARGS = _parse() if __name__ == "__main__" else None
@@ -138,11 +151,11 @@ from wmoe_compile.codec import allocate_compressed_cache  # noqa: E402
 from wmoe_compile.ops.attention import compressed_layout  # noqa: E402
 
 
-def _channel_params(hkv: int, device: str) -> torch.Tensor:
+def _channel_params(hkv: int, head_dim: int, device: str) -> torch.Tensor:
     """Random full-form channel parameters [Hkv, D + 2, D]: rotation, scale, offset."""
-    rotation, _ = torch.linalg.qr(torch.randn(hkv, HEAD_DIM, HEAD_DIM, device=device))
-    scale = torch.rand(hkv, HEAD_DIM, device=device) + 0.5
-    offset = torch.randn(hkv, HEAD_DIM, device=device) * 0.1
+    rotation, _ = torch.linalg.qr(torch.randn(hkv, head_dim, head_dim, device=device))
+    scale = torch.rand(hkv, head_dim, device=device) + 0.5
+    offset = torch.randn(hkv, head_dim, device=device) * 0.1
     return torch.cat([rotation, scale[:, None], offset[:, None]], dim=1).contiguous()
 
 
@@ -161,6 +174,7 @@ class Setup:
         smoke: bool,
         capacity: int | None = None,
         row_positions: int | None = None,
+        head_dim: int = HEAD_DIM,
     ):
         # capacity: the caches' positions (default seq_len); longer caches change their strides,
         # not the bytes a call reads. row_positions: the positions allocated per (sequence, kv head)
@@ -169,16 +183,17 @@ class Setup:
             raise ValueError(f"a cache of capacity {capacity} cannot hold {seq_len} positions")
         capacity = seq_len if capacity is None else capacity
         self.batch, self.seq_len, self.hq, self.hkv = batch, seq_len, hq, hkv
+        self.head_dim = head_dim
         self.use_codec(next(iter(CODECS.values())))
         lay = self.layout
         self.bytes = wa.bytes_read(lay, batch, hkv, seq_len, exact_itemsize=2)
-        dense_bytes = 2 * batch * hkv * seq_len * HEAD_DIM * 2
+        dense_bytes = 2 * batch * hkv * seq_len * head_dim * 2
         n_comp = 1 if smoke else max(1, math.ceil(ROTATE_BYTES / self.bytes))
         n_dense = 1 if smoke else max(1, math.ceil(ROTATE_BYTES / dense_bytes))
-        self.sm_scale = HEAD_DIM**-0.5
+        self.sm_scale = head_dim**-0.5
         self.lens = torch.full((batch,), seq_len, dtype=torch.int32, device=device)
-        self.k_cs = _channel_params(hkv, device)
-        self.v_cs = _channel_params(hkv, device)
+        self.k_cs = _channel_params(hkv, head_dim, device)
+        self.v_cs = _channel_params(hkv, head_dim, device)
         self.copies = []
 
         # any bytes are valid codes: random codes and scales give a representative cache, laid out
@@ -191,20 +206,20 @@ class Setup:
             return codes.random_(0, 256), scales.uniform_(0.5, 1.5)
 
         def exact() -> torch.Tensor:
-            return torch.randn(batch, hkv, lay.n_exact, HEAD_DIM, device=device, dtype=torch.bfloat16)
+            return torch.randn(batch, hkv, lay.n_exact, head_dim, device=device, dtype=torch.bfloat16)
 
         for _ in range(n_comp):
-            q = torch.randn(batch, hq, 1, HEAD_DIM, device=device, dtype=torch.bfloat16)
+            q = torch.randn(batch, hq, 1, head_dim, device=device, dtype=torch.bfloat16)
             self.copies.append((q, *caches(), *caches(), exact(), exact(), self.lens))
         self.dense = []
         for _ in range(n_dense):
-            q = torch.randn(batch, hq, 1, HEAD_DIM, device=device, dtype=torch.bfloat16)
-            k = torch.randn(batch, hkv, seq_len, HEAD_DIM, device=device, dtype=torch.bfloat16)
-            v = torch.randn(batch, hkv, seq_len, HEAD_DIM, device=device, dtype=torch.bfloat16)
+            q = torch.randn(batch, hq, 1, head_dim, device=device, dtype=torch.bfloat16)
+            k = torch.randn(batch, hkv, seq_len, head_dim, device=device, dtype=torch.bfloat16)
+            v = torch.randn(batch, hkv, seq_len, head_dim, device=device, dtype=torch.bfloat16)
             self.dense.append((q, k, v))
 
     def use_codec(self, spec: str) -> None:
-        self.layout = compressed_layout(spec, HEAD_DIM)
+        self.layout = compressed_layout(spec, self.head_dim)
 
     def args(self, i: int = 0) -> tuple:
         return (*self.copies[i], self.k_cs, self.v_cs)
@@ -473,7 +488,7 @@ def _table(info: dict, codec: str, chosen: wa.LaunchConfig | str, results: list[
     lines = [
         f"{info['date']}, {info['gpu']}, torch {info['torch']}, triton {info['triton']}; codec `{codec}` "
         f"= `{CODECS[codec]}` ({info['bytes_per_vector']} B/vector); {info['heads']['q']} query / "
-        f"{info['heads']['kv']} kv heads, D {HEAD_DIM}; config {chosen}",
+        f"{info['heads']['kv']} kv heads, D {info['head_dim']}; config {chosen}",
         "",
         "| B | N | ms | bytes read | TB/s | x floor | read floor ms | x read floor | SDPA bf16 ms | speedup "
         "| rel err |",
@@ -517,7 +532,8 @@ def main() -> int:
         triton=triton.__version__,
         command="python benchmarks/bench_attention.py " + " ".join(sys.argv[1:]),
         codecs={c: CODECS[c] for c in codecs},
-        bytes_per_vector=compressed_layout(CODECS[codecs[0]], HEAD_DIM).bytes_per_vector,
+        bytes_per_vector=compressed_layout(CODECS[codecs[0]], args.head_dim).bytes_per_vector,
+        head_dim=args.head_dim,
     )
     bw = copy_bandwidth(smoke)
     info["copy_TBps_this_run"] = bw
@@ -532,7 +548,7 @@ def main() -> int:
         hq, hkv = 2 * hq // hkv, 2
     info["heads"] = dict(q=hq, kv=hkv)
     block_m = wa._block_m(hq // hkv)  # the GQA group's query rows a program (one new token)
-    setups = [Setup(b, n, hq, hkv, device, smoke) for b, n in shapes]
+    setups = [Setup(b, n, hq, hkv, device, smoke, head_dim=args.head_dim) for b, n in shapes]
     # the peer first: a failure further down must not lose it
     sdpa = [time_sdpa(s, smoke) for s in setups]
     for (b, n), (graph_ms, plain_ms) in zip(shapes, sdpa, strict=True):
@@ -543,7 +559,7 @@ def main() -> int:
     for codec in codecs:
         for s in setups:
             s.use_codec(CODECS[codec])
-        chosen = None  # per shape: wa.tuned_config(layout, HEAD_DIM, block_m, B * Hkv programs)
+        chosen = None  # per shape: wa.tuned_config(layout, head_dim, block_m, B * Hkv programs)
         if args.config:
             chosen = wa.LaunchConfig(**json.loads(args.config))
         sweep_rows = []
@@ -554,7 +570,7 @@ def main() -> int:
         results = []
         for setup, (b, n), (sdpa_ms, sdpa_plain) in zip(setups, shapes, sdpa, strict=True):
             # the op's own choice for this launch size unless a config was given or swept
-            config = chosen or wa.tuned_config(setup.layout, HEAD_DIM, block_m, b * hkv)
+            config = chosen or wa.tuned_config(setup.layout, args.head_dim, block_m, b * hkv)
             err = rel_error(setup, config)
             ours_calls = [lambda i=i, s=setup, c=config: s.call(i, c) for i in range(len(setup.copies))]
             ours_rounds, sdpa_rounds = time_alternating(ours_calls, sdpa_calls(setup), ROUNDS, smoke)

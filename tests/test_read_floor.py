@@ -86,6 +86,26 @@ def test_bench_attention_runs_as_the_device_runs_it(tmp_path, heads, smoke_heads
         assert row["ms"] == statistics.median(row["ours_rounds_ms"])
 
 
+def test_bench_attention_times_other_head_dims(tmp_path):
+    # --head-dim 64 (gpt-oss's heads, 64 / 8): caches, queries and SDPA's dense tensors all take
+    # it, the table says so and every row's output agrees with the reference
+    import json
+
+    run = _run_bench_attention(tmp_path, "--head-dim", "64", "--heads", "64,8")
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "16 query / 2 kv heads, D 64" in (tmp_path / "attention.md").read_text().splitlines()[0]
+    record = json.loads((tmp_path / "attention.json").read_text())
+    assert record["info"]["head_dim"] == 64 and record["info"]["bytes_per_vector"] == 28
+    rows = record["codecs"]["default"]["results"]
+    assert rows and all(row["rel_err"] < 1e-2 for row in rows)
+
+
+@pytest.mark.parametrize("options", [["--head-dim", "96"], ["--head-dim", "64", "--sweep"]])
+def test_bench_attention_refuses_head_dims_it_cannot_time(tmp_path, options):
+    run = _run_bench_attention(tmp_path, *options)
+    assert run.returncode == 2 and "--head-dim" in run.stderr, run.stderr[-2000:]
+
+
 @pytest.mark.parametrize("heads", ["30,4", "32", "a,b", "0,4"])
 def test_bench_attention_refuses_heads_the_op_would_refuse(tmp_path, heads):
     run = _run_bench_attention(tmp_path, "--heads", heads)
