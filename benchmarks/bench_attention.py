@@ -5,9 +5,10 @@ torch SDPA (bf16, enable_gqa=True) over a dense bf16 cache, measured in the same
         [--sustained SECONDS]
 
 Shapes: Hq=32, Hkv=8, D=128 (--heads and --head-dim 64 / 256 for other models), one query token,
-(B, N) in {(1, 32768), (8, 32768), (8, 131072), (32, 32768)}, the default codec (uniform grids after a per-head rotation: 64 coefficients at 4 bits
-+ 64 at 2 bits + two fp16 scales = 52 B per vector, 128-token exact window, 4 exact sinks) and the
-Lloyd-grid variant of the same size. Every sequence is full (N).
+(B, N) in {(1, 32768), (8, 32768), (8, 131072), (32, 32768)}, the default codec (uniform grids
+after a per-head rotation: 64 coefficients at 4 bits + 64 at 2 bits + two fp16 scales = 52 B per
+vector, 128-token exact window, 4 exact sinks) and the Lloyd-grid variant of the same size.
+Every sequence is full (N).
 
 Floor: bytes a step must read (compressed K and V of the N - 132 compressed positions + the 132
 exact bf16 tokens, per sequence and kv head) over 4.25 TB/s (the H200's measured copy bandwidth;
