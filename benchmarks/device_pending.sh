@@ -102,13 +102,16 @@
 #                                                 # session), the group-of-8 grid, the same grid at
 #                                                 # 64 query / 4 kv heads (Qwen3-235B: v2 against v3
 #                                                 # in two row blocks), then the bench at 32 / 4
+#   bash benchmarks/device_pending.sh head_dims   # the bench at head_dim 64 (gpt-oss's 64 / 8
+#                                                 # heads) and 256 (32 / 8), which run the Triton
+#                                                 # kernels (forty-first session)
 #   bash benchmarks/device_pending.sh split_carveout
 #                                                 # LaunchConfig.split_carveout (fortieth session):
 #                                                 # its GPU tests, then tma_rows at the split
 #                                                 # kernel's full carveout against the tuned config
 set -u
 case "${1:-}" in
-tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce | exact_remainder | key_word_pairs | clocks | zero_padding_p | value_subnormals | value_subnormals_sustained | band_columns | value_scales_staged | counted_steps | transform_in_split | one_sequence_merge | query_in_split | one_wave | merge_pass | final26 | small_bench | exact_tail_prologue | prologue_tiles | two_wave_tail | one_sequence_l2 | phases | one_sequence_28 | split_major_grid | tma_spike | tma_rows | tma_phases | l2_compare | gqa8 | gqa | split_carveout) ;;
+tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce | exact_remainder | key_word_pairs | clocks | zero_padding_p | value_subnormals | value_subnormals_sustained | band_columns | value_scales_staged | counted_steps | transform_in_split | one_sequence_merge | query_in_split | one_wave | merge_pass | final26 | small_bench | exact_tail_prologue | prologue_tiles | two_wave_tail | one_sequence_l2 | phases | one_sequence_28 | split_major_grid | tma_spike | tma_rows | tma_phases | l2_compare | gqa8 | gqa | split_carveout | head_dims) ;;
 grid | timeline | sustained)
     if [ ! -f "${2:-}" ]; then
         echo "$1 needs a JSON file of LaunchConfig dicts (e.g. benchmarks/configs/probe_one_block_step.json), got '${2:-}'" >&2
@@ -116,7 +119,7 @@ grid | timeline | sustained)
     fi
     ;;
 *)
-    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|reduce|remainder|small_reduce|exact_remainder|key_word_pairs|clocks|zero_padding_p|value_subnormals|value_subnormals_sustained|band_columns|value_scales_staged|counted_steps|transform_in_split|one_sequence_merge|query_in_split|one_wave|merge_pass|final26|small_bench|exact_tail_prologue|prologue_tiles|two_wave_tail|one_sequence_l2|phases|one_sequence_28|split_major_grid|tma_spike|tma_rows|tma_phases|l2_compare|gqa8|gqa|split_carveout|grid FILE.json|timeline FILE.json|sustained FILE.json|stalls [tuned|keys_in_step]" >&2
+    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|reduce|remainder|small_reduce|exact_remainder|key_word_pairs|clocks|zero_padding_p|value_subnormals|value_subnormals_sustained|band_columns|value_scales_staged|counted_steps|transform_in_split|one_sequence_merge|query_in_split|one_wave|merge_pass|final26|small_bench|exact_tail_prologue|prologue_tiles|two_wave_tail|one_sequence_l2|phases|one_sequence_28|split_major_grid|tma_spike|tma_rows|tma_phases|l2_compare|gqa8|gqa|split_carveout|head_dims|grid FILE.json|timeline FILE.json|sustained FILE.json|stalls [tuned|keys_in_step]" >&2
     exit 2
     ;;
 esac
@@ -436,6 +439,12 @@ gqa)
     run 170 python3 -P benchmarks/probe_attention.py grid --configs benchmarks/configs/probe_gqa16.json \
         --heads 64,4 --shapes "8,131072;32,32768;1,32768" --out "$OUT/gqa16"
     run 100 python3 -P benchmarks/bench_attention.py --out "$OUT/gqa8_bench" --codec default --heads 32,4
+    ;;
+head_dims)
+    # forty-first session: no bench had timed head_dim 64 or 256 (the Gluon split kernel takes 128
+    # only; these run Triton v1 / v2 at the package's default configs)
+    run 240 python3 -P benchmarks/bench_attention.py --out "$OUT/d64" --codec default --heads 64,8 --head-dim 64
+    run 240 python3 -P benchmarks/bench_attention.py --out "$OUT/d256" --codec default --head-dim 256
     ;;
 split_carveout)
     # fortieth session: every tma_rows variant ran +54 to +57% at the driver's carveout (grid,
