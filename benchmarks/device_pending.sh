@@ -102,6 +102,10 @@
 #                                                 # session), the group-of-8 grid, the same grid at
 #                                                 # 64 query / 4 kv heads (Qwen3-235B: v2 against v3
 #                                                 # in two row blocks), then the bench at 32 / 4
+#   bash benchmarks/device_pending.sh value_band2_half   # LaunchConfig.value_band2_half (forty-
+#                                                 # first session, offline only): its GPU tests,
+#                                                 # then a grid against the tuned config at three
+#                                                 # carveout pairings
 #   bash benchmarks/device_pending.sh head_dims   # the bench at head_dim 64 (gpt-oss's 64 / 8
 #                                                 # heads) and 256 (32 / 8), which run the Triton
 #                                                 # kernels (forty-first session)
@@ -111,7 +115,7 @@
 #                                                 # kernel's full carveout against the tuned config
 set -u
 case "${1:-}" in
-tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce | exact_remainder | key_word_pairs | clocks | zero_padding_p | value_subnormals | value_subnormals_sustained | band_columns | value_scales_staged | counted_steps | transform_in_split | one_sequence_merge | query_in_split | one_wave | merge_pass | final26 | small_bench | exact_tail_prologue | prologue_tiles | two_wave_tail | one_sequence_l2 | phases | one_sequence_28 | split_major_grid | tma_spike | tma_rows | tma_phases | l2_compare | gqa8 | gqa | split_carveout | head_dims) ;;
+tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce | exact_remainder | key_word_pairs | clocks | zero_padding_p | value_subnormals | value_subnormals_sustained | band_columns | value_scales_staged | counted_steps | transform_in_split | one_sequence_merge | query_in_split | one_wave | merge_pass | final26 | small_bench | exact_tail_prologue | prologue_tiles | two_wave_tail | one_sequence_l2 | phases | one_sequence_28 | split_major_grid | tma_spike | tma_rows | tma_phases | l2_compare | gqa8 | gqa | split_carveout | head_dims | value_band2_half) ;;
 grid | timeline | sustained)
     if [ ! -f "${2:-}" ]; then
         echo "$1 needs a JSON file of LaunchConfig dicts (e.g. benchmarks/configs/probe_one_block_step.json), got '${2:-}'" >&2
@@ -119,7 +123,7 @@ grid | timeline | sustained)
     fi
     ;;
 *)
-    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|reduce|remainder|small_reduce|exact_remainder|key_word_pairs|clocks|zero_padding_p|value_subnormals|value_subnormals_sustained|band_columns|value_scales_staged|counted_steps|transform_in_split|one_sequence_merge|query_in_split|one_wave|merge_pass|final26|small_bench|exact_tail_prologue|prologue_tiles|two_wave_tail|one_sequence_l2|phases|one_sequence_28|split_major_grid|tma_spike|tma_rows|tma_phases|l2_compare|gqa8|gqa|split_carveout|head_dims|grid FILE.json|timeline FILE.json|sustained FILE.json|stalls [tuned|keys_in_step]" >&2
+    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|reduce|remainder|small_reduce|exact_remainder|key_word_pairs|clocks|zero_padding_p|value_subnormals|value_subnormals_sustained|band_columns|value_scales_staged|counted_steps|transform_in_split|one_sequence_merge|query_in_split|one_wave|merge_pass|final26|small_bench|exact_tail_prologue|prologue_tiles|two_wave_tail|one_sequence_l2|phases|one_sequence_28|split_major_grid|tma_spike|tma_rows|tma_phases|l2_compare|gqa8|gqa|split_carveout|head_dims|value_band2_half|grid FILE.json|timeline FILE.json|sustained FILE.json|stalls [tuned|keys_in_step]" >&2
     exit 2
     ;;
 esac
@@ -439,6 +443,16 @@ gqa)
     run 170 python3 -P benchmarks/probe_attention.py grid --configs benchmarks/configs/probe_gqa16.json \
         --heads 64,4 --shapes "8,131072;32,32768;1,32768" --out "$OUT/gqa16"
     run 100 python3 -P benchmarks/bench_attention.py --out "$OUT/gqa8_bench" --codec default --heads 32,4
+    ;;
+value_band2_half)
+    # forty-first session, offline: the 2-bit value band's tiles [64, 8] (4 fewer copies, 2 fewer
+    # ldmatrix a step, 3.5 KB of shared memory a program instead of 4.5, where 12 programs fit the
+    # 64 KB carveout: L1 192 KB instead of 156). Bit-identity tests, then [tuned, half at the
+    # driver's split carveout, half at 44% (tuned's 100 KB), half with split and exact kernels at
+    # 28% (64 KB), half with only the exact kernel at 28%] x 3 rounds
+    attention_tests "value_band2_half" 200
+    run 330 python3 -P benchmarks/probe_attention.py grid --configs benchmarks/configs/probe_value_band2_half.json \
+        --shapes "8,131072;32,32768;8,32768" --out "$OUT/value_band2_half" | grep -v "^\["
     ;;
 head_dims)
     # forty-first session: no bench had timed head_dim 64 or 256 (the Gluon split kernel takes 128

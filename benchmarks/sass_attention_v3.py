@@ -285,6 +285,11 @@ def main() -> None:
     p.add_argument(
         "--scale-pairs-two-ahead", action="store_true", help="with --tma-rows-early: scales two steps ahead"
     )
+    p.add_argument(
+        "--value-band2-half",
+        action="store_true",
+        help="the 2-bit value band's tiles [64, 8], its operand's repeat in registers",
+    )
     p.add_argument("--zero-padding-p", action="store_true", help="p = 0 in the MMAs' padding rows")
     p.add_argument(
         "--band-columns", action="store_true", help="the MMAs' columns 4-7 serve the 2-bit band (GQA 4)"

@@ -238,6 +238,13 @@ class LaunchConfig:
     # their use offline): the scale pairs loaded two steps ahead instead, carried in registers
     # (719 loop instructions against 700; thirty-eighth session)
     scale_pairs_two_ahead: bool = False
+    # v3's split kernel: the 2-bit value band's ring tile holds its 8 elements once ([64, 8] int16)
+    # instead of twice (the operand's rows 8-15 repeat rows 0-7), the repeat made in registers at
+    # no cost: 4 of a step's 16 value copies and 2 of its 8 ldmatrix fewer, and 1 KB less shared
+    # memory a stage (3.5 KB a program with the tuned config instead of 4.5, where 12 resident
+    # programs then fit the 64 KB carveout and leave L1 192 KB instead of 156). Needs 64-token
+    # steps and cache_tiles, not row_copies, tma_rows or cta_splits (forty-first session)
+    value_band2_half: bool = False
     # v3: this many consecutive equal splits of one (sequence, kv head) in one CTA, a warp each,
     # sharing the query's transform and the epilogue's T and merging their partials into one
     # (kernels/wavelet_attention_cta.py; 0: one split a program). It implements the small-launch
@@ -501,6 +508,19 @@ class LaunchConfig:
                 "LaunchConfig.tma_rows_early issues a stage's next TMA copy right after its ldmatrix "
                 "reads, ordered by the proxy fence: it needs tma_rows=True and tma_rows_unfenced=False, "
                 f"got tma_rows={self.tma_rows}, tma_rows_unfenced={self.tma_rows_unfenced}"
+            )
+        if self.value_band2_half and not (
+            self.kernel == "v3"
+            and self.block_n == 64
+            and self.cache_tiles
+            and not (self.row_copies or self.tma_rows or self.cta_splits)
+        ):
+            raise ValueError(
+                "LaunchConfig.value_band2_half halves the 2-bit value band's tiles in v3's split "
+                "kernel: it needs kernel='v3', block_n=64, cache_tiles=True and row_copies, tma_rows "
+                f"and cta_splits off; got kernel={self.kernel!r}, block_n={self.block_n}, "
+                f"cache_tiles={self.cache_tiles}, row_copies={self.row_copies}, "
+                f"tma_rows={self.tma_rows}, cta_splits={self.cta_splits}"
             )
         extras = ("zero_padding_p", "value_subnormals", "counted_steps")
         extras += ("transform_in_split", "query_in_split", "phase_clocks", "split_major_grid", "tma_rows")
@@ -913,6 +933,7 @@ V3_ONLY_OPTIONS = (
     "tma_rows_unfenced",
     "tma_rows_early",
     "scale_pairs_two_ahead",
+    "value_band2_half",
     "prefetch_value_rows",
     "fill_value_rows_l2",
     "value_copies_l2_256b",

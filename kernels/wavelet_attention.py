@@ -847,6 +847,7 @@ def v3_option_constexprs(config: LaunchConfig, split_major: bool) -> dict:
         **({"TMA_ROWS_EARLY": True} if config.tma_rows_early else {}),
         **({"SCALES_TWO_AHEAD": True} if config.scale_pairs_two_ahead else {}),
         **({"CARVEOUT": config.split_carveout} if config.split_carveout >= 0 else {}),
+        **({"VALUE_BAND2_HALF": True} if config.value_band2_half else {}),
     )
 
 

@@ -95,6 +95,21 @@ if HAS_GLUON:
         TMA_ROWS_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=16, rank=2)
         _TMA_ROWS = gl.constexpr(TMA_ROWS_LAYOUT)
         _HALF_A = gl.constexpr(gl.BlockedLayout([1, 2], [8, 4], [1, 1], [1, 0]))
+        # VALUE_BAND2_HALF: the 2-bit value band's tile holds its 8 elements once ([tokens, 8]
+        # int16 in 8-byte copies, 16 rows a warp's copy) instead of twice. Its A operand [16
+        # elements, 64 tokens] repeats them in rows 8-15: _A with its row-8 register basis made a
+        # leading dimension of 2, which a [8, 64] load (the layout's slice) broadcasts and a
+        # reshape folds back: the same registers, no instruction (64-token steps)
+        _TOKEN_ROWS_8B_HALF = gl.constexpr(gl.BlockedLayout([1, 4], [16, 2], [1, 1], [1, 0]))
+        _A_ROW_PAIRS = gl.constexpr(
+            gl.DistributedLinearLayout(
+                reg_bases=[[0, 0, 1], [1, 0, 0], [0, 0, 8], [0, 0, 16], [0, 0, 32]],
+                lane_bases=[[0, 0, 2], [0, 0, 4], [0, 1, 0], [0, 2, 0], [0, 4, 0]],
+                warp_bases=[],
+                block_bases=[],
+                shape=[2, 8, 64],
+            )
+        )
         # TRANSFORM_IN_SPLIT, QUERY_IN_SPLIT: [row tiles, 32 lanes, 4 words] of a matrix in MMA
         # fragment order, a lane's 4 words of a tile contiguous (one 16-byte load)
         _T_WORDS = gl.constexpr(gl.BlockedLayout([1, 1, 4], [1, 32, 1], [1, 1, 1], [2, 1, 0]))
@@ -232,7 +247,16 @@ if HAS_GLUON:
                 _copy(k2s.index(stage), k_rows + E2 + (ve % 8)[None, :], CACHE)
             v_rows = vcodes + _row_offsets(tok, ROW, RELATIVE)[:, None]
             _copy(v4s.index(stage), v_rows + E4 + ve[None, :], CACHE)
-            _copy(v2s.index(stage), v_rows + E2 + (ve % 8)[None, :], CACHE)
+            if v2s.shape[2] == 8:  # VALUE_BAND2_HALF: the 2-bit band's 8 elements once
+                if RELATIVE:  # (tok is arange(BLOCK_N): made again in this layout, no shuffles)
+                    tok2 = gl.arange(0, tok.shape[0], layout=gl.SliceLayout(1, _TOKEN_ROWS_8B_HALF))
+                else:
+                    tok2 = gl.convert_layout(tok, gl.SliceLayout(1, _TOKEN_ROWS_8B_HALF))
+                ve2 = gl.arange(0, 8, layout=gl.SliceLayout(0, _TOKEN_ROWS_8B_HALF))
+                v2_rows = vcodes + _row_offsets(tok2, ROW, RELATIVE)[:, None]
+                _copy(v2s.index(stage), v2_rows + E2 + ve2[None, :], CACHE)
+            else:
+                _copy(v2s.index(stage), v_rows + E2 + (ve % 8)[None, :], CACHE)
             async_copy.commit_group()
 
     @gluon.jit
@@ -606,7 +630,13 @@ if HAS_GLUON:
             r2 = tile2
         else:
             r4 = tile4.permute([1, 0]).load(_A)  # [16 elements, BLOCK_N tokens]
-            r2 = tile2.permute([1, 0]).load(_A)
+            if tile2.shape[1] == 8:  # VALUE_BAND2_HALF: [8 elements, tokens], rows 8-15 the same
+                half = tile2.permute([1, 0]).load(gl.SliceLayout(0, _A_ROW_PAIRS))
+                shape = gl.full([2, 8, 64], 0, gl.int16, layout=_A_ROW_PAIRS)  # (its shape only)
+                pairs = gl.broadcast(gl.expand_dims(half, 0), shape)[0]
+                r2 = gl.convert_layout(gl.reshape(pairs, [16, 64]), _A)  # (no instruction)
+            else:
+                r2 = tile2.permute([1, 0]).load(_A)
         o0, o1, o2, o3, o4, o5, o6, o7 = _band_operands(r4, r2, upper, SUBNORMALS)
         if SUBNORMALS:
             # the sums of p * scale straight in their accumulators, the fields' sums uncentred
@@ -1194,6 +1224,10 @@ if HAS_GLUON:
         # the preferred shared-memory carveout, set by fast_launch.launch on the compiled function
         # (LaunchConfig.split_carveout; unread here)
         CARVEOUT: gl.constexpr = -1,
+        # the 2-bit value band's ring tiles hold its 8 elements once, [BLOCK_N, 8], and its
+        # operand repeats them from the same registers: half the band's copies and ldmatrix, 1 KB
+        # less shared memory a stage (LaunchConfig.value_band2_half; 64-token steps, cached tiles)
+        VALUE_BAND2_HALF: gl.constexpr = False,
     ):
         """One (split, sequence, kv head, row block): online softmax over a range of compressed
         tokens in the coefficient domain; grid (num_splits, programs), or (programs, num_splits)
@@ -1363,7 +1397,10 @@ if HAS_GLUON:
             k4s = gl.allocate_shared_memory(gl.int16, [KEY_STAGES, BLOCK_N, 16], _TILE)
             k2s = gl.allocate_shared_memory(gl.int16, [KEY_STAGES, BLOCK_N, 16], _TILE)
             v4s = gl.allocate_shared_memory(gl.int16, [STAGES, BLOCK_N, 16], _TILE)
-            v2s = gl.allocate_shared_memory(gl.int16, [STAGES, BLOCK_N, 16], _TILE)
+            if VALUE_BAND2_HALF:
+                v2s = gl.allocate_shared_memory(gl.int16, [STAGES, BLOCK_N, 8], _TILE)
+            else:
+                v2s = gl.allocate_shared_memory(gl.int16, [STAGES, BLOCK_N, 16], _TILE)
             ring = (k4s, k2s, v4s, v2s)
         # ---- state: running max, 8 field accumulators, token sums of p and of p * scale per band
         acc0 = gl.zeros([16, 8], gl.float32, layout=_MMA)

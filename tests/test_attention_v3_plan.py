@@ -1003,6 +1003,63 @@ def test_tma_rows_early_issues_each_copy_after_its_stages_value_reads(tmp_path):
     assert int(re.search(r"loop spill instructions: (\d+)", out).group(1)) <= spills_allowed, out
 
 
+def _loop_ops(tmp_path, *options: str) -> tuple[list[str], str]:
+    """(the full-step loop's opcodes, the tool's stdout) of sass_attention_v3.py --tuned + options."""
+    import importlib.util
+    import pathlib
+
+    out = _run_sm90_tool("sass_attention_v3.py", tmp_path, "--tuned", "--pdl", *options)
+    tool = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "sass_attention_v3.py"
+    spec = importlib.util.spec_from_file_location("sass_attention_v3", tool)
+    sass_tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sass_tool)
+    loop = sass_tool.loop_instructions((tmp_path / "split_kernel_v3.sass").read_text())
+    return [i.split()[1] if i.startswith("@") else i.split()[0] for i in loop], out
+
+
+def test_value_band2_half_copies_and_reads_the_2bit_value_band_once(tmp_path):
+    # LaunchConfig.value_band2_half (forty-first session): the 2-bit value band's tile [64, 8]
+    # instead of its 8 elements twice in [64, 16]; the operand's repeat costs no instruction (no
+    # shuffle, no byte permute beyond the tuned step's), 1 KB less shared memory, no spill
+    import re
+
+    tuned_ops, tuned_out = _loop_ops(tmp_path / "tuned")
+    half_ops, half_out = _loop_ops(tmp_path / "half", "--value-band2-half")
+    shared = [int(re.search(r"shared (\d+) B per program", o).group(1)) for o in (tuned_out, half_out)]
+    assert shared[1] == shared[0] - 1024, shared
+    assert int(re.search(r"loop spill instructions: (\d+)", half_out).group(1)) == 0, half_out
+    copies = [sum(o.startswith("LDGSTS") for o in ops) for ops in (tuned_ops, half_ops)]
+    assert copies == [16, 12], copies
+    ldmatrix = [sum(o.startswith("LDSM.16.MT88") for o in ops) for ops in (tuned_ops, half_ops)]
+    assert ldmatrix == [8, 6], ldmatrix
+    for moves in ("SHFL.IDX", "PRMT", "STS"):  # the repeat is not a layout conversion
+        assert half_ops.count(moves) <= tuned_ops.count(moves), moves
+    assert len(half_ops) <= len(tuned_ops), (len(half_ops), len(tuned_ops))
+
+
+def test_value_band2_half_needs_the_split_kernels_cached_64_token_tiles():
+    tuned = K.TUNED_CONFIGS[(128, 4, "affine")]
+    dataclasses.replace(tuned, value_band2_half=True)
+    dataclasses.replace(tuned, value_band2_half=True, num_stages=2)
+    plain = dict(kernel="v3", block_n=64, cache_tiles=True)  # (no option that needs more)
+    K.LaunchConfig(**plain, value_band2_half=True)
+    for clash in (
+        dict(block_n=32),
+        dict(cache_tiles=False),
+        dict(row_copies=True),
+        dict(num_stages=2, tma_rows=True),
+        dict(cta_splits=4),
+        dict(kernel="v2"),
+    ):
+        with pytest.raises(ValueError, match="value_band2_half halves the 2-bit value band's tiles"):
+            K.LaunchConfig(**{**plain, **clash}, value_band2_half=True)
+    # the constexpr only when on (the tuned launch keeps its JIT key); off where v1 runs instead
+    assert "VALUE_BAND2_HALF" not in K.v3_option_constexprs(tuned, False)
+    half = dataclasses.replace(tuned, value_band2_half=True)
+    assert K.v3_option_constexprs(half, False)["VALUE_BAND2_HALF"] is True
+    assert not K.v1_fallback(half).value_band2_half
+
+
 @pytest.mark.parametrize("percent", [-2, 101])
 def test_split_carveout_outside_0_to_100_is_refused(percent):
     with pytest.raises(ValueError, match=r"split_carveout is a percent from 0 to 100.*got " + str(percent)):
@@ -1047,7 +1104,9 @@ def test_v3_option_constexprs_name_the_split_kernels_constexprs():
     tma = K.LaunchConfig(**TMA_ROWS_CONFIG, tma_rows_unfenced=True)
     early = dataclasses.replace(tuned, query_in_split=False, loads_before_pdl_wait=2)
     tma_early = K.LaunchConfig(**TMA_ROWS_CONFIG, tma_rows_early=True, scale_pairs_two_ahead=True)
-    for config, split_major in ((tuned, False), (tma, True), (early, False), (tma_early, False)):
+    half = dataclasses.replace(tuned, value_band2_half=True)
+    configs = ((tuned, False), (tma, True), (early, False), (tma_early, False), (half, False))
+    for config, split_major in configs:
         got = K.v3_option_constexprs(config, split_major)
         assert set(got) <= constexprs, set(got) - constexprs
         assert got["STAGES"] == config.num_stages and got["KEYS_AHEAD"] == config.keys_ahead
@@ -1058,8 +1117,10 @@ def test_v3_option_constexprs_name_the_split_kernels_constexprs():
         assert got.get("TMA_ROWS_EARLY", False) == config.tma_rows_early
         assert got.get("SCALES_TWO_AHEAD", False) == config.scale_pairs_two_ahead
         assert got.get("LOADS_BEFORE_WAIT", 0) == config.loads_before_pdl_wait
+        assert got.get("VALUE_BAND2_HALF", False) == config.value_band2_half
     # the options added late are absent when off: the tuned launch's JIT key is unchanged
     late = {"SPLIT_MAJOR", "TMA_ROWS", "TMA_ROWS_UNFENCED", "TMA_ROWS_EARLY", "SCALES_TWO_AHEAD"}
+    late |= {"VALUE_BAND2_HALF"}
     assert not (late | {"LOADS_BEFORE_WAIT"}) & set(K.v3_option_constexprs(tuned, False))
 
 

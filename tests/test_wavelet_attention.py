@@ -1527,6 +1527,28 @@ def test_gpu_split_carveout_is_set_on_the_split_kernel_and_changes_no_value(tma_
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("stages", [1, 2])
+@pytest.mark.parametrize("hkv, group", [(2, 4), (2, 8), (1, 16)])
+def test_gpu_value_band2_half_is_bit_identical_to_the_doubled_tiles(stages, hkv, group):
+    # LaunchConfig.value_band2_half (forty-first session): the 2-bit value band's tiles hold its 8
+    # elements once and the operand repeats them in registers, so every value MMA sees the same
+    # operand as with the doubled tiles: bit for bit, at 1 and 2 ring stages, in the full steps and
+    # the masked last ones (lengths off the 64-token step, 1), for GQA groups of 4, 8 and 16 (two
+    # row blocks), at one split and several
+    tuned = dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], num_stages=stages)
+    half = dataclasses.replace(tuned, value_band2_half=True)
+    codec, args = make_case(
+        UNIFORM_REAL, 5, hkv, group, 1, 128, [4096, 1, 1000, 2049, 133], 4096, torch.bfloat16, "cuda", "full"
+    )
+    for splits in (1, 7):
+        want = _run_triton(args, codec, 128**-0.5, config=tuned, num_splits=splits)
+        got = _run_triton(args, codec, 128**-0.5, config=half, num_splits=splits)
+        assert not torch.isnan(got).any() and torch.equal(got, want), splits
+    assert rel_err(got, dense_reference(codec, args, 128**-0.5)) <= 1e-2
+    assert not K._V3_FAILURE, K._V3_FAILURE
+
+
+@pytest.mark.gpu
 def test_gpu_repeated_calls_reuse_compiled_kernels_and_stay_correct():
     # the second call of a shape launches the kept CompiledKernels (kernels/fast_launch.py): fresh
     # inputs of the same shapes and alignment must give results as correct as the first call's
