@@ -449,7 +449,8 @@ value_band2_half)
     # ldmatrix a step, 3.5 KB of shared memory a program instead of 4.5, where 12 programs fit the
     # 64 KB carveout: L1 192 KB instead of 156). Bit-identity tests, then [tuned, half at the
     # driver's split carveout, half at 44% (tuned's 100 KB), half with split and exact kernels at
-    # 28% (64 KB), half with only the exact kernel at 28%] x 3 rounds
+    # 28% (64 KB), half with only the exact kernel at 28%, half at 2 ring stages (7.5 KB a
+    # program: 12 still fit tuned's 100 KB)] x 3 rounds
     attention_tests "value_band2_half" 200
     run 330 python3 -P benchmarks/probe_attention.py grid --configs benchmarks/configs/probe_value_band2_half.json \
         --shapes "8,131072;32,32768;8,32768" --out "$OUT/value_band2_half" | grep -v "^\["
