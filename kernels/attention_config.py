@@ -1009,6 +1009,8 @@ def resident_programs_per_sm(
     if config.kernel == "v3":
         tiles = 2 if config.keys_via_smem else 1  # value tiles, plus key tiles through the ring
         ring = config.num_stages * tiles * 2 * config.block_n * 16 * 2  # two bands, 16 int16 a row
+        if config.value_band2_half:  # the 2-bit value band's tiles hold 8 int16 a row
+            ring -= config.num_stages * config.block_n * 8 * 2
         if config.tma_rows:  # both caches' [block_n, 32] int16 row tiles a stage instead
             ring = config.num_stages * 2 * config.block_n * 32 * 2
         per_program = ring + _V3_SHARED_BESIDE_RING + _SHARED_RESERVED_PER_PROGRAM

@@ -33,6 +33,9 @@ KEYS_VIA_SMEM = dict(keys_via_smem=True, keys_ahead=False, key_loads_l2_256b=Fal
         # v3's cp.async ring: 4 stages x 8 KB (value and key tiles) + 2 KB a program (the kernel's
         # other shared memory and the driver's reservation), in 228 KB
         ({"num_stages": 4, **KEYS_VIA_SMEM}, 6),
+        # value_band2_half: 4 stages x 7 KB (the 2-bit value band's tile 1 KB smaller) + 2 KB: 7 fit
+        # (offline 29,184 bytes, 30,208 with the reservation)
+        ({"num_stages": 4, **KEYS_VIA_SMEM, "value_band2_half": True}, 7),
         # tma_rows: both caches' [64, 32] int16 row tiles a stage, 8 KB: 3 stages + 2 KB in 228 KB
         # (the kernel takes 25,112 bytes at 3 stages offline, 26,136 with the reservation: 8 fit)
         ({"num_stages": 3, "tma_rows": True, "keys_ahead": False, "key_word_pairs": False}, 8),
