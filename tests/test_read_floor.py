@@ -142,7 +142,7 @@ def test_bench_attention_table_reports_the_sustained_figures():
     ba = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(ba)
     info = dict(date="2026-12-02", gpu="H200", torch="2.11", triton="3.6", bytes_per_vector=52)
-    info.update(heads=dict(q=32, kv=8))
+    info.update(heads=dict(q=32, kv=8), head_dim=128)
     row = dict(B=8, N=131072, ms=0.25, bytes=8.76e8, TBps=3.5, x_floor=1.2, read_floor_ms=0.2)
     row.update(x_read_floor=1.25, sdpa_ms=0.95, speedup=3.8, rel_err=7e-4)
     held = dict(row, sustained=dict(seconds=3.0, ms=0.262, sdpa_ms=0.928, speedup=0.928 / 0.262))
