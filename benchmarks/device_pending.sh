@@ -447,11 +447,13 @@ gqa)
 value_band2_half)
     # forty-first session, offline: the 2-bit value band's tiles [64, 8] (4 fewer copies, 2 fewer
     # ldmatrix a step, 3.5 KB of shared memory a program instead of 4.5, where 12 programs fit the
-    # 64 KB carveout: L1 192 KB instead of 156). Bit-identity tests, then [tuned, half at the
-    # driver's split carveout, half at 44% (tuned's 100 KB), half with split and exact kernels at
-    # 28% (64 KB), half with only the exact kernel at 28%, half at 2 ring stages (7.5 KB a
-    # program: 12 still fit tuned's 100 KB)] x 3 rounds
-    attention_tests "value_band2_half" 200
+    # 64 KB carveout: L1 192 KB instead of 156), and the tiles by 16-byte copies through L1
+    # (value_copies_16b_l1: 6 copies a step with the half tiles, 719 loop instructions against
+    # 728). Bit-identity tests, then [tuned, half at the driver's split carveout, half at 44%
+    # (tuned's 100 KB), half with the split and exact kernels at 28% (64 KB), half at 2 ring
+    # stages (7.5 KB a program: 12 still fit 100 KB), half + 16-byte copies through L1, 16-byte
+    # copies through L1 alone] x 3 rounds
+    attention_tests "value_band2_half" 240
     run 330 python3 -P benchmarks/probe_attention.py grid --configs benchmarks/configs/probe_value_band2_half.json \
         --shapes "8,131072;32,32768;8,32768" --out "$OUT/value_band2_half" | grep -v "^\["
     ;;

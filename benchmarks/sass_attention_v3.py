@@ -229,7 +229,11 @@ def apply_tuned(args: argparse.Namespace) -> None:
     args.stages = config.num_stages if args.stages is None else args.stages
     args.block_n = config.block_n
     args.maxnreg = (config.maxnreg or 0) if args.maxnreg is None else args.maxnreg
-    args.no_cache_tiles, args.no_convert_p_once = not config.cache_tiles, not config.convert_p_once
+    # (--no-cache-tiles / --no-convert-p-once, or --without cache_tiles, turn the tuned ones off)
+    args.no_cache_tiles = args.no_cache_tiles or not config.cache_tiles or "cache_tiles" in args.without
+    args.no_convert_p_once = (
+        args.no_convert_p_once or not config.convert_p_once or "convert_p_once" in args.without
+    )
     # every flag named after a LaunchConfig field (PDL stays the --pdl flag's: a launch property)
     fields = {f.name for f in dataclasses.fields(config)} - {"pdl", "maxnreg"}
     unknown = set(args.without) - fields
@@ -284,6 +288,11 @@ def main() -> None:
     )
     p.add_argument(
         "--scale-pairs-two-ahead", action="store_true", help="with --tma-rows-early: scales two steps ahead"
+    )
+    p.add_argument(
+        "--value-copies-16b-l1",
+        action="store_true",
+        help="with --no-cache-tiles: the 16-byte tile copies through L1 (cp.async.ca, PTX patch)",
     )
     p.add_argument(
         "--value-band2-half",
@@ -357,7 +366,12 @@ def main() -> None:
         apply_tuned(args)
     args.stages = 1 if args.stages is None else args.stages
     args.maxnreg = 168 if args.maxnreg is None else args.maxnreg
-    if args.value_copies_l2_256b or args.plain_loads_l2_256b or args.tma_rows_unfenced:
+    if (
+        args.value_copies_l2_256b
+        or args.plain_loads_l2_256b
+        or args.tma_rows_unfenced
+        or args.value_copies_16b_l1
+    ):
         from wmoe_compile.kernels import ptx_patches
 
         ptx_patches.install()  # as the launcher does before a marked kernel compiles

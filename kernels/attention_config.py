@@ -243,8 +243,15 @@ class LaunchConfig:
     # no cost: 4 of a step's 16 value copies and 2 of its 8 ldmatrix fewer, and 1 KB less shared
     # memory a stage (3.5 KB a program with the tuned config instead of 4.5, where 12 resident
     # programs then fit the 64 KB carveout and leave L1 192 KB instead of 156). Needs 64-token
-    # steps and cache_tiles, not row_copies, tma_rows or cta_splits (forty-first session)
+    # steps, not row_copies, tma_rows or cta_splits (forty-first session)
     value_band2_half: bool = False
+    # v3's split kernel without cache_tiles, whose value (and keys_via_smem key) tiles come by
+    # 16-byte copies (two lanes a 4-bit band row, 16 rows an instruction) that Triton issues as
+    # cp.async.cg, L2 only: the same copies through L1 (cp.async.ca, by a PTX
+    # patch, kernels/ptx_patches.py), so the bands' requests for the sectors they share meet in L1
+    # as cache_tiles' 8-byte copies do, with half the copy instructions (6 a step instead of 16
+    # with value_band2_half). Not with row_copies, tma_rows or cta_splits (forty-first session)
+    value_copies_16b_l1: bool = False
     # v3: this many consecutive equal splits of one (sequence, kv head) in one CTA, a warp each,
     # sharing the query's transform and the epilogue's T and merging their partials into one
     # (kernels/wavelet_attention_cta.py; 0: one split a program). It implements the small-launch
@@ -512,15 +519,24 @@ class LaunchConfig:
         if self.value_band2_half and not (
             self.kernel == "v3"
             and self.block_n == 64
-            and self.cache_tiles
             and not (self.row_copies or self.tma_rows or self.cta_splits)
         ):
             raise ValueError(
                 "LaunchConfig.value_band2_half halves the 2-bit value band's tiles in v3's split "
-                "kernel: it needs kernel='v3', block_n=64, cache_tiles=True and row_copies, tma_rows "
-                f"and cta_splits off; got kernel={self.kernel!r}, block_n={self.block_n}, "
-                f"cache_tiles={self.cache_tiles}, row_copies={self.row_copies}, "
-                f"tma_rows={self.tma_rows}, cta_splits={self.cta_splits}"
+                "kernel: it needs kernel='v3', block_n=64 and row_copies, tma_rows and cta_splits "
+                f"off; got kernel={self.kernel!r}, block_n={self.block_n}, "
+                f"row_copies={self.row_copies}, tma_rows={self.tma_rows}, cta_splits={self.cta_splits}"
+            )
+        if self.value_copies_16b_l1 and not (
+            self.kernel == "v3"
+            and not self.cache_tiles
+            and not (self.row_copies or self.tma_rows or self.cta_splits)
+        ):
+            raise ValueError(
+                "LaunchConfig.value_copies_16b_l1 sends v3's 16-byte tile copies through L1: it needs "
+                "kernel='v3', cache_tiles=False (whose copies are 16 bytes) and row_copies, tma_rows "
+                f"and cta_splits off; got kernel={self.kernel!r}, cache_tiles={self.cache_tiles}, "
+                f"row_copies={self.row_copies}, tma_rows={self.tma_rows}, cta_splits={self.cta_splits}"
             )
         extras = ("zero_padding_p", "value_subnormals", "counted_steps")
         extras += ("transform_in_split", "query_in_split", "phase_clocks", "split_major_grid", "tma_rows")
@@ -934,6 +950,7 @@ V3_ONLY_OPTIONS = (
     "tma_rows_early",
     "scale_pairs_two_ahead",
     "value_band2_half",
+    "value_copies_16b_l1",
     "prefetch_value_rows",
     "fill_value_rows_l2",
     "value_copies_l2_256b",

@@ -26,6 +26,14 @@ VERSION = "wmoe-ptx-patches-1"
 
 # name -> (pattern, replacement) applied to the whole PTX of a kernel that carries the marker
 PATCHES: dict[str, tuple[re.Pattern, str]] = {
+    # 16-byte cp.async copies through L1 (Triton emits every 16-byte copy as .cg, L2 only, cache
+    # modifier or not; PTX allows .ca for 4, 8 and 16 bytes): for tiles whose rows share sectors
+    # with rows other copies ask for, which L1 then serves (listed before cp_async_l2_256b, whose
+    # hint then lands on the .ca copy)
+    "cp_async_ca": (
+        re.compile(r"\bcp\.async\.cg\.shared(::cta)?\.global(?=[\s.])"),
+        r"cp.async.ca.shared\1.global",
+    ),
     # cp.async copies (either cache level) ask L2 for 256-byte blocks on a miss
     "cp_async_l2_256b": (
         re.compile(r"\b(cp\.async\.c[ag]\.shared(?:::cta)?\.global)(?=\s)"),

@@ -684,7 +684,12 @@ def _launch_v3(
     dims' num_splits when None)."""
     qw, qc, m_part, l_part, acc_part = parts
     hkv, group, tq, n_row_blocks, num_splits, n_qc, block_m, d, programs, qk_scale, n_parts, _ = dims
-    if config.value_copies_l2_256b or config.plain_loads_l2_256b or config.tma_rows_unfenced:
+    if (
+        config.value_copies_l2_256b
+        or config.plain_loads_l2_256b
+        or config.tma_rows_unfenced
+        or config.value_copies_16b_l1
+    ):
         from . import ptx_patches
 
         ptx_patches.install()  # before the marked kernel compiles
@@ -848,6 +853,7 @@ def v3_option_constexprs(config: LaunchConfig, split_major: bool) -> dict:
         **({"SCALES_TWO_AHEAD": True} if config.scale_pairs_two_ahead else {}),
         **({"CARVEOUT": config.split_carveout} if config.split_carveout >= 0 else {}),
         **({"VALUE_BAND2_HALF": True} if config.value_band2_half else {}),
+        **({"VALUE_COPIES_16B_L1": True} if config.value_copies_16b_l1 else {}),
     )
 
 

@@ -101,6 +101,7 @@ if HAS_GLUON:
         # leading dimension of 2, which a [8, 64] load (the layout's slice) broadcasts and a
         # reshape folds back: the same registers, no instruction (64-token steps)
         _TOKEN_ROWS_8B_HALF = gl.constexpr(gl.BlockedLayout([1, 4], [16, 2], [1, 1], [1, 0]))
+        _TOKEN_ROWS_HALF = gl.constexpr(gl.BlockedLayout([1, 8], [32, 1], [1, 1], [1, 0]))  # 16-byte
         _A_ROW_PAIRS = gl.constexpr(
             gl.DistributedLinearLayout(
                 reg_bases=[[0, 0, 1], [1, 0, 0], [0, 0, 8], [0, 0, 16], [0, 0, 32]],
@@ -136,6 +137,7 @@ if HAS_GLUON:
         _PHASE_FULL_STEPS = gl.constexpr(PHASE_FULL_STEPS)
         # markers that have the kernel's PTX patched (kernels/ptx_patches.py)
         _MARK_COPIES_L2_256B = gl.constexpr(ptx_patches.marker_asm("cp_async_l2_256b"))
+        _MARK_COPIES_CA = gl.constexpr(ptx_patches.marker_asm("cp_async_ca"))
         _MARK_LOADS_L2_256B = gl.constexpr(ptx_patches.marker_asm("ld_global_l2_256b"))
         _MARK_NO_PROXY_FENCES = gl.constexpr(ptx_patches.marker_asm("no_async_proxy_fences"))
     except Exception as exc:  # noqa: BLE001 - a Gluon whose layout API differs: no v3
@@ -248,11 +250,13 @@ if HAS_GLUON:
             v_rows = vcodes + _row_offsets(tok, ROW, RELATIVE)[:, None]
             _copy(v4s.index(stage), v_rows + E4 + ve[None, :], CACHE)
             if v2s.shape[2] == 8:  # VALUE_BAND2_HALF: the 2-bit band's 8 elements once
+                # (8-byte copies for CACHE as the other bands', else one 16-byte copy a row)
+                HALF: gl.constexpr = _TOKEN_ROWS_8B_HALF if CACHE else _TOKEN_ROWS_HALF
                 if RELATIVE:  # (tok is arange(BLOCK_N): made again in this layout, no shuffles)
-                    tok2 = gl.arange(0, tok.shape[0], layout=gl.SliceLayout(1, _TOKEN_ROWS_8B_HALF))
+                    tok2 = gl.arange(0, tok.shape[0], layout=gl.SliceLayout(1, HALF))
                 else:
-                    tok2 = gl.convert_layout(tok, gl.SliceLayout(1, _TOKEN_ROWS_8B_HALF))
-                ve2 = gl.arange(0, 8, layout=gl.SliceLayout(0, _TOKEN_ROWS_8B_HALF))
+                    tok2 = gl.convert_layout(tok, gl.SliceLayout(1, HALF))
+                ve2 = gl.arange(0, 8, layout=gl.SliceLayout(0, HALF))
                 v2_rows = vcodes + _row_offsets(tok2, ROW, RELATIVE)[:, None]
                 _copy(v2s.index(stage), v2_rows + E2 + ve2[None, :], CACHE)
             else:
@@ -1228,6 +1232,9 @@ if HAS_GLUON:
         # operand repeats them from the same registers: half the band's copies and ldmatrix, 1 KB
         # less shared memory a stage (LaunchConfig.value_band2_half; 64-token steps, cached tiles)
         VALUE_BAND2_HALF: gl.constexpr = False,
+        # without CACHE_TILES: the tiles' 16-byte copies through L1 (cp.async.ca by a PTX patch,
+        # kernels/ptx_patches.py; Triton emits them as .cg; LaunchConfig.value_copies_16b_l1)
+        VALUE_COPIES_16B_L1: gl.constexpr = False,
     ):
         """One (split, sequence, kv head, row block): online softmax over a range of compressed
         tokens in the coefficient domain; grid (num_splits, programs), or (programs, num_splits)
@@ -1245,6 +1252,11 @@ if HAS_GLUON:
             )
         if VALUE_COPIES_L2_256B:
             gl.inline_asm_elementwise(_MARK_COPIES_L2_256B, "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+        if VALUE_COPIES_16B_L1:
+            gl.static_assert(
+                not CACHE_TILES, "VALUE_COPIES_16B_L1 patches the 16-byte copies of CACHE_TILES off"
+            )
+            gl.inline_asm_elementwise(_MARK_COPIES_CA, "=r", [], dtype=gl.int32, is_pure=False, pack=1)
         if PLAIN_LOADS_L2_256B:
             gl.inline_asm_elementwise(_MARK_LOADS_L2_256B, "=r", [], dtype=gl.int32, is_pure=False, pack=1)
         if TMA_ROWS_EARLY:

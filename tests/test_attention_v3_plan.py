@@ -1037,15 +1037,46 @@ def test_value_band2_half_copies_and_reads_the_2bit_value_band_once(tmp_path):
     assert len(half_ops) <= len(tuned_ops), (len(half_ops), len(tuned_ops))
 
 
-def test_value_band2_half_needs_the_split_kernels_cached_64_token_tiles():
+def test_value_copies_16b_l1_sends_the_16_byte_copies_through_l1(tmp_path):
+    # LaunchConfig.value_copies_16b_l1 (forty-first session): without cache_tiles the tiles come by
+    # 16-byte copies, which Triton emits as cp.async.cg (LDGSTS.E.BYPASS.128, L2 only); the PTX
+    # patch makes them .ca (LDGSTS.E.128). With value_band2_half: 6 copies a step instead of the
+    # tuned kernel's 16, no spill
+    import re
+
+    plain = ("--no-cache-tiles", "--without", "copy_layout_tokens")
+    ops, _ = _loop_ops(tmp_path / "cg", *plain)
+    assert ops.count("LDGSTS.E.BYPASS.128") == 8 and "LDGSTS.E.128" not in ops, ops
+    ops, _ = _loop_ops(tmp_path / "ca", *plain, "--value-copies-16b-l1")
+    assert ops.count("LDGSTS.E.128") == 8 and not any("BYPASS" in o for o in ops), ops
+    ops, out = _loop_ops(tmp_path / "ca_half", *plain, "--value-copies-16b-l1", "--value-band2-half")
+    assert ops.count("LDGSTS.E.128") == 6 and sum(o.startswith("LDGSTS") for o in ops) == 6, ops
+    assert int(re.search(r"loop spill instructions: (\d+)", out).group(1)) == 0, out
+    tuned_ops, _ = _loop_ops(tmp_path / "tuned")
+    assert len(ops) < len(tuned_ops), (len(ops), len(tuned_ops))
+
+
+def test_value_copies_16b_l1_needs_the_16_byte_copies():
+    plain = dict(kernel="v3", block_n=64, cache_tiles=False)
+    K.LaunchConfig(**plain, value_copies_16b_l1=True, value_band2_half=True)
+    for clash in (dict(cache_tiles=True), dict(row_copies=True), dict(cta_splits=4), dict(kernel="v2")):
+        with pytest.raises(ValueError, match="value_copies_16b_l1 sends v3's 16-byte tile copies through L1"):
+            K.LaunchConfig(**{**plain, **clash}, value_copies_16b_l1=True)
+    config = K.LaunchConfig(**plain, value_copies_16b_l1=True)
+    assert K.v3_option_constexprs(config, False)["VALUE_COPIES_16B_L1"] is True
+    assert "VALUE_COPIES_16B_L1" not in K.v3_option_constexprs(K.TUNED_CONFIGS[(128, 4, "affine")], False)
+    assert not K.v1_fallback(config).value_copies_16b_l1
+
+
+def test_value_band2_half_needs_the_split_kernels_64_token_tiles():
     tuned = K.TUNED_CONFIGS[(128, 4, "affine")]
     dataclasses.replace(tuned, value_band2_half=True)
     dataclasses.replace(tuned, value_band2_half=True, num_stages=2)
     plain = dict(kernel="v3", block_n=64, cache_tiles=True)  # (no option that needs more)
     K.LaunchConfig(**plain, value_band2_half=True)
+    K.LaunchConfig(**{**plain, "cache_tiles": False}, value_band2_half=True)  # 16-byte copies
     for clash in (
         dict(block_n=32),
-        dict(cache_tiles=False),
         dict(row_copies=True),
         dict(num_stages=2, tma_rows=True),
         dict(cta_splits=4),
@@ -1105,7 +1136,11 @@ def test_v3_option_constexprs_name_the_split_kernels_constexprs():
     early = dataclasses.replace(tuned, query_in_split=False, loads_before_pdl_wait=2)
     tma_early = K.LaunchConfig(**TMA_ROWS_CONFIG, tma_rows_early=True, scale_pairs_two_ahead=True)
     half = dataclasses.replace(tuned, value_band2_half=True)
+    copies_16b = dataclasses.replace(
+        half, cache_tiles=False, copy_layout_tokens=False, value_copies_16b_l1=True
+    )
     configs = ((tuned, False), (tma, True), (early, False), (tma_early, False), (half, False))
+    configs += ((copies_16b, False),)
     for config, split_major in configs:
         got = K.v3_option_constexprs(config, split_major)
         assert set(got) <= constexprs, set(got) - constexprs
@@ -1118,9 +1153,10 @@ def test_v3_option_constexprs_name_the_split_kernels_constexprs():
         assert got.get("SCALES_TWO_AHEAD", False) == config.scale_pairs_two_ahead
         assert got.get("LOADS_BEFORE_WAIT", 0) == config.loads_before_pdl_wait
         assert got.get("VALUE_BAND2_HALF", False) == config.value_band2_half
+        assert got.get("VALUE_COPIES_16B_L1", False) == config.value_copies_16b_l1
     # the options added late are absent when off: the tuned launch's JIT key is unchanged
     late = {"SPLIT_MAJOR", "TMA_ROWS", "TMA_ROWS_UNFENCED", "TMA_ROWS_EARLY", "SCALES_TWO_AHEAD"}
-    late |= {"VALUE_BAND2_HALF"}
+    late |= {"VALUE_BAND2_HALF", "VALUE_COPIES_16B_L1"}
     assert not (late | {"LOADS_BEFORE_WAIT"}) & set(K.v3_option_constexprs(tuned, False))
 
 

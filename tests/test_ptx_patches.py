@@ -35,6 +35,22 @@ def test_copies_get_the_hint_and_nothing_else_changes():
     assert got.count("L2::256B") == 2
 
 
+def test_16_byte_copies_go_through_l1_and_keep_the_l2_hint():
+    # cp_async_ca (value_copies_16b_l1): every .cg copy becomes .ca, 8-byte .ca copies and other
+    # instructions stay; with cp_async_l2_256b marked too, the hint lands once on each copy
+    marked = COPIES.replace("cp_async_l2_256b", "cp_async_ca")
+    got = ptx_patches.patch_ptx(marked)
+    assert "cp.async.ca.shared.global [ %r195 + 0 ], [ %rd107 + 0 ], 0x10, 0x10;" in got
+    assert "cp.async.cg" not in got and got.count("cp.async.ca.shared.global [") == 2
+    assert "cp.async.commit_group;" in got and "@%p1 ld.global.b32 { %r950 }" in got
+    both = "\tmov.u32 %r2, 0; // wmoe-ptx-patch: cp_async_ca\n" + COPIES
+    got = ptx_patches.patch_ptx(both)
+    assert "cp.async.ca.shared.global.L2::256B [ %r195" in got and got.count("L2::256B") == 2
+    assert "cp.async.cg" not in got
+    with pytest.raises(ValueError, match="'cp_async_ca'.*no instruction it applies to"):
+        ptx_patches.patch_ptx(marked.replace("cp.async.cg", "cp.async.ca"))  # nothing to send
+
+
 def test_plain_loads_get_the_hint_qualified_ones_keep_theirs():
     got = ptx_patches.patch_ptx(LOADS)
     assert "@%p1 ld.global.L2::256B.b32 { %r950 }" in got

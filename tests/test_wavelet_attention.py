@@ -1527,16 +1527,21 @@ def test_gpu_split_carveout_is_set_on_the_split_kernel_and_changes_no_value(tma_
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("copies", ["8_byte", "16_byte_l1"])
 @pytest.mark.parametrize("stages", [1, 2])
 @pytest.mark.parametrize("hkv, group", [(2, 4), (2, 8), (1, 16)])
-def test_gpu_value_band2_half_is_bit_identical_to_the_doubled_tiles(stages, hkv, group):
+def test_gpu_value_band2_half_is_bit_identical_to_the_doubled_tiles(copies, stages, hkv, group):
     # LaunchConfig.value_band2_half (forty-first session): the 2-bit value band's tiles hold its 8
     # elements once and the operand repeats them in registers, so every value MMA sees the same
     # operand as with the doubled tiles: bit for bit, at 1 and 2 ring stages, in the full steps and
     # the masked last ones (lengths off the 64-token step, 1), for GQA groups of 4, 8 and 16 (two
-    # row blocks), at one split and several
+    # row blocks), at one split and several. Also with the tiles by 16-byte copies through L1
+    # (value_copies_16b_l1, the PTX-patched cp.async.ca), which change no byte a tile receives
     tuned = dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], num_stages=stages)
     half = dataclasses.replace(tuned, value_band2_half=True)
+    if copies == "16_byte_l1":
+        sixteen = dict(cache_tiles=False, copy_layout_tokens=False, value_copies_16b_l1=True)
+        half = dataclasses.replace(half, **sixteen)
     codec, args = make_case(
         UNIFORM_REAL, 5, hkv, group, 1, 128, [4096, 1, 1000, 2049, 133], 4096, torch.bfloat16, "cuda", "full"
     )
