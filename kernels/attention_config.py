@@ -247,10 +247,11 @@ class LaunchConfig:
     value_band2_half: bool = False
     # v3's split kernel without cache_tiles, whose value (and keys_via_smem key) tiles come by
     # 16-byte copies (two lanes a 4-bit band row, 16 rows an instruction) that Triton issues as
-    # cp.async.cg, L2 only: the same copies through L1 (cp.async.ca, by a PTX
-    # patch, kernels/ptx_patches.py), so the bands' requests for the sectors they share meet in L1
-    # as cache_tiles' 8-byte copies do, with half the copy instructions (6 a step instead of 16
-    # with value_band2_half). Not with row_copies, tma_rows or cta_splits (forty-first session)
+    # cp.async.cg, L2 only: the same copies through L1 (cp.async.ca, by a PTX patch,
+    # kernels/ptx_patches.py), so the bands' requests for the sectors they share meet in L1 as
+    # cache_tiles' 8-byte copies do, with half the copy instructions (6 a step instead of the
+    # tuned 16 with value_band2_half). Not with row_copies, tma_rows or cta_splits (forty-first
+    # session)
     value_copies_16b_l1: bool = False
     # v3: this many consecutive equal splits of one (sequence, kv head) in one CTA, a warp each,
     # sharing the query's transform and the epilogue's T and merging their partials into one

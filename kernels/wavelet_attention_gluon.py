@@ -101,7 +101,8 @@ if HAS_GLUON:
         # leading dimension of 2, which a [8, 64] load (the layout's slice) broadcasts and a
         # reshape folds back: the same registers, no instruction (64-token steps)
         _TOKEN_ROWS_8B_HALF = gl.constexpr(gl.BlockedLayout([1, 4], [16, 2], [1, 1], [1, 0]))
-        _TOKEN_ROWS_HALF = gl.constexpr(gl.BlockedLayout([1, 8], [32, 1], [1, 1], [1, 0]))  # 16-byte
+        # (and without CACHE_TILES, one 16-byte copy a row, 32 rows a warp's copy)
+        _TOKEN_ROWS_HALF = gl.constexpr(gl.BlockedLayout([1, 8], [32, 1], [1, 1], [1, 0]))
         _A_ROW_PAIRS = gl.constexpr(
             gl.DistributedLinearLayout(
                 reg_bases=[[0, 0, 1], [1, 0, 0], [0, 0, 8], [0, 0, 16], [0, 0, 32]],
@@ -228,7 +229,8 @@ if HAS_GLUON:
     ):
         """cp.async the code tiles of BLOCK_N tokens into stage `stage` of the ring (k4s, k2s, v4s,
         v2s), one commit group: the values' and (KEYS; else the key buffers are an unused
-        placeholder) the keys' [tokens, 16] int16 per band, the 2-bit band's 8 elements twice.
+        placeholder) the keys' [tokens, 16] int16 per band, the 2-bit band's 8 elements twice (a
+        [tokens, 8] v2s, VALUE_BAND2_HALF: the values' once).
         tok: token indices in SliceLayout(1, _TOKEN_ROWS). CACHE: through L1 (cp.async.ca), where
         the bands' copies of one 32-byte sector meet (48-byte rows straddle sectors, the 2-bit
         band shares its sector with 4-bit codes), instead of each going to L2. ROW_COPIES: the row
