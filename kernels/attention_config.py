@@ -517,28 +517,25 @@ class LaunchConfig:
                 "reads, ordered by the proxy fence: it needs tma_rows=True and tma_rows_unfenced=False, "
                 f"got tma_rows={self.tma_rows}, tma_rows_unfenced={self.tma_rows_unfenced}"
             )
-        if self.value_band2_half and not (
-            self.kernel == "v3"
-            and self.block_n == 64
-            and not (self.row_copies or self.tma_rows or self.cta_splits)
+        # the split kernel's ring-tile options (not the row rings', the TMA rows' or the CTA kernel's)
+        for name, what, needs, ok in (
+            ("value_band2_half", "halves the 2-bit value band's tiles", "block_n=64", self.block_n == 64),
+            (
+                "value_copies_16b_l1",
+                "sends v3's 16-byte tile copies through L1",
+                "cache_tiles=False (whose copies are 16 bytes)",
+                not self.cache_tiles,
+            ),
         ):
-            raise ValueError(
-                "LaunchConfig.value_band2_half halves the 2-bit value band's tiles in v3's split "
-                "kernel: it needs kernel='v3', block_n=64 and row_copies, tma_rows and cta_splits "
-                f"off; got kernel={self.kernel!r}, block_n={self.block_n}, "
-                f"row_copies={self.row_copies}, tma_rows={self.tma_rows}, cta_splits={self.cta_splits}"
-            )
-        if self.value_copies_16b_l1 and not (
-            self.kernel == "v3"
-            and not self.cache_tiles
-            and not (self.row_copies or self.tma_rows or self.cta_splits)
-        ):
-            raise ValueError(
-                "LaunchConfig.value_copies_16b_l1 sends v3's 16-byte tile copies through L1: it needs "
-                "kernel='v3', cache_tiles=False (whose copies are 16 bytes) and row_copies, tma_rows "
-                f"and cta_splits off; got kernel={self.kernel!r}, cache_tiles={self.cache_tiles}, "
-                f"row_copies={self.row_copies}, tma_rows={self.tma_rows}, cta_splits={self.cta_splits}"
-            )
+            if getattr(self, name) and not (
+                self.kernel == "v3" and ok and not (self.row_copies or self.tma_rows or self.cta_splits)
+            ):
+                raise ValueError(
+                    f"LaunchConfig.{name} {what} in v3's split kernel: it needs kernel='v3', {needs} "
+                    "and row_copies, tma_rows and cta_splits off; got "
+                    f"kernel={self.kernel!r}, block_n={self.block_n}, cache_tiles={self.cache_tiles}, "
+                    f"row_copies={self.row_copies}, tma_rows={self.tma_rows}, cta_splits={self.cta_splits}"
+                )
         extras = ("zero_padding_p", "value_subnormals", "counted_steps")
         extras += ("transform_in_split", "query_in_split", "phase_clocks", "split_major_grid", "tma_rows")
         for name in ("prefetch_value_rows", "fill_value_rows_l2", *extras, *hints):
