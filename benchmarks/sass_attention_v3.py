@@ -366,12 +366,7 @@ def main() -> None:
         apply_tuned(args)
     args.stages = 1 if args.stages is None else args.stages
     args.maxnreg = 168 if args.maxnreg is None else args.maxnreg
-    if (
-        args.value_copies_l2_256b
-        or args.plain_loads_l2_256b
-        or args.tma_rows_unfenced
-        or args.value_copies_16b_l1
-    ):
+    if launch_config(args).needs_ptx_patches:
         from wmoe_compile.kernels import ptx_patches
 
         ptx_patches.install()  # as the launcher does before a marked kernel compiles

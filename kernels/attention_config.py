@@ -225,8 +225,9 @@ class LaunchConfig:
     # v3's split kernel: its preferred shared-memory carveout in percent of the SM's most (set on
     # the compiled function, as exact_carveout is on the exact-token kernel's), -1 for the driver's
     # choice. With tma_rows every program holds 16.9 KB (2 stages) or 25.1 KB (3), so 12 resident
-    # programs need the SM's whole 228 KB; in the fortieth session's grid every tma_rows variant
-    # ran +54 to +57% at the driver's choice, as if a wave held fewer programs than planned.
+    # programs need the SM's whole 228 KB; the driver already gives them that: every tma_rows
+    # variant ran +54 to +57% at its choice (fortieth session) and at 100% alike (forty-first),
+    # and the tuned config at 100% ran +17.6% (L1 down to 28 KB, the exact kernel off its SMs).
     # Ignored by v1 and v2
     split_carveout: int = -1
     # with tma_rows (and its fences): each full step's stage gets its next copy, num_stages steps
@@ -382,6 +383,17 @@ class LaunchConfig:
     # load after the wait. (Only the query comes from the prologue; everything the caches hold
     # was written before the prologue started, which is a plain launch.)
     loads_before_pdl_wait: int = 0
+
+    @property
+    def needs_ptx_patches(self) -> bool:
+        """Whether the split kernel this config launches carries a PTX patch marker
+        (kernels/ptx_patches.py), whose hook must be installed before it compiles."""
+        return (
+            self.value_copies_l2_256b
+            or self.plain_loads_l2_256b
+            or self.tma_rows_unfenced
+            or self.value_copies_16b_l1
+        )
 
     def __post_init__(self) -> None:
         for name in ("block_n", "reduce_split_chunk", "transform_channels"):

@@ -684,12 +684,7 @@ def _launch_v3(
     dims' num_splits when None)."""
     qw, qc, m_part, l_part, acc_part = parts
     hkv, group, tq, n_row_blocks, num_splits, n_qc, block_m, d, programs, qk_scale, n_parts, _ = dims
-    if (
-        config.value_copies_l2_256b
-        or config.plain_loads_l2_256b
-        or config.tma_rows_unfenced
-        or config.value_copies_16b_l1
-    ):
+    if config.needs_ptx_patches:
         from . import ptx_patches
 
         ptx_patches.install()  # before the marked kernel compiles

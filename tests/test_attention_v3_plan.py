@@ -1056,6 +1056,21 @@ def test_value_copies_16b_l1_sends_the_16_byte_copies_through_l1(tmp_path):
     assert len(ops) < len(tuned_ops), (len(ops), len(tuned_ops))
 
 
+def test_configs_whose_kernels_carry_a_ptx_patch_marker_need_the_hook():
+    # the launcher and sass_attention_v3.py install the PTX hook when needs_ptx_patches says so; a
+    # marked kernel compiled without it would run unpatched
+    tuned = K.TUNED_CONFIGS[(128, 4, "affine")]
+    assert not tuned.needs_ptx_patches
+    sixteen = dict(cache_tiles=False, copy_layout_tokens=False, value_copies_16b_l1=True)
+    for marked in (
+        dataclasses.replace(tuned, value_copies_l2_256b=True),
+        dataclasses.replace(tuned, plain_loads_l2_256b=True),
+        dataclasses.replace(tuned, **sixteen),
+        K.LaunchConfig(**TMA_ROWS_CONFIG, tma_rows_unfenced=True),
+    ):
+        assert marked.needs_ptx_patches, marked
+
+
 def test_value_copies_16b_l1_needs_the_16_byte_copies():
     plain = dict(kernel="v3", block_n=64, cache_tiles=False)
     K.LaunchConfig(**plain, value_copies_16b_l1=True, value_band2_half=True)
