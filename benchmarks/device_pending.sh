@@ -106,6 +106,11 @@
 #                                                 # first session, offline only): its GPU tests,
 #                                                 # then a grid against the tuned config at three
 #                                                 # carveout pairings
+#   bash benchmarks/device_pending.sh token_sums_rows    # LaunchConfig.token_sums_rows (forty-
+#                                                 # second session, offline only) and
+#                                                 # value_band2_half: the GPU tests of both, then a
+#                                                 # grid of the two alone and together against the
+#                                                 # tuned config (the next session's first call)
 #   bash benchmarks/device_pending.sh head_dims   # the bench at head_dim 64 (gpt-oss's 64 / 8
 #                                                 # heads) and 256 (32 / 8), which run the Triton
 #                                                 # kernels (forty-first session)
@@ -115,7 +120,7 @@
 #                                                 # kernel's full carveout against the tuned config
 set -u
 case "${1:-}" in
-tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce | exact_remainder | key_word_pairs | clocks | zero_padding_p | value_subnormals | value_subnormals_sustained | band_columns | value_scales_staged | counted_steps | transform_in_split | one_sequence_merge | query_in_split | one_wave | merge_pass | final26 | small_bench | exact_tail_prologue | prologue_tiles | two_wave_tail | one_sequence_l2 | phases | one_sequence_28 | split_major_grid | tma_spike | tma_rows | tma_phases | l2_compare | gqa8 | gqa | split_carveout | head_dims | value_band2_half) ;;
+tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce | exact_remainder | key_word_pairs | clocks | zero_padding_p | value_subnormals | value_subnormals_sustained | band_columns | value_scales_staged | counted_steps | transform_in_split | one_sequence_merge | query_in_split | one_wave | merge_pass | final26 | small_bench | exact_tail_prologue | prologue_tiles | two_wave_tail | one_sequence_l2 | phases | one_sequence_28 | split_major_grid | tma_spike | tma_rows | tma_phases | l2_compare | gqa8 | gqa | split_carveout | head_dims | value_band2_half | token_sums_rows) ;;
 grid | timeline | sustained)
     if [ ! -f "${2:-}" ]; then
         echo "$1 needs a JSON file of LaunchConfig dicts (e.g. benchmarks/configs/probe_one_block_step.json), got '${2:-}'" >&2
@@ -123,7 +128,7 @@ grid | timeline | sustained)
     fi
     ;;
 *)
-    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|reduce|remainder|small_reduce|exact_remainder|key_word_pairs|clocks|zero_padding_p|value_subnormals|value_subnormals_sustained|band_columns|value_scales_staged|counted_steps|transform_in_split|one_sequence_merge|query_in_split|one_wave|merge_pass|final26|small_bench|exact_tail_prologue|prologue_tiles|two_wave_tail|one_sequence_l2|phases|one_sequence_28|split_major_grid|tma_spike|tma_rows|tma_phases|l2_compare|gqa8|gqa|split_carveout|head_dims|value_band2_half|grid FILE.json|timeline FILE.json|sustained FILE.json|stalls [tuned|keys_in_step]" >&2
+    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|reduce|remainder|small_reduce|exact_remainder|key_word_pairs|clocks|zero_padding_p|value_subnormals|value_subnormals_sustained|band_columns|value_scales_staged|counted_steps|transform_in_split|one_sequence_merge|query_in_split|one_wave|merge_pass|final26|small_bench|exact_tail_prologue|prologue_tiles|two_wave_tail|one_sequence_l2|phases|one_sequence_28|split_major_grid|tma_spike|tma_rows|tma_phases|l2_compare|gqa8|gqa|split_carveout|head_dims|value_band2_half|token_sums_rows|grid FILE.json|timeline FILE.json|sustained FILE.json|stalls [tuned|keys_in_step]" >&2
     exit 2
     ;;
 esac
@@ -456,6 +461,17 @@ value_band2_half)
     attention_tests "value_band2_half" 240
     run 330 python3 -P benchmarks/probe_attention.py grid --configs benchmarks/configs/probe_value_band2_half.json \
         --shapes "8,131072;32,32768;8,32768" --out "$OUT/value_band2_half" | grep -v "^\["
+    ;;
+token_sums_rows)
+    # forty-second session, offline: the token sums (p, p * each band's scale) from one MMA whose
+    # operand rows are ones and the staged scales (8 MMAs and 8 rescale multiplies fewer a step;
+    # 727 loop instructions against 728 alone, 710 with value_band2_half against its 725, Triton
+    # 3.6). The GPU tests of it and of value_band2_half (neither has run on a GPU), then [tuned,
+    # half, rows, half + rows, half + rows with the split and exact kernels at 28% (12 programs of
+    # 5 KB in 64 KB: L1 192 KB), half + rows + 16-byte copies through L1] x 3 rounds
+    attention_tests "value_band2_half or token_sums_rows" 270
+    run 240 python3 -P benchmarks/probe_attention.py grid --configs benchmarks/configs/probe_token_sums_rows.json \
+        --shapes "8,131072;32,32768" --out "$OUT/token_sums_rows" | grep -v "^\["
     ;;
 head_dims)
     # forty-first session: no bench had timed head_dim 64 or 256 (the Gluon split kernel takes 128

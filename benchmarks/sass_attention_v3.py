@@ -299,6 +299,11 @@ def main() -> None:
         action="store_true",
         help="the 2-bit value band's tiles [64, 8], its operand's repeat in registers",
     )
+    p.add_argument(
+        "--token-sums-rows",
+        action="store_true",
+        help="the token sums from one MMA whose operand rows are 1 and the value scales",
+    )
     p.add_argument("--zero-padding-p", action="store_true", help="p = 0 in the MMAs' padding rows")
     p.add_argument(
         "--band-columns", action="store_true", help="the MMAs' columns 4-7 serve the 2-bit band (GQA 4)"

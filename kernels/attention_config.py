@@ -254,6 +254,20 @@ class LaunchConfig:
     # tuned 16 with value_band2_half). Not with row_copies, tma_rows or cta_splits (forty-first
     # session)
     value_copies_16b_l1: bool = False
+    # v3's split kernel: the token sums (p for the softmax denominator, p times each band's value
+    # scale for the store's centring) from one MMA a 16 tokens whose A operand's rows 8 and 9 are
+    # the tokens' two scales and the others ones (a 512-byte buffer beside value_scales_staged's,
+    # four 16-byte loads a step that give the operand's registers in place), into one
+    # accumulator's rows 0, 8, 9, instead of three ones-operand MMAs into three accumulators whose
+    # rows all repeat one sum: 8 MMAs and 8 of the every-step rescale's multiplies fewer a step
+    # (offline, Triton 3.6: 727 loop instructions against 728 alone, 710 against 725 with
+    # value_band2_half; forty-second session). Not bit-identical: the centring then takes the exact
+    # sums of p * scale while the value sums take p * scale rounded to fp16, an offset common to a
+    # band's slots (offline emulation: 1e-4 to 6e-4 of a slot's sum, 2-3x the rounded sums' error;
+    # tests/test_wavelet_attention.py bounds it on the GPU). Needs value_subnormals (the centring of the magic
+    # fields reads every step's sums in every row) and value_scales_staged, not band_columns or
+    # cta_splits; a launch whose splits are too long for value_subnormals runs without both
+    token_sums_rows: bool = False
     # v3: this many consecutive equal splits of one (sequence, kv head) in one CTA, a warp each,
     # sharing the query's transform and the epilogue's T and merging their partials into one
     # (kernels/wavelet_attention_cta.py; 0: one split a program). It implements the small-launch
@@ -548,6 +562,20 @@ class LaunchConfig:
                     f"kernel={self.kernel!r}, block_n={self.block_n}, cache_tiles={self.cache_tiles}, "
                     f"row_copies={self.row_copies}, tma_rows={self.tma_rows}, cta_splits={self.cta_splits}"
                 )
+        if self.token_sums_rows and not (
+            self.kernel == "v3"
+            and self.value_subnormals
+            and self.value_scales_staged
+            and not (self.band_columns or self.cta_splits)
+        ):
+            raise ValueError(
+                "LaunchConfig.token_sums_rows takes v3's token sums from one MMA whose operand rows "
+                "are staged with the value scales: it needs kernel='v3', value_subnormals=True and "
+                "value_scales_staged=True, with band_columns and cta_splits off; got "
+                f"kernel={self.kernel!r}, value_subnormals={self.value_subnormals}, "
+                f"value_scales_staged={self.value_scales_staged}, band_columns={self.band_columns}, "
+                f"cta_splits={self.cta_splits}"
+            )
         extras = ("zero_padding_p", "value_subnormals", "counted_steps")
         extras += ("transform_in_split", "query_in_split", "phase_clocks", "split_major_grid", "tma_rows")
         for name in ("prefetch_value_rows", "fill_value_rows_l2", *extras, *hints):
@@ -961,6 +989,7 @@ V3_ONLY_OPTIONS = (
     "scale_pairs_two_ahead",
     "value_band2_half",
     "value_copies_16b_l1",
+    "token_sums_rows",
     "prefetch_value_rows",
     "fill_value_rows_l2",
     "value_copies_l2_256b",

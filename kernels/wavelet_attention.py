@@ -849,6 +849,7 @@ def v3_option_constexprs(config: LaunchConfig, split_major: bool) -> dict:
         **({"CARVEOUT": config.split_carveout} if config.split_carveout >= 0 else {}),
         **({"VALUE_BAND2_HALF": True} if config.value_band2_half else {}),
         **({"VALUE_COPIES_16B_L1": True} if config.value_copies_16b_l1 else {}),
+        **({"TOKEN_SUMS_ROWS": True} if config.token_sums_rows else {}),
     )
 
 
@@ -1030,7 +1031,8 @@ def wavelet_attention_triton(
     if config.value_subnormals and not value_subnormals_apply(config, capacity - layout.n_exact, plan):
         # uncentred value sums lose precision with the split's length: past the bound (from the
         # capacity, so no host sync), the centred step
-        config = replace(config, value_subnormals=False)
+        # (token_sums_rows reads the sums that value_subnormals leaves to the store: off with it)
+        config = replace(config, value_subnormals=False, token_sums_rows=False)
     # partials per program: the compressed splits, then the exact tokens' (v3: exact_chunks of them,
     # from their own kernel; v1 and v2: one, from the split kernel's last split)
     exact_programs, exact_slots = exact_chunks(config, layout) if use_v3 else (1, 0)

@@ -84,6 +84,22 @@ if HAS_GLUON:
         _SCALE_PAIRS = gl.constexpr(gl.BlockedLayout([1, 2], [32, 1], [1, 1], [1, 0]))
         # VALUE_SCALES_STAGED: [tokens, 2] fp16 scale pairs, two adjacent tokens a lane
         _SCALE_PAIRS_2 = gl.constexpr(gl.BlockedLayout([2, 2], [32, 1], [1, 1], [1, 0]))
+        # TOKEN_SUMS_ROWS: its operand buffer (fp16 [4, 2, 4, 2, 2, 2], row-major), the ones that
+        # fill it once, and the A operand as [2 (r), 4, 2 (g'), 64 tokens] (row 8r + 2i + g'),
+        # whose dimension 1 (lane bits g1, g2) its slice broadcasts: _A's registers
+        _STAGE_ROWS = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, order=[5, 4, 3, 2, 1, 0]))
+        _STAGE_ONES = gl.constexpr(
+            gl.BlockedLayout([1, 1, 1, 2, 2, 2], [4, 2, 4, 1, 1, 1], [1, 1, 1, 1, 1, 1], [5, 4, 3, 2, 1, 0])
+        )
+        _SUM_ROWS = gl.constexpr(
+            gl.DistributedLinearLayout(
+                reg_bases=[[0, 0, 0, 1], [1, 0, 0, 0], [0, 0, 0, 8], [0, 0, 0, 16], [0, 0, 0, 32]],
+                lane_bases=[[0, 0, 0, 2], [0, 0, 0, 4], [0, 0, 1, 0], [0, 1, 0, 0], [0, 2, 0, 0]],
+                warp_bases=[],
+                block_bases=[],
+                shape=[2, 4, 2, 64],
+            )
+        )
         _LANES = gl.constexpr(gl.BlockedLayout([1], [32], [1], [0]))  # one element per lane
         # KEY_WORD_PAIRS: [tokens, 8] int32 words of the 4-bit band, two adjacent words a lane
         # (lane (g, t): words 2t, 2t + 1 of rows g, g + 8, ...), so each pair is one 8-byte load
@@ -454,6 +470,76 @@ if HAS_GLUON:
         return w0, w1
 
     @gluon.jit
+    def _value_scales_staged_rows(pair, buf0, buf1, rows):
+        """TOKEN_SUMS_ROWS: _value_scales_staged, and the step's token-sum operand [16, BLOCK_N]
+        in _A from `rows` (_token_sum_rows_buffer), into which the same scales are stored between
+        the same barriers: rows 8 and 9 the 4-bit and the 2-bit band's scale of each token, the
+        others ones (and so the sums' rows 0, 8 and 9 are those of p, p * the 4-bit band's scale
+        and p * the 2-bit band's)."""
+        BLOCK_N: gl.constexpr = pair.shape[0]
+        gl.static_assert(BLOCK_N == 64, "the staging order is that of 64-token steps")
+        s0, s1 = gl.split(pair)
+        # (c, h, t, e, band) -> (c, band, t, h, 1, e): both bands' slots, r = 1, in one store (two
+        # would be parted by a barrier: the compiler sees one buffer written twice)
+        slots = gl.permute(gl.reshape(pair, [4, 2, 4, 1, 2, 2]), [0, 5, 2, 1, 3, 4])
+        _cta_barrier()  # the previous step's loads of the buffers are done
+        buf0.store(gl.permute(gl.reshape(s0, [4, 2, 4, 2]), [2, 0, 1, 3]))  # (c, h, t, e) -> (t, c, h, e)
+        buf1.store(gl.permute(gl.reshape(s1, [4, 2, 4, 2]), [2, 0, 1, 3]))
+        rows.slice(1, 1, 4).store(slots)
+        _cta_barrier()
+        w0 = buf0.permute([1, 2, 0, 3]).reshape([BLOCK_N]).load(gl.SliceLayout(1, _B))
+        w1 = buf1.permute([1, 2, 0, 3]).reshape([BLOCK_N]).load(gl.SliceLayout(1, _B))
+        # (c, g', t, h, r, e) -> [2 (r), 2 (g'), 64 tokens 16c + 8h + 2t + e]; lanes g, g + 2, g +
+        # 4 and g + 6 read the same bytes (the slice of _SUM_ROWS' dimension 1)
+        pairs = rows.permute([4, 1, 0, 3, 2, 5]).reshape([2, 2, BLOCK_N]).load(gl.SliceLayout(1, _SUM_ROWS))
+        shape = gl.full([2, 4, 2, BLOCK_N], 0, gl.float16, layout=_SUM_ROWS)  # (its shape only)
+        every = gl.broadcast(gl.expand_dims(pairs, 1), shape)[0]  # row 8r + 2 (g // 2) + g % 2
+        return w0, w1, gl.convert_layout(gl.reshape(every, [16, BLOCK_N]), _A)
+
+    @gluon.jit
+    def _token_sum_rows_buffer():
+        """TOKEN_SUMS_ROWS: the full steps' token-sum operand buffer of _value_scales_staged_rows,
+        fp16 [4 (c), 2 (g'), 4 (t), 2 (h), 2 (r), 2 (e)] holding rows 8r + g (g % 2 = g') of token
+        16c + 8h + 2t + e: lane (g, t)'s four registers of one 16-token MMA (rows g, g + 8, tokens
+        2t + e and 8 + 2t + e) are 16 contiguous bytes, so four 16-byte loads give its operand in
+        place, the 8 lanes of a load's phase 8 different bank groups. Filled with ones here; each
+        step stores its scales into rows 8 and 9 (r = 1)."""
+        buf = gl.allocate_shared_memory(gl.float16, [4, 2, 4, 2, 2, 2], _STAGE_ROWS)
+        buf.store(gl.full([4, 2, 4, 2, 2, 2], 1.0, gl.float16, layout=_STAGE_ONES))
+        return buf
+
+    @gluon.jit
+    def _token_sums_from_rows(sums):
+        """TOKEN_SUMS_ROWS: the accumulator [16, 8] whose rows 0, 8, 9 hold the token sums of p,
+        p * the 4-bit band's scale and p * the 2-bit band's -> three [16, 8] accumulators each with
+        one sum in every row, as the ones-operand MMAs leave l_acc, wsa and wsb."""
+        row = gl.arange(0, 16, layout=gl.SliceLayout(1, _MMA))[:, None]
+        every_row = gl.zeros_like(sums)
+        den = gl.sum(gl.where(row == 0, sums, 0.0), axis=0)[None, :]
+        band4 = gl.sum(gl.where(row == 8, sums, 0.0), axis=0)[None, :]
+        band2 = gl.sum(gl.where(row == 9, sums, 0.0), axis=0)[None, :]
+        return every_row + den, every_row + band4, every_row + band2
+
+    @gluon.jit
+    def _token_sum_rows(w0, w1):
+        """TOKEN_SUMS_ROWS in the masked steps: the token sums' A operand [16, BLOCK_N] of
+        _value_scales_staged_rows built in registers from w0, w1 (SliceLayout(1, _B) fp16; the A
+        layout's lane (g, t) holds the same tokens as the B layout's): rows 8 + 2i the 4-bit
+        band's scales, 9 + 2i the 2-bit band's, rows 0-7 ones."""
+        row = gl.arange(0, 16, layout=gl.SliceLayout(1, _A))[:, None]
+        a0 = gl.convert_layout(w0, gl.SliceLayout(0, _A))[None, :]
+        a1 = gl.convert_layout(w1, gl.SliceLayout(0, _A))[None, :]
+        return gl.where(row < 8, gl.full_like(a0, 1.0), gl.where(row % 2 == 0, a0, a1))
+
+    @gluon.jit
+    def _rows_repeated(rows):
+        """[8, 64] in SliceLayout(0, _A_ROW_PAIRS) -> the [16, 64] A operand whose rows 8-15
+        repeat rows 0-7: the same registers (a broadcast and a reshape, no instruction)."""
+        shape = gl.full([2, 8, 64], 0, rows.dtype, layout=_A_ROW_PAIRS)  # (its shape only)
+        pairs = gl.broadcast(gl.expand_dims(rows, 0), shape)[0]
+        return gl.convert_layout(gl.reshape(pairs, [16, 64]), _A)
+
+    @gluon.jit
     def _scores(
         raw4,
         raw2,
@@ -576,6 +662,7 @@ if HAS_GLUON:
         PACKED_SCALING: gl.constexpr = False,
         BAND_COLUMNS: gl.constexpr = False,
         TILES_LOADED: gl.constexpr = False,
+        SUMS_ROWS: gl.constexpr = False,
     ):
         """Online-softmax update of one step: rescale when a running max grows, p = exp2(s - m),
         then the value fields of both bands against p * scale, centred through the accumulator
@@ -589,8 +676,14 @@ if HAS_GLUON:
         selectors; one B operand p * scale serves both bands (4-bit fields read columns 0-3, 2-bit
         fields 4-7), its token sums accumulate in wsa (columns as the bands) and wsb stays.
         TILES_LOADED: tile4 / tile2 are the value operands already in registers (a caller reading
-        its tiles another way: benchmarks/spike_tma_step.py)."""
+        its tiles another way: benchmarks/spike_tma_step.py).
+        SUMS_ROWS (needs SUBNORMALS and W_IN_B, not BAND_COLUMNS): `ones` is the step's token-sum
+        operand of _value_scales_staged_rows (rows 0, 8, 9: ones and each band's scales), so one
+        MMA a 16 tokens sums p, p * the 4-bit band's scale and p * the 2-bit band's into rows 0, 8, 9
+        of l_acc (see _token_sums_from_rows); wsa and wsb stay unused."""
         m_i, a0, a1, a2, a3, a4, a5, a6, a7, l_acc, wsa, wsb = state
+        if SUMS_ROWS:
+            gl.static_assert(SUBNORMALS and W_IN_B and not BAND_COLUMNS, "SUMS_ROWS: see the docstring")
         m_new = gl.maximum(m_i, gl.max(s, axis=0))
         if (not LAZY_RESCALE) or gl.max(m_new - m_i, axis=0) > 0:
             alpha = gl.exp2(m_i - m_new)[None, :]
@@ -603,8 +696,9 @@ if HAS_GLUON:
             a6 = a6 * alpha
             a7 = a7 * alpha
             l_acc = l_acc * alpha
-            wsa = wsa * alpha
-            if not BAND_COLUMNS:
+            if not SUMS_ROWS:
+                wsa = wsa * alpha
+            if not (BAND_COLUMNS or SUMS_ROWS):
                 wsb = wsb * alpha
             m_i = m_new
         p = gl.exp2(s - m_i[None, :])
@@ -637,17 +731,15 @@ if HAS_GLUON:
         else:
             r4 = tile4.permute([1, 0]).load(_A)  # [16 elements, BLOCK_N tokens]
             if tile2.shape[1] == 8:  # VALUE_BAND2_HALF: [8 elements, tokens], rows 8-15 the same
-                half = tile2.permute([1, 0]).load(gl.SliceLayout(0, _A_ROW_PAIRS))
-                shape = gl.full([2, 8, 64], 0, gl.int16, layout=_A_ROW_PAIRS)  # (its shape only)
-                pairs = gl.broadcast(gl.expand_dims(half, 0), shape)[0]
-                r2 = gl.convert_layout(gl.reshape(pairs, [16, 64]), _A)  # (no instruction)
+                r2 = _rows_repeated(tile2.permute([1, 0]).load(gl.SliceLayout(0, _A_ROW_PAIRS)))
             else:
                 r2 = tile2.permute([1, 0]).load(_A)
         o0, o1, o2, o3, o4, o5, o6, o7 = _band_operands(r4, r2, upper, SUBNORMALS)
         if SUBNORMALS:
             # the sums of p * scale straight in their accumulators, the fields' sums uncentred
-            wsa = mma_v2(ones, pa, wsa)
-            if not BAND_COLUMNS:
+            if not SUMS_ROWS:  # (SUMS_ROWS: in l_acc's rows 8 and 9 already)
+                wsa = mma_v2(ones, pa, wsa)
+            if not (BAND_COLUMNS or SUMS_ROWS):
                 wsb = mma_v2(ones, pb, wsb)
             a0 = mma_v2(o0, pa, a0)
             a1 = mma_v2(o1, pa, a1)
@@ -993,13 +1085,15 @@ if HAS_GLUON:
         select=None,
         TMA_ROWS: gl.constexpr = False,
         tma_rows=None,
+        SUMS_ROWS: gl.constexpr = False,
     ):
         """split_kernel_v3's steps after its full ones (rest: the ring, the caches, the range
         full_hi .. hi, the rows' limits, the token index vectors and the ones operand): tokens
         clamped to the range (loads stay in bounds), scores masked per row, one stage in flight.
         TMA_ROWS: the code rows by TMA instead, tma_rows = (the ring of _issue_rows_tma, the flat
         row of token 0 in each cache, the ring's next copy number); rows past the range are read
-        unclamped (the scores mask them; past the view TMA fills zeros).
+        unclamped (the scores mask them; past the view TMA fills zeros). SUMS_ROWS
+        (TOKEN_SUMS_ROWS): the token sums' operand built in registers (_token_sum_rows).
         Returns the updated softmax state."""
         ring, kcodes, vcodes, kscales, vscales, full_hi, hi, row_hi, vt, st, kt, mt, ones = rest
         q0, q1, q2, q3, q4, q5, q6, q7, qc0, qc1 = query
@@ -1051,7 +1145,7 @@ if HAS_GLUON:
                 w1,
                 v4t,
                 v2t,
-                ones,
+                _token_sum_rows(w0, w1) if SUMS_ROWS else ones,
                 LAZY_RESCALE,
                 P_ONCE,
                 VALUE_SCALES_IN_B,
@@ -1060,6 +1154,7 @@ if HAS_GLUON:
                 PACKED_P_SCALING,
                 BAND_COLUMNS,
                 TMA_ROWS,
+                SUMS_ROWS,
             )
         return state
 
@@ -1237,6 +1332,11 @@ if HAS_GLUON:
         # without CACHE_TILES: the tiles' 16-byte copies through L1 (cp.async.ca by a PTX patch,
         # kernels/ptx_patches.py; Triton emits them as .cg; LaunchConfig.value_copies_16b_l1)
         VALUE_COPIES_16B_L1: gl.constexpr = False,
+        # the token sums (p, and p times each band's scale) as rows 0, 8, 9 of one MMA's A operand (1
+        # and the tokens' scales, staged with VALUE_SCALES_STAGED), so one MMA a 16 tokens and one
+        # accumulator instead of three of each (LaunchConfig.token_sums_rows; needs
+        # VALUE_SUBNORMALS and VALUE_SCALES_STAGED)
+        TOKEN_SUMS_ROWS: gl.constexpr = False,
     ):
         """One (split, sequence, kv head, row block): online softmax over a range of compressed
         tokens in the coefficient domain; grid (num_splits, programs), or (programs, num_splits)
@@ -1393,6 +1493,13 @@ if HAS_GLUON:
             stage_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[3, 2, 1, 0])
             vs_buf0 = gl.allocate_shared_memory(gl.float16, [4, 4, 2, 2], stage_layout)
             vs_buf1 = gl.allocate_shared_memory(gl.float16, [4, 4, 2, 2], stage_layout)
+            if TOKEN_SUMS_ROWS:  # the token sums' operand: the scales in rows 8 and 9, ones elsewhere
+                vs_rows = _token_sum_rows_buffer()
+        if TOKEN_SUMS_ROWS:
+            gl.static_assert(
+                VALUE_SUBNORMALS and VALUE_SCALES_STAGED and not BAND_COLUMNS,
+                "TOKEN_SUMS_ROWS needs VALUE_SUBNORMALS and VALUE_SCALES_STAGED, not BAND_COLUMNS",
+            )
         if ROW_COPIES:
             vt = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, _ROW_COPY))
         elif CACHE_TILES and COPY_LAYOUT_TOKENS:  # already in the 8-byte copies' layout: no shuffles
@@ -1515,6 +1622,8 @@ if HAS_GLUON:
                 if BAND_COLUMNS:
                     w0 = gl.convert_layout(v_pair, gl.SliceLayout(1, _B))
                     w1 = select
+                elif TOKEN_SUMS_ROWS:  # and the token sums' operand, in place of the ones
+                    w0, w1, sums_rows = _value_scales_staged_rows(v_pair, vs_buf0, vs_buf1, vs_rows)
                 elif VALUE_SCALES_STAGED:
                     w0, w1 = _value_scales_staged(v_pair, vs_buf0, vs_buf1)
                 elif VALUE_SCALES_IN_B:
@@ -1597,7 +1706,7 @@ if HAS_GLUON:
                     w1,
                     v4t,
                     v2t,
-                    ones,
+                    sums_rows if TOKEN_SUMS_ROWS else ones,
                     LAZY_RESCALE,
                     P_ONCE,
                     VALUE_SCALES_IN_B,
@@ -1606,6 +1715,7 @@ if HAS_GLUON:
                     PACKED_P_SCALING,
                     BAND_COLUMNS,
                     TMA_ROWS,
+                    TOKEN_SUMS_ROWS,
                 )
                 if PHASE_CLOCKS:  # after the step's last value MMA
                     _stamp(stamps, 2 + gl.minimum(step, 3), gl.max(gl.max(state[8], axis=1), axis=0))
@@ -1653,9 +1763,12 @@ if HAS_GLUON:
                 select,
                 TMA_ROWS,
                 tma_rows,
+                TOKEN_SUMS_ROWS,
             )
         # ---- partials in the reduce's format
         m_i, a0, a1, a2, a3, a4, a5, a6, a7, l_acc, wsa, wsb = state
+        if TOKEN_SUMS_ROWS:  # the sums in rows 0, 8, 9 of l_acc: to every row of their three
+            l_acc, wsa, wsb = _token_sums_from_rows(l_acc)
         if PHASE_CLOCKS:
             _stamp(stamps, 6, gl.max(gl.max(a7, axis=1), axis=0))
         part = pid * n_parts + split

@@ -1037,6 +1037,50 @@ def test_value_band2_half_copies_and_reads_the_2bit_value_band_once(tmp_path):
     assert len(half_ops) <= len(tuned_ops), (len(half_ops), len(tuned_ops))
 
 
+def test_token_sums_rows_takes_the_token_sums_from_one_mma(tmp_path):
+    # LaunchConfig.token_sums_rows (forty-second session): one MMA a 16 tokens whose operand rows
+    # are ones and the two value scales replaces three ones-operand MMAs, so a step has 8 MMAs and 8
+    # rescale multiplies fewer; its operand comes by four 16-byte shared loads in place (no
+    # shuffle, byte permute or register move to build it), its buffer 512 bytes, no spill
+    import re
+
+    tuned_ops, tuned_out = _loop_ops(tmp_path / "tuned")
+    rows_ops, rows_out = _loop_ops(tmp_path / "rows", "--token-sums-rows")
+    assert int(re.search(r"loop spill instructions: (\d+)", rows_out).group(1)) == 0, rows_out
+    shared = [int(re.search(r"shared (\d+) B per program", o).group(1)) for o in (tuned_out, rows_out)]
+    assert shared[1] == shared[0] + 512, shared
+    count = {name: [ops.count(name) for ops in (tuned_ops, rows_ops)] for name in ("HMMA.16816.F32", "FMUL")}
+    assert count["HMMA.16816.F32"] == [76, 68] and count["FMUL"][1] == count["FMUL"][0] - 8, count
+    loads = [ops.count("LDS.128") for ops in (tuned_ops, rows_ops)]
+    assert loads[1] == loads[0] + 4, loads
+    for moves in ("SHFL.IDX", "PRMT", "IMAD.MOV.U32", "MOV"):
+        assert rows_ops.count(moves) <= tuned_ops.count(moves), moves
+    # with value_band2_half: fewer loop instructions than either alone, and 12 programs in 64 KB
+    half_ops, _ = _loop_ops(tmp_path / "half", "--value-band2-half")
+    both_ops, both_out = _loop_ops(tmp_path / "both", "--value-band2-half", "--token-sums-rows")
+    assert len(both_ops) < min(len(half_ops), len(rows_ops)), (len(both_ops), len(half_ops), len(rows_ops))
+    assert int(re.search(r"shared (\d+) B per program", both_out).group(1)) + 1024 <= 64 * 1024 // 12
+
+
+def test_token_sums_rows_needs_value_subnormals_and_the_staged_scales():
+    tuned = K.TUNED_CONFIGS[(128, 4, "affine")]
+    dataclasses.replace(tuned, token_sums_rows=True)
+    dataclasses.replace(tuned, token_sums_rows=True, value_band2_half=True, num_stages=2)
+    for clash in (
+        dict(value_subnormals=False),
+        dict(value_scales_staged=False),
+        dict(band_columns=True),
+        dict(cta_splits=4),
+    ):
+        with pytest.raises(ValueError, match="token_sums_rows takes v3's token sums from one MMA"):
+            dataclasses.replace(tuned, **clash, token_sums_rows=True)
+    # the constexpr only when on (the tuned launch keeps its JIT key); off where v1 runs instead
+    assert "TOKEN_SUMS_ROWS" not in K.v3_option_constexprs(tuned, False)
+    rows = dataclasses.replace(tuned, token_sums_rows=True)
+    assert K.v3_option_constexprs(rows, False)["TOKEN_SUMS_ROWS"] is True
+    assert not K.v1_fallback(rows).token_sums_rows
+
+
 def test_value_copies_16b_l1_sends_the_16_byte_copies_through_l1(tmp_path):
     # LaunchConfig.value_copies_16b_l1 (forty-first session): without cache_tiles the tiles come by
     # 16-byte copies, which Triton emits as cp.async.cg (LDGSTS.E.BYPASS.128, L2 only); the PTX
@@ -1155,7 +1199,8 @@ def test_v3_option_constexprs_name_the_split_kernels_constexprs():
         half, cache_tiles=False, copy_layout_tokens=False, value_copies_16b_l1=True
     )
     configs = ((tuned, False), (tma, True), (early, False), (tma_early, False), (half, False))
-    configs += ((copies_16b, False),)
+    rows = dataclasses.replace(half, token_sums_rows=True)
+    configs += ((copies_16b, False), (rows, False))
     for config, split_major in configs:
         got = K.v3_option_constexprs(config, split_major)
         assert set(got) <= constexprs, set(got) - constexprs
@@ -1169,9 +1214,10 @@ def test_v3_option_constexprs_name_the_split_kernels_constexprs():
         assert got.get("LOADS_BEFORE_WAIT", 0) == config.loads_before_pdl_wait
         assert got.get("VALUE_BAND2_HALF", False) == config.value_band2_half
         assert got.get("VALUE_COPIES_16B_L1", False) == config.value_copies_16b_l1
+        assert got.get("TOKEN_SUMS_ROWS", False) == config.token_sums_rows
     # the options added late are absent when off: the tuned launch's JIT key is unchanged
     late = {"SPLIT_MAJOR", "TMA_ROWS", "TMA_ROWS_UNFENCED", "TMA_ROWS_EARLY", "SCALES_TWO_AHEAD"}
-    late |= {"VALUE_BAND2_HALF", "VALUE_COPIES_16B_L1"}
+    late |= {"VALUE_BAND2_HALF", "VALUE_COPIES_16B_L1", "TOKEN_SUMS_ROWS"}
     assert not (late | {"LOADS_BEFORE_WAIT"}) & set(K.v3_option_constexprs(tuned, False))
 
 

@@ -1554,6 +1554,52 @@ def test_gpu_value_band2_half_is_bit_identical_to_the_doubled_tiles(copies, stag
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("half", [False, True])
+@pytest.mark.parametrize("stages", [1, 2])
+@pytest.mark.parametrize("hkv, group", [(2, 4), (2, 8), (1, 16)])
+def test_gpu_token_sums_rows_matches_the_three_ones_operand_mmas(half, stages, hkv, group):
+    # LaunchConfig.token_sums_rows (forty-second session): the token sums come from one MMA whose
+    # operand rows are ones and the tokens' two value scales (staged in shared memory in the full
+    # steps, built in registers in the masked ones) instead of three ones-operand MMAs. Its sums of
+    # p * scale take exact fp16 products where those MMAs summed them rounded to fp16, so the
+    # output is not bit-identical. Full and masked steps (lengths 1, 133, 1000, 2049, 4096), 1 and 7
+    # splits, GQA groups of 4, 8 and 16 (two row blocks), 1 and 2 ring stages, with and without
+    # value_band2_half. The value sums keep p * scale rounded to fp16, so the centring's exact sums
+    # leave an offset common to a band's slots (offline emulation: 2-3x the rounded sums' per-slot
+    # error, about 1e-4 to 6e-4): within 1e-3 of the tuned output, and at most twice its error
+    # against the reference, where a wrong row (a band's sums for the other's, p's for either)
+    # would be off by the scales' spread
+    tuned = dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], num_stages=stages, value_band2_half=half)
+    rows = dataclasses.replace(tuned, token_sums_rows=True)
+    codec, args = make_case(
+        UNIFORM_REAL, 5, hkv, group, 1, 128, [4096, 1, 1000, 2049, 133], 4096, torch.bfloat16, "cuda", "full"
+    )
+    want = dense_reference(codec, args, 128**-0.5)
+    for splits in (1, 7):
+        base = _run_triton(args, codec, 128**-0.5, config=tuned, num_splits=splits)
+        got = _run_triton(args, codec, 128**-0.5, config=rows, num_splits=splits)
+        assert torch.isfinite(got).all(), splits
+        assert rel_err(got, base) <= 1e-3, (splits, rel_err(got, base))
+        assert rel_err(got, want) <= 2 * rel_err(base, want) + 1e-5, (rel_err(got, want), rel_err(base, want))
+    assert not K._V3_FAILURE, K._V3_FAILURE
+
+
+@pytest.mark.gpu
+def test_gpu_token_sums_rows_is_dropped_with_value_subnormals_on_long_splits():
+    # one split of 9,000 tokens is past value_subnormals_max_split_tokens: the launch centres the
+    # magic fields every step, which reads the step's sums in every row, so token_sums_rows goes off
+    # with value_subnormals (bit-identical to the tuned config, which drops value_subnormals alone)
+    tuned = K.TUNED_CONFIGS[(128, 4, "affine")]
+    rows = dataclasses.replace(tuned, token_sums_rows=True)
+    codec, args = make_case(UNIFORM_REAL, 2, 2, 4, 1, 128, [9000, 8500], 9000, torch.bfloat16, "cuda", "full")
+    want = _run_triton(args, codec, 128**-0.5, config=tuned, num_splits=1)
+    got = _run_triton(args, codec, 128**-0.5, config=rows, num_splits=1)
+    assert torch.equal(got, want)
+    assert rel_err(got, dense_reference(codec, args, 128**-0.5)) <= 1e-2
+    assert not K._V3_FAILURE, K._V3_FAILURE
+
+
+@pytest.mark.gpu
 def test_gpu_repeated_calls_reuse_compiled_kernels_and_stay_correct():
     # the second call of a shape launches the kept CompiledKernels (kernels/fast_launch.py): fresh
     # inputs of the same shapes and alignment must give results as correct as the first call's
