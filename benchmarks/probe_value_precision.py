@@ -12,8 +12,8 @@ uncentred step. Why: the tensor cores' fp32 accumulation truncates, so uncentred
 precision with the split's length, and ``value_subnormals_max_split_tokens`` has to sit where the
 error is still well inside the issue's 1e-2 (GPU only). A third column: ``value_subnormals`` with
 ``token_sums_rows``, whose centring takes the exact sums of p * scale while the value sums take
-p * scale rounded to fp16 (an offset common to a band's slots; offline emulation, forty-second
-session: 2-3x the per-slot error of the rounded sums).
+p * scale rounded to fp16 (an offset common to a band's slots; benchmarks/centring_rounding_model.py
+models it on the CPU: mostly 1-3x the per-slot error of the rounded sums).
 """
 
 from __future__ import annotations

@@ -257,16 +257,17 @@ class LaunchConfig:
     # v3's split kernel: the token sums (p for the softmax denominator, p times each band's value
     # scale for the store's centring) from one MMA a 16 tokens whose A operand's rows 8 and 9 are
     # the tokens' two scales and the others ones (a 512-byte buffer beside value_scales_staged's,
-    # four 16-byte loads a step that give the operand's registers in place), into one
-    # accumulator's rows 0, 8, 9, instead of three ones-operand MMAs into three accumulators whose
-    # rows all repeat one sum: 8 MMAs and 8 of the every-step rescale's multiplies fewer a step
-    # (offline, Triton 3.6: 727 loop instructions against 728 alone, 710 against 725 with
-    # value_band2_half; forty-second session). Not bit-identical: the centring then takes the exact
-    # sums of p * scale while the value sums take p * scale rounded to fp16, an offset common to a
-    # band's slots (offline emulation: 1e-4 to 6e-4 of a slot's sum, 2-3x the rounded sums' error;
-    # tests/test_wavelet_attention.py bounds it on the GPU). Needs value_subnormals (the centring of the magic
-    # fields reads every step's sums in every row) and value_scales_staged, not band_columns or
-    # cta_splits; a launch whose splits are too long for value_subnormals runs without both
+    # four 16-byte loads a step that give the operand's registers in place), into one accumulator's
+    # rows 0, 8, 9, instead of three ones-operand MMAs into three accumulators whose rows all repeat
+    # one sum: 8 MMAs and 8 of the every-step rescale's multiplies fewer a step (offline, Triton
+    # 3.6: 727 loop instructions against 728 alone, 710 against 725 with value_band2_half;
+    # forty-second session). Not bit-identical: the centring then takes the exact sums of p * scale
+    # while the value sums take p * scale rounded to fp16, an offset common to a band's slots
+    # (benchmarks/centring_rounding_model.py: 1e-5 to 8e-4 of a band's slot sums, mostly 1-3x the
+    # rounded sums' error; tests/test_wavelet_attention.py bounds the op on the GPU). Needs
+    # value_subnormals (the centring of the magic fields reads every step's sums in every row) and
+    # value_scales_staged, not band_columns or cta_splits; a launch whose splits are too long for
+    # value_subnormals runs without both
     token_sums_rows: bool = False
     # v3: this many consecutive equal splits of one (sequence, kv head) in one CTA, a warp each,
     # sharing the query's transform and the epilogue's T and merging their partials into one

@@ -683,7 +683,8 @@ if HAS_GLUON:
         of l_acc (see _token_sums_from_rows); wsa and wsb stay unused."""
         m_i, a0, a1, a2, a3, a4, a5, a6, a7, l_acc, wsa, wsb = state
         if SUMS_ROWS:
-            gl.static_assert(SUBNORMALS and W_IN_B and not BAND_COLUMNS, "SUMS_ROWS: see the docstring")
+            needs: gl.constexpr = "SUMS_ROWS needs SUBNORMALS and W_IN_B, not BAND_COLUMNS"
+            gl.static_assert(SUBNORMALS and W_IN_B and not BAND_COLUMNS, needs)
         m_new = gl.maximum(m_i, gl.max(s, axis=0))
         if (not LAZY_RESCALE) or gl.max(m_new - m_i, axis=0) > 0:
             alpha = gl.exp2(m_i - m_new)[None, :]
