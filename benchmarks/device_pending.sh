@@ -114,13 +114,16 @@
 #   bash benchmarks/device_pending.sh head_dims   # the bench at head_dim 64 (gpt-oss's 64 / 8
 #                                                 # heads) and 256 (32 / 8), which run the Triton
 #                                                 # kernels (forty-first session)
+#   bash benchmarks/device_pending.sh head_dim_grid    # Triton-kernel configs at head_dim 64
+#                                                 # (64 / 8 heads) and 256 (32 / 8) against the
+#                                                 # untuned default they run (forty-second session)
 #   bash benchmarks/device_pending.sh split_carveout
 #                                                 # LaunchConfig.split_carveout (fortieth session):
 #                                                 # its GPU tests, then tma_rows at the split
 #                                                 # kernel's full carveout against the tuned config
 set -u
 case "${1:-}" in
-tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce | exact_remainder | key_word_pairs | clocks | zero_padding_p | value_subnormals | value_subnormals_sustained | band_columns | value_scales_staged | counted_steps | transform_in_split | one_sequence_merge | query_in_split | one_wave | merge_pass | final26 | small_bench | exact_tail_prologue | prologue_tiles | two_wave_tail | one_sequence_l2 | phases | one_sequence_28 | split_major_grid | tma_spike | tma_rows | tma_phases | l2_compare | gqa8 | gqa | split_carveout | head_dims | value_band2_half | token_sums_rows) ;;
+tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce | exact_remainder | key_word_pairs | clocks | zero_padding_p | value_subnormals | value_subnormals_sustained | band_columns | value_scales_staged | counted_steps | transform_in_split | one_sequence_merge | query_in_split | one_wave | merge_pass | final26 | small_bench | exact_tail_prologue | prologue_tiles | two_wave_tail | one_sequence_l2 | phases | one_sequence_28 | split_major_grid | tma_spike | tma_rows | tma_phases | l2_compare | gqa8 | gqa | split_carveout | head_dims | value_band2_half | token_sums_rows | head_dim_grid) ;;
 grid | timeline | sustained)
     if [ ! -f "${2:-}" ]; then
         echo "$1 needs a JSON file of LaunchConfig dicts (e.g. benchmarks/configs/probe_one_block_step.json), got '${2:-}'" >&2
@@ -128,7 +131,7 @@ grid | timeline | sustained)
     fi
     ;;
 *)
-    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|reduce|remainder|small_reduce|exact_remainder|key_word_pairs|clocks|zero_padding_p|value_subnormals|value_subnormals_sustained|band_columns|value_scales_staged|counted_steps|transform_in_split|one_sequence_merge|query_in_split|one_wave|merge_pass|final26|small_bench|exact_tail_prologue|prologue_tiles|two_wave_tail|one_sequence_l2|phases|one_sequence_28|split_major_grid|tma_spike|tma_rows|tma_phases|l2_compare|gqa8|gqa|split_carveout|head_dims|value_band2_half|token_sums_rows|grid FILE.json|timeline FILE.json|sustained FILE.json|stalls [tuned|keys_in_step]" >&2
+    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|reduce|remainder|small_reduce|exact_remainder|key_word_pairs|clocks|zero_padding_p|value_subnormals|value_subnormals_sustained|band_columns|value_scales_staged|counted_steps|transform_in_split|one_sequence_merge|query_in_split|one_wave|merge_pass|final26|small_bench|exact_tail_prologue|prologue_tiles|two_wave_tail|one_sequence_l2|phases|one_sequence_28|split_major_grid|tma_spike|tma_rows|tma_phases|l2_compare|gqa8|gqa|split_carveout|head_dims|value_band2_half|token_sums_rows|head_dim_grid|grid FILE.json|timeline FILE.json|sustained FILE.json|stalls [tuned|keys_in_step]" >&2
     exit 2
     ;;
 esac
@@ -479,6 +482,16 @@ head_dims)
     # only; these run Triton v1 / v2 at the package's default configs)
     run 240 python3 -P benchmarks/bench_attention.py --out "$OUT/d64" --codec default --heads 64,8 --head-dim 64
     run 240 python3 -P benchmarks/bench_attention.py --out "$OUT/d256" --codec default --head-dim 256
+    ;;
+head_dim_grid)
+    # forty-second session: head_dim 64 (gpt-oss's 64 / 8 heads) and 256 run the Triton kernels at
+    # default_config, never tuned. Grids of [the default, + PDL and the large launches' reduce, +
+    # 128-token steps / 3 stages / more splits / every-step rescale / 2 warps, v1] x 2 rounds; the
+    # configs pass the interpreter at those head_dims (tests/test_probe_configs.py)
+    run 280 python3 -P benchmarks/probe_attention.py grid --configs benchmarks/configs/probe_head_dim64.json \
+        --head-dim 64 --heads 64,8 --shapes "8,131072;32,32768;1,32768" --out "$OUT/head_dim64" | grep -v "^\["
+    run 280 python3 -P benchmarks/probe_attention.py grid --configs benchmarks/configs/probe_head_dim256.json \
+        --head-dim 256 --shapes "8,131072;32,32768;1,32768" --out "$OUT/head_dim256" | grep -v "^\["
     ;;
 split_carveout)
     # fortieth session: every tma_rows variant ran +54 to +57% at the driver's carveout (grid,

@@ -36,9 +36,9 @@ from wmoe_compile.kernels import wavelet_attention as wa  # noqa: E402
 UNIFORM = ba.CODECS["default"]  # affine grids
 
 
-def _compile_worker(configs: list[dict], heads: tuple[int, int], queue) -> None:
+def _compile_worker(configs: list[dict], heads: tuple[int, int], head_dim: int, queue) -> None:
     try:
-        setup = ba.Setup(1, 2048, *heads, "cuda", smoke=True)
+        setup = ba.Setup(1, 2048, *heads, "cuda", smoke=True, head_dim=head_dim)
         setup.use_codec(UNIFORM)
         for c in configs:
             for splits in (1, 3, 16):
@@ -55,13 +55,16 @@ def _compile_worker(configs: list[dict], heads: tuple[int, int], queue) -> None:
         queue.put(1)
 
 
-def precompile(configs: list[dict], heads: tuple[int, int] = (ba.HQ, ba.HKV)) -> None:
+def precompile(
+    configs: list[dict], heads: tuple[int, int] = (ba.HQ, ba.HKV), head_dim: int = ba.HEAD_DIM
+) -> None:
     t = time.time()
     workers = min(len(configs), 12)
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     procs = [
-        ctx.Process(target=_compile_worker, args=(configs[w::workers], heads, queue)) for w in range(workers)
+        ctx.Process(target=_compile_worker, args=(configs[w::workers], heads, head_dim, queue))
+        for w in range(workers)
     ]
     for p in procs:
         p.start()
@@ -245,7 +248,16 @@ def main() -> None:
     p.add_argument("--out", default="benchmarks/out")
     p.add_argument("--carveouts", default="", help="timeline: name=percent,... set before capture")
     p.add_argument("--heads", type=ba._heads, default=(ba.HQ, ba.HKV), help="query heads,kv heads (32,8)")
+    p.add_argument(
+        "--head-dim",
+        type=int,
+        choices=ba.HEAD_DIMS,
+        default=ba.HEAD_DIM,
+        help=f"grid only: head_dim ({ba.HEAD_DIM}; 64 / 256 time the Triton kernels' configs there)",
+    )
     a = p.parse_args()
+    if a.head_dim != ba.HEAD_DIM and a.mode != "grid":
+        p.error(f"--head-dim is a grid option; {a.mode} runs head_dim {ba.HEAD_DIM}")
     hq, hkv = a.heads
     if a.mode == "once":
         b, n = map(int, a.shape.split(","))
@@ -316,11 +328,13 @@ def main() -> None:
                 )
             s.free()
         return
-    precompile(configs, a.heads)
+    precompile(configs, a.heads, a.head_dim)
     setups = []
     for b, n, *more in parsed:  # the caches' capacity, past the length; the positions of their rows
         capacity, rows = (more + [None, None])[:2]
-        s = ba.Setup(b, n, hq, hkv, "cuda", smoke=False, capacity=capacity, row_positions=rows)
+        s = ba.Setup(
+            b, n, hq, hkv, "cuda", smoke=False, capacity=capacity, row_positions=rows, head_dim=a.head_dim
+        )
         s.use_codec(UNIFORM)
         s.dense.clear()
         setups.append(s)
@@ -345,7 +359,7 @@ def main() -> None:
         print(f"[{config_label(c, configs[0])}]: {times}  x floor {ratios}  err {err:.1e}", flush=True)
     out = pathlib.Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    grid = dict(shapes=parsed, heads=[hq, hkv], rows=rows)
+    grid = dict(shapes=parsed, heads=[hq, hkv], head_dim=a.head_dim, rows=rows)
     (out / "probe_grid.json").write_text(json.dumps(grid, indent=1))
     if len(rows) > 1 and rows[0]["config"] == configs[0]:
         print(same_round_summary(rows, parsed), flush=True)

@@ -34,3 +34,27 @@ def test_an_unknown_field_is_refused():
     # the check above is only worth something if a stale field fails
     with pytest.raises(TypeError, match="balanced_pieces"):
         wa.LaunchConfig(balanced_pieces=True)
+
+
+@pytest.mark.parametrize(
+    "name, head_dim, heads", [("probe_head_dim64.json", 64, (8, 1)), ("probe_head_dim256.json", 256, (4, 1))]
+)
+def test_head_dim_grids_run_correctly_at_their_head_dim(name, head_dim, heads):
+    # device_pending.sh head_dim_grid times these Triton-kernel configs at head_dim 64 (gpt-oss's
+    # 64 / 8 heads: GQA groups of 8) and 256 (groups of 4), where no config was ever tuned. The
+    # first is what the package launches there now (the grid's base); each must run and match
+    # decompress + attention (the interpreter runs the same kernels), so that the device call
+    # times only configs that work
+    from bench_scripts import load_benchmark
+
+    bench = load_benchmark("bench_attention")
+    configs = json.loads((PROBES[0].parent / name).read_text())
+    unique = [c for i, c in enumerate(configs) if c not in configs[:i]]
+    setup = bench.Setup(2, 700, *heads, "cpu", smoke=True, head_dim=head_dim)
+    setup.use_codec(bench.CODECS["default"])
+    group = heads[0] // heads[1]
+    assert wa.LaunchConfig(**unique[0]) == wa.tuned_config(setup.layout, head_dim, group), unique[0]
+    assert len(unique) >= 6, name
+    for config in unique:
+        err = bench.rel_error(setup, wa.LaunchConfig(**config))
+        assert err <= 1e-2, (config, err)  # (a NaN fails the comparison too)
