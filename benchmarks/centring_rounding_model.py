@@ -7,7 +7,7 @@ B operand), and the store takes each field's mid off with the split's sum of p *
 kernel sums the same rounded products (ones @ (p * scale)), so the mid cancels exactly; with
 token_sums_rows the sum comes from the scales' rows times p, exact products, and the rounding of
 p * scale leaves mid * sum(fp16(p * s) - p * s) in every slot of the band. This model draws one
-split of random scores (at three softmax temperatures), fp16 p, scales in [0.5, 1.5) and random
+split of random scores (at three spreads), fp16 p, scales in [0.5, 1.5) and random
 codes, and prints each way's relative error of a band's 64 centred slot sums against fp64. It is a
 model of the arithmetic, not the kernel: the GPU tests bound the op itself.
 """
