@@ -108,9 +108,10 @@
 #                                                 # carveout pairings
 #   bash benchmarks/device_pending.sh token_sums_rows    # LaunchConfig.token_sums_rows (forty-
 #                                                 # second session, offline only) and
-#                                                 # value_band2_half: the GPU tests of both, then a
-#                                                 # grid of the two alone and together against the
-#                                                 # tuned config (the next session's first call)
+#                                                 # value_band2_half (and warp_barriers): their GPU
+#                                                 # tests, then a grid of them alone and together
+#                                                 # against the tuned config (the next session's
+#                                                 # first call)
 #   bash benchmarks/device_pending.sh head_dims   # the bench at head_dim 64 (gpt-oss's 64 / 8
 #                                                 # heads) and 256 (32 / 8), which run the Triton
 #                                                 # kernels (forty-first session)
@@ -472,11 +473,12 @@ token_sums_rows)
     # 3.6). The GPU tests of it and of value_band2_half (neither has run on a GPU), then [tuned,
     # half, rows, half + rows, half + rows with the split and exact kernels at 28% (12 programs of
     # 5 KB in 64 KB: L1 192 KB), half + rows at a 152-register cap (13 programs an SM; 704 loop
-    # instructions and no spill on Triton 3.6, where the tuned step spills there)] x 3 rounds. The
-    # half tiles' 12 programs fit 64 KB, where the driver would put the split kernel and the exact
-    # kernel (44%, 100 KB) could no longer share its SMs: so half and half + rows run at 44% too
-    # (the tuned kernel's carveout), and at 28% with the exact kernel beside them
-    attention_tests "value_band2_half or token_sums_rows" 270
+    # instructions and no spill on Triton 3.6, where the tuned step spills there), half + rows with
+    # warp barriers (warp_barriers: no BAR.SYNC in the step)] x 3 rounds. The half tiles' 12
+    # programs fit 64 KB, where the driver would put the split kernel and the exact kernel (44%,
+    # 100 KB) could no longer share its SMs: so the half-tile configs run at 44% too (the tuned
+    # kernel's carveout), and one at 28% with the exact kernel beside it
+    attention_tests "value_band2_half or token_sums_rows or warp_barriers" 270
     run 240 python3 -P benchmarks/probe_attention.py grid --configs benchmarks/configs/probe_token_sums_rows.json \
         --shapes "8,131072;32,32768" --out "$OUT/token_sums_rows" | grep -v "^\["
     ;;

@@ -304,6 +304,9 @@ def main() -> None:
         action="store_true",
         help="the token sums from one MMA whose operand rows are 1 and the value scales",
     )
+    p.add_argument(
+        "--warp-barriers", action="store_true", help="the CTA barriers as warp barriers (PTX patch)"
+    )
     p.add_argument("--zero-padding-p", action="store_true", help="p = 0 in the MMAs' padding rows")
     p.add_argument(
         "--band-columns", action="store_true", help="the MMAs' columns 4-7 serve the 2-bit band (GQA 4)"

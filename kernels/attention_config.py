@@ -269,6 +269,13 @@ class LaunchConfig:
     # value_scales_staged, not band_columns or cta_splits; a launch whose splits are too long for
     # value_subnormals runs without both
     token_sums_rows: bool = False
+    # v3's split kernel (one warp a program): every CTA barrier a warp barrier (bar.warp.sync, by
+    # the PTX patch the CTA kernel's warps already take), which orders the warp's shared-memory
+    # accesses as bar.sync does but lets ptxas schedule across it. Offline (Triton 3.6, with
+    # value_band2_half and token_sums_rows): the 5 BAR.SYNC of a step go, 711 loop instructions
+    # against 710 (a divergence check comes in), key-load distances median 395 / min 357 against
+    # 328 / 276 (forty-second session). Needs num_warps=1, not cta_splits
+    warp_barriers: bool = False
     # v3: this many consecutive equal splits of one (sequence, kv head) in one CTA, a warp each,
     # sharing the query's transform and the epilogue's T and merging their partials into one
     # (kernels/wavelet_attention_cta.py; 0: one split a program). It implements the small-launch
@@ -408,6 +415,7 @@ class LaunchConfig:
             or self.plain_loads_l2_256b
             or self.tma_rows_unfenced
             or self.value_copies_16b_l1
+            or self.warp_barriers
         )
 
     def __post_init__(self) -> None:
@@ -563,6 +571,12 @@ class LaunchConfig:
                     f"kernel={self.kernel!r}, block_n={self.block_n}, cache_tiles={self.cache_tiles}, "
                     f"row_copies={self.row_copies}, tma_rows={self.tma_rows}, cta_splits={self.cta_splits}"
                 )
+        if self.warp_barriers and not (self.kernel == "v3" and self.num_warps == 1 and not self.cta_splits):
+            raise ValueError(
+                "LaunchConfig.warp_barriers makes the CTA barriers of v3's one-warp split programs warp "
+                f"barriers: it needs kernel='v3', num_warps=1 and cta_splits=0; got kernel={self.kernel!r}, "
+                f"num_warps={self.num_warps}, cta_splits={self.cta_splits}"
+            )
         if self.token_sums_rows and not (
             self.kernel == "v3"
             and self.value_subnormals
@@ -991,6 +1005,7 @@ V3_ONLY_OPTIONS = (
     "value_band2_half",
     "value_copies_16b_l1",
     "token_sums_rows",
+    "warp_barriers",
     "prefetch_value_rows",
     "fill_value_rows_l2",
     "value_copies_l2_256b",

@@ -850,6 +850,7 @@ def v3_option_constexprs(config: LaunchConfig, split_major: bool) -> dict:
         **({"VALUE_BAND2_HALF": True} if config.value_band2_half else {}),
         **({"VALUE_COPIES_16B_L1": True} if config.value_copies_16b_l1 else {}),
         **({"TOKEN_SUMS_ROWS": True} if config.token_sums_rows else {}),
+        **({"WARP_BARRIERS": True} if config.warp_barriers else {}),
     )
 
 

@@ -157,6 +157,7 @@ if HAS_GLUON:
         _MARK_COPIES_CA = gl.constexpr(ptx_patches.marker_asm("cp_async_ca"))
         _MARK_LOADS_L2_256B = gl.constexpr(ptx_patches.marker_asm("ld_global_l2_256b"))
         _MARK_NO_PROXY_FENCES = gl.constexpr(ptx_patches.marker_asm("no_async_proxy_fences"))
+        _MARK_WARP_BARRIERS = gl.constexpr(ptx_patches.marker_asm("warp_barriers"))
     except Exception as exc:  # noqa: BLE001 - a Gluon whose layout API differs: no v3
         HAS_GLUON = False
         GLUON_IMPORT_ERROR = f"Gluon layouts: {type(exc).__name__}: {exc}"
@@ -1338,6 +1339,11 @@ if HAS_GLUON:
         # accumulator instead of three of each (LaunchConfig.token_sums_rows; needs
         # VALUE_SUBNORMALS and VALUE_SCALES_STAGED)
         TOKEN_SUMS_ROWS: gl.constexpr = False,
+        # every CTA barrier (Triton's for its shared-memory conversions and the ring, and the staged
+        # scales') as a warp barrier, by a PTX patch (kernels/ptx_patches.py): one warp a program,
+        # so bar.warp.sync orders the same memory accesses, and ptxas may move instructions across
+        # it, where BAR.SYNC fences the schedule (LaunchConfig.warp_barriers)
+        WARP_BARRIERS: gl.constexpr = False,
     ):
         """One (split, sequence, kv head, row block): online softmax over a range of compressed
         tokens in the coefficient domain; grid (num_splits, programs), or (programs, num_splits)
@@ -1353,6 +1359,9 @@ if HAS_GLUON:
                 is_pure=False,
                 pack=1,
             )
+        if WARP_BARRIERS:
+            gl.static_assert(gl.num_warps() == 1, "WARP_BARRIERS: CTA barriers of one-warp programs")
+            gl.inline_asm_elementwise(_MARK_WARP_BARRIERS, "=r", [], dtype=gl.int32, is_pure=False, pack=1)
         if VALUE_COPIES_L2_256B:
             gl.inline_asm_elementwise(_MARK_COPIES_L2_256B, "=r", [], dtype=gl.int32, is_pure=False, pack=1)
         if VALUE_COPIES_16B_L1:

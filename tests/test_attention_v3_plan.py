@@ -1081,6 +1081,35 @@ def test_token_sums_rows_needs_value_subnormals_and_the_staged_scales():
     assert not K.v1_fallback(rows).token_sums_rows
 
 
+def test_warp_barriers_take_the_cta_barriers_out_of_the_step(tmp_path):
+    # LaunchConfig.warp_barriers (forty-second session): the one-warp split kernel's CTA barriers
+    # become warp barriers by the PTX patch, so no BAR.SYNC is left in the kernel (ptxas keeps one
+    # WARPSYNC, behind a divergence check, in the step) and no instruction is added beyond those
+    import re
+
+    tuned_ops, _ = _loop_ops(tmp_path / "tuned")
+    ops, out = _loop_ops(tmp_path / "warp", "--warp-barriers")
+    assert sum(o.startswith("BAR.SYNC") for o in tuned_ops) >= 4, tuned_ops
+    assert not any(o.startswith("BAR.") for o in ops), ops
+    assert int(re.search(r"loop spill instructions: (\d+)", out).group(1)) == 0, out
+    assert len(ops) <= len(tuned_ops) + 8, (len(ops), len(tuned_ops))
+    ptx = (tmp_path / "warp" / "split_kernel_v3.ptx").read_text()
+    assert "bar.warp.sync -1;" in ptx and not re.search(r"\bbar\.sync\s+0;", ptx)
+    assert "BAR.SYNC" not in (tmp_path / "warp" / "split_kernel_v3.sass").read_text()
+
+
+def test_warp_barriers_need_one_warp_split_programs():
+    tuned = K.TUNED_CONFIGS[(128, 4, "affine")]
+    warp = dataclasses.replace(tuned, warp_barriers=True)
+    assert warp.needs_ptx_patches and not tuned.needs_ptx_patches
+    for clash in (dict(num_warps=2), dict(kernel="v2"), dict(cta_splits=4)):
+        with pytest.raises(ValueError, match="warp_barriers makes the CTA barriers of v3's one-warp"):
+            K.LaunchConfig(**{"kernel": "v3", **clash}, warp_barriers=True)
+    assert K.v3_option_constexprs(warp, False)["WARP_BARRIERS"] is True
+    assert "WARP_BARRIERS" not in K.v3_option_constexprs(tuned, False)
+    assert not K.v1_fallback(warp).warp_barriers
+
+
 def test_value_copies_16b_l1_sends_the_16_byte_copies_through_l1(tmp_path):
     # LaunchConfig.value_copies_16b_l1 (forty-first session): without cache_tiles the tiles come by
     # 16-byte copies, which Triton emits as cp.async.cg (LDGSTS.E.BYPASS.128, L2 only); the PTX
@@ -1110,6 +1139,7 @@ def test_configs_whose_kernels_carry_a_ptx_patch_marker_need_the_hook():
         dataclasses.replace(tuned, value_copies_l2_256b=True),
         dataclasses.replace(tuned, plain_loads_l2_256b=True),
         dataclasses.replace(tuned, **sixteen),
+        dataclasses.replace(tuned, warp_barriers=True),
         K.LaunchConfig(**TMA_ROWS_CONFIG, tma_rows_unfenced=True),
     ):
         assert marked.needs_ptx_patches, marked
@@ -1199,7 +1229,7 @@ def test_v3_option_constexprs_name_the_split_kernels_constexprs():
         half, cache_tiles=False, copy_layout_tokens=False, value_copies_16b_l1=True
     )
     configs = ((tuned, False), (tma, True), (early, False), (tma_early, False), (half, False))
-    rows = dataclasses.replace(half, token_sums_rows=True)
+    rows = dataclasses.replace(half, token_sums_rows=True, warp_barriers=True)
     configs += ((copies_16b, False), (rows, False))
     for config, split_major in configs:
         got = K.v3_option_constexprs(config, split_major)
@@ -1215,9 +1245,10 @@ def test_v3_option_constexprs_name_the_split_kernels_constexprs():
         assert got.get("VALUE_BAND2_HALF", False) == config.value_band2_half
         assert got.get("VALUE_COPIES_16B_L1", False) == config.value_copies_16b_l1
         assert got.get("TOKEN_SUMS_ROWS", False) == config.token_sums_rows
+        assert got.get("WARP_BARRIERS", False) == config.warp_barriers
     # the options added late are absent when off: the tuned launch's JIT key is unchanged
     late = {"SPLIT_MAJOR", "TMA_ROWS", "TMA_ROWS_UNFENCED", "TMA_ROWS_EARLY", "SCALES_TWO_AHEAD"}
-    late |= {"VALUE_BAND2_HALF", "VALUE_COPIES_16B_L1", "TOKEN_SUMS_ROWS"}
+    late |= {"VALUE_BAND2_HALF", "VALUE_COPIES_16B_L1", "TOKEN_SUMS_ROWS", "WARP_BARRIERS"}
     assert not (late | {"LOADS_BEFORE_WAIT"}) & set(K.v3_option_constexprs(tuned, False))
 
 

@@ -1585,6 +1585,30 @@ def test_gpu_token_sums_rows_matches_the_three_ones_operand_mmas(half, stages, h
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("step", ["tuned", "half_and_rows"])
+@pytest.mark.parametrize("stages", [1, 2])
+@pytest.mark.parametrize("hkv, group", [(2, 4), (1, 16)])
+def test_gpu_warp_barriers_are_bit_identical(step, stages, hkv, group):
+    # LaunchConfig.warp_barriers (forty-second session): the one-warp split programs' CTA barriers
+    # as warp barriers order the same shared-memory accesses, so the output is the same bit for
+    # bit, in the full and masked steps, at 1 and 2 ring stages, at 1 and 7 splits, for the tuned
+    # step and the one with value_band2_half and token_sums_rows
+    base = dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], num_stages=stages)
+    if step == "half_and_rows":
+        base = dataclasses.replace(base, value_band2_half=True, token_sums_rows=True)
+    warp = dataclasses.replace(base, warp_barriers=True)
+    codec, args = make_case(
+        UNIFORM_REAL, 5, hkv, group, 1, 128, [4096, 1, 1000, 2049, 133], 4096, torch.bfloat16, "cuda", "full"
+    )
+    for splits in (1, 7):
+        want = _run_triton(args, codec, 128**-0.5, config=base, num_splits=splits)
+        got = _run_triton(args, codec, 128**-0.5, config=warp, num_splits=splits)
+        assert torch.isfinite(got).all() and torch.equal(got, want), splits
+    assert rel_err(got, dense_reference(codec, args, 128**-0.5)) <= 1e-2
+    assert not K._V3_FAILURE, K._V3_FAILURE
+
+
+@pytest.mark.gpu
 def test_gpu_token_sums_rows_is_dropped_with_value_subnormals_on_long_splits():
     # one split of 9,000 tokens is past value_subnormals_max_split_tokens: the launch centres the
     # magic fields every step, which reads the step's sums in every row, so token_sums_rows goes off
