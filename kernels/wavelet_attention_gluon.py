@@ -499,12 +499,12 @@ if HAS_GLUON:
 
     @gluon.jit
     def _token_sum_rows_buffer():
-        """TOKEN_SUMS_ROWS: the full steps' token-sum operand buffer of _value_scales_staged_rows,
-        fp16 [4 (c), 2 (g'), 4 (t), 2 (h), 2 (r), 2 (e)] holding rows 8r + g (g % 2 = g') of token
-        16c + 8h + 2t + e: lane (g, t)'s four registers of one 16-token MMA (rows g, g + 8, tokens
-        2t + e and 8 + 2t + e) are 16 contiguous bytes, so four 16-byte loads give its operand in
-        place, the 8 lanes of a load's phase 8 different bank groups. Filled with ones here; each
-        step stores its scales into rows 8 and 9 (r = 1)."""
+        """TOKEN_SUMS_ROWS: the full steps' token-sum operand buffer of _value_scales_staged_rows, fp16
+        [4 (c), 2 (g'), 4 (t), 2 (h), 2 (r), 2 (e)] holding row 8r + g' of token 16c + 8h + 2t + e,
+        which the operand repeats in its rows 8r + g' + 2i: lane (g, t)'s four registers of one
+        16-token MMA (rows g, g + 8, tokens 2t + e and 8 + 2t + e) are 16 contiguous bytes, so four
+        16-byte loads give its operand in place, the 8 lanes of a load's phase 8 different bank
+        groups. Filled with ones here; each step stores its scales into rows 8 and 9 (r = 1)."""
         buf = gl.allocate_shared_memory(gl.float16, [4, 2, 4, 2, 2, 2], _STAGE_ROWS)
         buf.store(gl.full([4, 2, 4, 2, 2, 2], 1.0, gl.float16, layout=_STAGE_ONES))
         return buf
