@@ -112,6 +112,8 @@
 #                                                 # tests, then a grid of them alone and together
 #                                                 # against the tuned config (the next session's
 #                                                 # first call)
+#   bash benchmarks/device_pending.sh token_sums_rows_gqa8    # the same options at Qwen3-MoE's
+#                                                 # 32 / 4 heads (GQA 8: every MMA column a row)
 #   bash benchmarks/device_pending.sh head_dims   # the bench at head_dim 64 (gpt-oss's 64 / 8
 #                                                 # heads) and 256 (32 / 8), which run the Triton
 #                                                 # kernels (forty-first session)
@@ -124,7 +126,7 @@
 #                                                 # kernel's full carveout against the tuned config
 set -u
 case "${1:-}" in
-tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce | exact_remainder | key_word_pairs | clocks | zero_padding_p | value_subnormals | value_subnormals_sustained | band_columns | value_scales_staged | counted_steps | transform_in_split | one_sequence_merge | query_in_split | one_wave | merge_pass | final26 | small_bench | exact_tail_prologue | prologue_tiles | two_wave_tail | one_sequence_l2 | phases | one_sequence_28 | split_major_grid | tma_spike | tma_rows | tma_phases | l2_compare | gqa8 | gqa | split_carveout | head_dims | value_band2_half | token_sums_rows | head_dim_grid) ;;
+tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce | exact_remainder | key_word_pairs | clocks | zero_padding_p | value_subnormals | value_subnormals_sustained | band_columns | value_scales_staged | counted_steps | transform_in_split | one_sequence_merge | query_in_split | one_wave | merge_pass | final26 | small_bench | exact_tail_prologue | prologue_tiles | two_wave_tail | one_sequence_l2 | phases | one_sequence_28 | split_major_grid | tma_spike | tma_rows | tma_phases | l2_compare | gqa8 | gqa | split_carveout | head_dims | value_band2_half | token_sums_rows | token_sums_rows_gqa8 | head_dim_grid) ;;
 grid | timeline | sustained)
     if [ ! -f "${2:-}" ]; then
         echo "$1 needs a JSON file of LaunchConfig dicts (e.g. benchmarks/configs/probe_one_block_step.json), got '${2:-}'" >&2
@@ -132,7 +134,7 @@ grid | timeline | sustained)
     fi
     ;;
 *)
-    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|reduce|remainder|small_reduce|exact_remainder|key_word_pairs|clocks|zero_padding_p|value_subnormals|value_subnormals_sustained|band_columns|value_scales_staged|counted_steps|transform_in_split|one_sequence_merge|query_in_split|one_wave|merge_pass|final26|small_bench|exact_tail_prologue|prologue_tiles|two_wave_tail|one_sequence_l2|phases|one_sequence_28|split_major_grid|tma_spike|tma_rows|tma_phases|l2_compare|gqa8|gqa|split_carveout|head_dims|value_band2_half|token_sums_rows|head_dim_grid|grid FILE.json|timeline FILE.json|sustained FILE.json|stalls [tuned|keys_in_step]" >&2
+    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|reduce|remainder|small_reduce|exact_remainder|key_word_pairs|clocks|zero_padding_p|value_subnormals|value_subnormals_sustained|band_columns|value_scales_staged|counted_steps|transform_in_split|one_sequence_merge|query_in_split|one_wave|merge_pass|final26|small_bench|exact_tail_prologue|prologue_tiles|two_wave_tail|one_sequence_l2|phases|one_sequence_28|split_major_grid|tma_spike|tma_rows|tma_phases|l2_compare|gqa8|gqa|split_carveout|head_dims|value_band2_half|token_sums_rows|token_sums_rows_gqa8|head_dim_grid|grid FILE.json|timeline FILE.json|sustained FILE.json|stalls [tuned|keys_in_step]" >&2
     exit 2
     ;;
 esac
@@ -481,6 +483,14 @@ token_sums_rows)
     attention_tests "value_band2_half or token_sums_rows or warp_barriers" 270
     run 240 python3 -P benchmarks/probe_attention.py grid --configs benchmarks/configs/probe_token_sums_rows.json \
         --shapes "8,131072;32,32768" --out "$OUT/token_sums_rows" | grep -v "^\["
+    ;;
+token_sums_rows_gqa8)
+    # forty-second session: the group of 8's configs are the group of 4's (thirty-ninth session),
+    # with every MMA column a query row; [tuned, half, half + rows, half + rows with warp
+    # barriers] x 3 rounds at 32 / 4 heads (the GPU tests of the token_sums_rows case cover
+    # groups of 8)
+    run 200 python3 -P benchmarks/probe_attention.py grid --configs benchmarks/configs/probe_token_sums_rows_gqa8.json \
+        --heads 32,4 --shapes "8,131072;32,32768" --out "$OUT/token_sums_rows_gqa8" | grep -v "^\["
     ;;
 head_dims)
     # forty-first session: no bench had timed head_dim 64 or 256 (the Gluon split kernel takes 128
