@@ -1074,8 +1074,9 @@ def test_token_sums_rows_needs_value_subnormals_and_the_staged_scales():
     ):
         with pytest.raises(ValueError, match="token_sums_rows takes v3's token sums from one MMA"):
             dataclasses.replace(tuned, **clash, token_sums_rows=True)
-    # the constexpr only when on (the tuned launch keeps its JIT key); off where v1 runs instead
-    assert "TOKEN_SUMS_ROWS" not in K.v3_option_constexprs(tuned, False)
+    # the constexpr only when on (a launch without it keeps its JIT key); off where v1 runs instead
+    without = dataclasses.replace(tuned, token_sums_rows=False)
+    assert "TOKEN_SUMS_ROWS" not in K.v3_option_constexprs(without, False)
     rows = dataclasses.replace(tuned, token_sums_rows=True)
     assert K.v3_option_constexprs(rows, False)["TOKEN_SUMS_ROWS"] is True
     assert not K.v1_fallback(rows).token_sums_rows
@@ -1101,12 +1102,13 @@ def test_warp_barriers_take_the_cta_barriers_out_of_the_step(tmp_path):
 def test_warp_barriers_need_one_warp_split_programs():
     tuned = K.TUNED_CONFIGS[(128, 4, "affine")]
     warp = dataclasses.replace(tuned, warp_barriers=True)
-    assert warp.needs_ptx_patches and not tuned.needs_ptx_patches
+    assert warp.needs_ptx_patches and not dataclasses.replace(tuned, warp_barriers=False).needs_ptx_patches
     for clash in (dict(num_warps=2), dict(kernel="v2"), dict(cta_splits=4)):
         with pytest.raises(ValueError, match="warp_barriers makes the CTA barriers of v3's one-warp"):
             K.LaunchConfig(**{"kernel": "v3", **clash}, warp_barriers=True)
     assert K.v3_option_constexprs(warp, False)["WARP_BARRIERS"] is True
-    assert "WARP_BARRIERS" not in K.v3_option_constexprs(tuned, False)
+    without = dataclasses.replace(tuned, warp_barriers=False)
+    assert "WARP_BARRIERS" not in K.v3_option_constexprs(without, False)
     assert not K.v1_fallback(warp).warp_barriers
 
 
@@ -1132,7 +1134,9 @@ def test_value_copies_16b_l1_sends_the_16_byte_copies_through_l1(tmp_path):
 def test_configs_whose_kernels_carry_a_ptx_patch_marker_need_the_hook():
     # the launcher and sass_attention_v3.py install the PTX hook when needs_ptx_patches says so; a
     # marked kernel compiled without it would run unpatched
-    tuned = K.TUNED_CONFIGS[(128, 4, "affine")]
+    # (the tuned config with every patch-marked option off, whichever it takes)
+    patched = ("value_copies_l2_256b", "plain_loads_l2_256b", "value_copies_16b_l1", "warp_barriers")
+    tuned = dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], **dict.fromkeys(patched, False))
     assert not tuned.needs_ptx_patches
     sixteen = dict(cache_tiles=False, copy_layout_tokens=False, value_copies_16b_l1=True)
     for marked in (
@@ -1153,7 +1157,8 @@ def test_value_copies_16b_l1_needs_the_16_byte_copies():
             K.LaunchConfig(**{**plain, **clash}, value_copies_16b_l1=True)
     config = K.LaunchConfig(**plain, value_copies_16b_l1=True)
     assert K.v3_option_constexprs(config, False)["VALUE_COPIES_16B_L1"] is True
-    assert "VALUE_COPIES_16B_L1" not in K.v3_option_constexprs(K.TUNED_CONFIGS[(128, 4, "affine")], False)
+    unsent = dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], value_copies_16b_l1=False)
+    assert "VALUE_COPIES_16B_L1" not in K.v3_option_constexprs(unsent, False)
     assert not K.v1_fallback(config).value_copies_16b_l1
 
 
@@ -1173,8 +1178,9 @@ def test_value_band2_half_needs_the_split_kernels_64_token_tiles():
     ):
         with pytest.raises(ValueError, match="value_band2_half halves the 2-bit value band's tiles"):
             K.LaunchConfig(**{**plain, **clash}, value_band2_half=True)
-    # the constexpr only when on (the tuned launch keeps its JIT key); off where v1 runs instead
-    assert "VALUE_BAND2_HALF" not in K.v3_option_constexprs(tuned, False)
+    # the constexpr only when on (a launch without it keeps its JIT key); off where v1 runs instead
+    without = dataclasses.replace(tuned, value_band2_half=False)
+    assert "VALUE_BAND2_HALF" not in K.v3_option_constexprs(without, False)
     half = dataclasses.replace(tuned, value_band2_half=True)
     assert K.v3_option_constexprs(half, False)["VALUE_BAND2_HALF"] is True
     assert not K.v1_fallback(half).value_band2_half
@@ -1246,10 +1252,12 @@ def test_v3_option_constexprs_name_the_split_kernels_constexprs():
         assert got.get("VALUE_COPIES_16B_L1", False) == config.value_copies_16b_l1
         assert got.get("TOKEN_SUMS_ROWS", False) == config.token_sums_rows
         assert got.get("WARP_BARRIERS", False) == config.warp_barriers
-    # the options added late are absent when off: the tuned launch's JIT key is unchanged
+    # the options added late are absent when off, so a launch without them keeps its JIT key
     late = {"SPLIT_MAJOR", "TMA_ROWS", "TMA_ROWS_UNFENCED", "TMA_ROWS_EARLY", "SCALES_TWO_AHEAD"}
     late |= {"VALUE_BAND2_HALF", "VALUE_COPIES_16B_L1", "TOKEN_SUMS_ROWS", "WARP_BARRIERS"}
-    assert not (late | {"LOADS_BEFORE_WAIT"}) & set(K.v3_option_constexprs(tuned, False))
+    off = ("value_band2_half", "value_copies_16b_l1", "token_sums_rows", "warp_barriers")
+    plain = dataclasses.replace(tuned, loads_before_pdl_wait=0, **dict.fromkeys(off, False))
+    assert not (late | {"LOADS_BEFORE_WAIT"}) & set(K.v3_option_constexprs(plain, False))
 
 
 def test_tma_rows_spike_copies_a_step_in_one_tma_copy_and_reads_bands_by_ldmatrix(tmp_path):
