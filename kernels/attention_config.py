@@ -915,6 +915,12 @@ SMALL_LAUNCH_CONFIGS: dict[tuple[int, int, str], LaunchConfig] = {
         # the transform words prefetched into L1 (prefetch.global.L1, removed) +14.7%; 192- / 320-
         # token splits, split-major, +7.9% / +3.5%
         split_major_grid=True,
+        # the one-warp split kernel's options, which the CTA kernel (cta_splits, below) does not
+        # implement: off here whichever the tuned entry takes
+        value_band2_half=False,
+        value_copies_16b_l1=False,
+        token_sums_rows=False,
+        warp_barriers=False,
         # twenty-ninth session (H200, 5 rounds, probe_exact_in_chain_29.json): the exact-token
         # kernel as a link of the PDL chain instead of on a side stream, so the merge keeps its
         # programmatic launch after it: -3.4% (-6.1 .. -3.2), 0.0196-0.0198 -> 0.0186-0.0190 ms
