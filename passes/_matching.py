@@ -348,6 +348,16 @@ def _through_casts(node: fx.Node) -> fx.Node:
     return node
 
 
+# ops whose result shares its input's storage: the reshaping views, and those that view a part
+_ALIASING_OPS = (VIEW_OPS - {aten.clone, aten.contiguous}) | {
+    aten.slice,
+    aten.select,
+    aten.narrow,
+    aten.diagonal,
+    aten.as_strided,
+}
+
+
 def _aliases(node: fx.Node) -> set[fx.Node]:
     """`node` and the views / same-dtype casts of it (they share its storage)."""
     group, stack = {node}, [node]
@@ -355,10 +365,16 @@ def _aliases(node: fx.Node) -> set[fx.Node]:
         current = stack.pop()
         for user in current.users:
             if user not in group and user.args and user.args[0] is current:
-                if is_op(user, *VIEW_OPS - {aten.clone, aten.contiguous}) or is_same_dtype_cast(user):
+                if is_op(user, *_ALIASING_OPS) or is_same_dtype_cast(user):
                     group.add(user)
                     stack.append(user)
     return group
+
+
+def mutations(node: fx.Node) -> list[fx.Node]:
+    """In-place ops that write `node`'s storage (through any alias), e.g. the copy_ calls that fill
+    slices of a new_empty: what `node` holds depends on their inputs too."""
+    return _mutations(node)
 
 
 def _mutations(node: fx.Node) -> list[fx.Node]:

@@ -7,7 +7,8 @@ nothing; it walks the graph:
 - attention: each `scaled_dot_product_attention` (or an eager matmul -> softmax -> matmul);
   from its K and V operands back through `repeat_kv` to the cache (`index_copy_` into a buffer:
   static cache; `cat(past, new, dim=-2)`: dynamic cache) and on to the K/V projection (through
-  views, per-head norms and RoPE); the mask back to `arange(S) <= positions`.
+  views, per-head norms and RoPE); the mask back to `arange(S) <= positions`. A cache written
+  into a module buffer that no recognised attention reads is reported too, as skipped.
 - MoE: each `topk` over a softmax of a linear router; the expert computation downstream of the
   routing weights is cut out as a closed region (it reads only the hidden states, the top-k ids
   and weights, and constants) and *verified* to be a top-k SwiGLU mixture by evaluating it on
@@ -95,6 +96,8 @@ class KVWriteSite:
     compressed: CompressedCache | None = None
     # Why the compress rewrite cannot apply (set during analysis; None = rewritable).
     blocker: str | None = None
+    # cache_kind "unsupported", K/V computed from caches (e.g. a latent): every cache write upstream
+    upstream_writes: tuple[fx.Node, ...] = ()
 
 
 @dataclass(eq=False)
@@ -171,6 +174,43 @@ def find_sites(gm: fx.GraphModule) -> Sites:
                 moe.report.layer = _layer(moe.report.module_path, ordinal, "moe")
                 sites.moe.append(moe)
     sites.moe.extend(_experts_without_router(gm, sites.moe))
+    sites.kv.extend(_caches_without_attention(gm, sites.kv))
+    return sites
+
+
+def _caches_without_attention(gm: fx.GraphModule, found: list[KVWriteSite]) -> list[KVWriteSite]:
+    """Cache writes (index_copy_ into a module buffer) that no recognised attention reads: reported
+    as skipped, so an attention the passes do not understand never leaves its cache dense silently."""
+    claimed = {kv.write for kv in found if kv.write is not None}
+    claimed.update(write for kv in found for write in kv.upstream_writes)
+    sites = []
+    for node in gm.graph.nodes:
+        if not m.is_op(node, aten.index_copy_, aten.index_copy) or node in claimed:
+            continue
+        buffer = node.args[0]
+        if not (isinstance(buffer, fx.Node) and buffer.op == "get_attr"):
+            continue
+        path = m.module_path(node)
+        layer = m.layer_of(path)
+        report = SiteReport(
+            KIND_KV,
+            -1 if layer is None else layer,
+            path,
+            f"cache {buffer.target}, no attention recognised",
+            nodes={"write": node.name, "cache": str(buffer.target)},
+        )
+        report.skip(
+            f"cache {buffer.target} is written by {m.describe(node)}, but no attention reading it was "
+            "recognised (understood: aten.scaled_dot_product_attention, and eager "
+            "matmul(softmax(q @ k^T * scale + mask), v)): left dense",
+            PASS_NAME,
+        )
+        value = node.args[3] if isinstance(node.args[3], fx.Node) else node
+        sites.append(
+            KVWriteSite(
+                "", "unsupported", value, node, report, write=node, buffer=buffer, blocker=report.reason
+            )
+        )
     return sites
 
 
@@ -277,18 +317,27 @@ def _match_sdpa(gm: fx.GraphModule, node: fx.Node) -> AttentionSite:
 
 
 def _match_eager(gm: fx.GraphModule, pv: fx.Node) -> AttentionSite | None:
-    """matmul(softmax(q @ k^T * scale + mask), v) as HF's eager attention writes it."""
+    """matmul(softmax(q @ k^T * scale + mask), v) as HF's eager attention writes it; also with the
+    softmax's input shifted by its own row max, and with learned sink logits (gpt-oss: the softmax
+    runs over cat(scores, sinks) and the sinks' column is sliced off), which is reported as skipped."""
     probs = pv.args[0]
-    # softmax -> [to] -> [dropout] -> [clone] -> matmul
+    # softmax -> [slice off the sink column] -> [to] -> [dropout] -> [clone] -> matmul
     while m.is_op(probs, *m.CAST_OPS, aten.dropout, aten.clone, aten.contiguous):
         if m.is_op(probs, aten.dropout) and m.arg(probs, 1, "p", 0.0) not in (0, 0.0):
             return None
         probs = probs.args[0]
+    sink_column = _drops_last_column(probs)
+    if sink_column:
+        probs = probs.args[0]
     if not m.is_op(probs, aten.softmax, aten._softmax):
         return None
-    scores = probs.args[0]
-    while m.is_op(scores, *m.CAST_OPS):
-        scores = scores.args[0]
+    scores = _unshifted(m.strip_casts(probs.args[0]))
+    sinks = None
+    if sink_column:  # the softmax must run over cat([scores, sinks], -1), a column of sinks last
+        if not (m.is_op(scores, aten.cat) and len(scores.args[0]) == 2 and _is_last_dim(scores)):
+            return None
+        scores, sinks = scores.args[0]
+    scores = m.strip_casts(scores)
     additive_mask = None
     if m.is_op(scores, aten.add):
         scores, additive_mask = scores.args[0], scores.args[1]
@@ -306,6 +355,12 @@ def _match_eager(gm: fx.GraphModule, pv: fx.Node) -> AttentionSite | None:
     report = SiteReport(KIND_ATTENTION, -1, m.module_path(pv), "eager", nodes={"attention": pv.name})
     site = AttentionSite(node=pv, variant="eager", report=report, q=q, scale=scale)
     blockers = []
+    if sinks is not None:
+        blockers.append(
+            f"learned attention sinks ({m.describe(sinks)}): the softmax runs over the scores and one "
+            "extra logit per head, whose column is then dropped (gpt-oss); wmoe::wavelet_attention "
+            "takes a softmax over the scores alone"
+        )
     if scale is None:
         blockers.append("eager attention without a recognisable constant score scale")
     bool_mask, mask_reason = _bool_mask_from_additive(additive_mask)
@@ -317,6 +372,39 @@ def _match_eager(gm: fx.GraphModule, pv: fx.Node) -> AttentionSite | None:
     if site.blocker:
         report.skip(site.blocker, PASS_NAME)
     return site
+
+
+def _is_last_dim(node: fx.Node) -> bool:
+    """Whether a cat or slice node works along its tensor's last dim."""
+    dim = m.arg(node, 1, "dim", 0)
+    rank = len(m.shape(node) or ())
+    return isinstance(dim, int) and rank > 0 and dim % rank == rank - 1
+
+
+def _drops_last_column(node: object) -> bool:
+    """x[..., :-1]: a slice of the last dim from 0 to one before its end, step 1."""
+    if not m.is_op(node, aten.slice) or not _is_last_dim(node):
+        return False
+    source = m.shape(node.args[0])
+    start, end, step = m.arg(node, 2, "start", 0), m.arg(node, 3, "end", None), m.arg(node, 4, "step", 1)
+    return bool(source) and start in (0, None) and step == 1 and end in (-1, source[-1] - 1)
+
+
+def _unshifted(x: object) -> object:
+    """x - max(x, -1, keepdim=True) -> x: softmax is unchanged by the shift, so the scores are x."""
+    if not (m.is_op(x, aten.sub) and isinstance(x.args[1], fx.Node)):
+        return x
+    source, shift = x.args[0], x.args[1]
+    if m.is_getitem(shift, 0):
+        shift = shift.args[0]
+    if not (m.is_op(shift, aten.max, aten.amax) and shift.args[0] is source):
+        return x
+    dim, keepdim = m.arg(shift, 1, "dim", None), m.arg(shift, 2, "keepdim", False)
+    rank = len(m.shape(source) or ())
+    dims = dim if isinstance(dim, (list, tuple)) else [dim]
+    if keepdim and rank and len(dims) == 1 and isinstance(dims[0], int) and dims[0] % rank == rank - 1:
+        return source
+    return x
 
 
 def _bool_mask(mask: object) -> tuple[fx.Node | None, str]:
@@ -424,11 +512,16 @@ def _classify_kv(
         kv.cache_kind = "unsupported"
         report.detail = f"{role} cache written by {m.describe(write)}"
         kv.blocker = f"cache written with {m.describe(write)}; only index_copy_ along dim 2 is understood"
-    elif (cached := _cache_write_upstream(source)) is not None:
+    elif upstream := _cache_writes_upstream(source):
+        cached = upstream[0]
         kv.cache_kind = "unsupported"
+        # every cache this operand is computed from is accounted for here, not reported again as
+        # read by no attention
+        kv.write, kv.upstream_writes = cached, tuple(upstream)
         report.detail = f"{role} computed from a cache"
+        caches = ", ".join(str(getattr(w.args[0], "target", w.args[0])) for w in upstream)
         kv.blocker = (
-            f"attention's {role} is computed from cache {getattr(cached.args[0], 'target', cached.args[0])} "
+            f"attention's {role} is computed from cache {caches} "
             "(e.g. multi-head latent attention, which caches a latent and expands it to K/V by a "
             "projection every step); only a cache of the K/V the attention reads is compressed"
         )
@@ -504,22 +597,26 @@ def _cache_readers(kv: KVWriteSite, operand: fx.Node, consumer: fx.Node) -> list
     return readers
 
 
-def _cache_write_upstream(node: fx.Node, limit: int = 64) -> fx.Node | None:
-    """A cache write (index_copy_) among the nearest `limit` ancestors of `node`, else None. The
-    walk does not cross another attention, so an earlier layer's cache on the residual stream does
-    not count."""
-    seen, frontier = {node}, [node]
+def _cache_writes_upstream(node: fx.Node, limit: int = 64) -> list[fx.Node]:
+    """The cache writes (index_copy_) among the nearest `limit` ancestors of `node`, nearest first.
+    Ancestors include what in-place writes into a tensor read (DeepSeek builds K by copy_ into the
+    slices of a new_empty). The walk does not cross another attention, so an earlier layer's cache
+    on the residual stream does not count."""
+    seen, frontier, writes = {node}, [node], []
     while frontier and len(seen) < limit:
         current = frontier.pop(0)
         if m.is_op(current, aten.index_copy_, aten.index_copy):
-            return current
+            writes.append(current)
+            continue
         if current is not node and "attention" in str(current.target):
             continue
-        for parent in current.all_input_nodes:
+        parents = list(current.all_input_nodes)
+        parents += [w for w in m.mutations(current) if w is not current]
+        for parent in parents:
             if parent not in seen:
                 seen.add(parent)
                 frontier.append(parent)
-    return None
+    return writes
 
 
 def _check_causal_mask(mask: fx.Node, k: KVWriteSite) -> str | None:
@@ -799,9 +896,10 @@ def _match_experts(gm: fx.GraphModule, site: MoESite) -> None:
     if not candidates:
         site.blocker = "no [tokens, hidden] output computed from the hidden states and routing alone"
         return
-    failures = []
+    failures, regions = [], []
     for output in reversed(candidates[-4:]):
         region = _region(output, boundary)
+        regions.append(region)
         lifted = [n.name for n in region if n.op == "placeholder"]
         if lifted:
             site.blocker = (
@@ -837,8 +935,28 @@ def _match_experts(gm: fx.GraphModule, site: MoESite) -> None:
                 return
             failures.append(f"{output.name} as {label}: relative error {err:.2e}")
     site.blocker = (
-        "expert computation does not match a top-k SwiGLU mixture (" + "; ".join(failures[:4]) + ")"
+        "expert computation does not match a top-k SwiGLU mixture ("
+        + "; ".join(failures[:4])
+        + ")"
+        + _unmatched_expert_parts(regions)
     )
+
+
+def _unmatched_expert_parts(regions: list[list[fx.Node]]) -> str:
+    """What the expert regions hold that a bias-free SwiGLU mixture has no place for (gpt-oss's
+    experts add biases and clamp the gate and up projections), as a clause for the skip reason."""
+    nodes = [n for region in regions for n in region]
+    biases = sorted(
+        {str(n.target).rsplit(".", 1)[-1] for n in nodes if n.op == "get_attr" and "bias" in str(n.target)}
+    )
+    clamps = sorted(
+        {m.packet(n).__name__ for n in nodes if m.is_op(n, aten.clamp, aten.clamp_min, aten.clamp_max)}
+    )
+    parts = [f"expert biases ({', '.join(biases)})"] if biases else []
+    parts += [f"clamped activations ({', '.join(clamps)})"] if clamps else []
+    if not parts:
+        return ""
+    return "; the experts have " + " and ".join(parts) + ", which the fused SwiGLU experts do not take"
 
 
 def _region(output: fx.Node, boundary: set[fx.Node]) -> list[fx.Node]:

@@ -22,8 +22,11 @@ class CachedAttention(nn.Module):
     variant: "plain" | "cache_reader" (the K cache is also returned) | "proj_reader" (the K
     projection is also returned) | "bshd" (cache [B, S, Hkv, D] written along dim 1) |
     "mask_input" (mask passed in, not built from positions) | "window" (sliding-window mask) |
-    "causal_flag" (is_causal=True, no mask) | "eager" (matmul/softmax/matmul) | "dynamic"
-    (cache passed in and grown with cat).
+    "causal_flag" (is_causal=True, no mask) | "eager" (matmul/softmax/matmul) | "shifted" (eager,
+    the softmax's input less its row max) | "sinks" (eager with a learned sink logit per head, as
+    gpt-oss: softmax over cat(scores, sinks), the sinks' column sliced off) | "first_column_dropped"
+    (the same, but the slice drops the first column: not a sink pattern) | "einsum" (attention
+    written with einsum, not recognised) | "dynamic" (cache passed in and grown with cat).
     """
 
     def __init__(self, variant: str = "plain") -> None:
@@ -35,6 +38,7 @@ class CachedAttention(nn.Module):
         shape = (B, S, HKV, D) if variant == "bshd" else (B, HKV, S, D)
         self.register_buffer("k_cache", torch.zeros(shape), persistent=False)
         self.register_buffer("v_cache", torch.zeros(shape), persistent=False)
+        self.sinks = nn.Parameter(torch.randn(HQ))
 
     def forward(self, x, positions, mask=None, past_k=None, past_v=None):
         q = self.q_proj(x).view(B, -1, HQ, D).transpose(1, 2)
@@ -61,12 +65,28 @@ class CachedAttention(nn.Module):
             causal = mask
         if self.variant == "causal_flag":
             out = F.scaled_dot_product_attention(q, keys, values, is_causal=True, enable_gqa=True)
-        elif self.variant == "eager":
+        elif self.variant in ("eager", "shifted", "sinks", "first_column_dropped"):
             rep_k = keys.repeat_interleave(HQ // HKV, dim=1)
             rep_v = values.repeat_interleave(HQ // HKV, dim=1)
             scores = torch.matmul(q, rep_k.transpose(2, 3)) * D**-0.5
             scores = scores + torch.where(causal[None, None], 0.0, torch.finfo(torch.float32).min)
-            out = torch.matmul(torch.softmax(scores, dim=-1), rep_v)
+            if self.variant == "eager":
+                probs = torch.softmax(scores, dim=-1)
+            elif self.variant == "shifted":
+                probs = torch.softmax(scores - scores.max(dim=-1, keepdim=True).values, dim=-1)
+            else:  # gpt-oss: [B, HQ, T, S + 1] logits, the sink last
+                sinks = self.sinks.reshape(1, -1, 1, 1).expand(B, -1, q.shape[2], -1)
+                logits = torch.cat([scores, sinks], dim=-1)
+                logits = logits - logits.max(dim=-1, keepdim=True).values
+                probs = torch.softmax(logits, dim=-1)
+                probs = probs[..., :-1] if self.variant == "sinks" else probs[..., 1:]
+            out = torch.matmul(probs, rep_v)
+        elif self.variant == "einsum":
+            rep_k = keys.repeat_interleave(HQ // HKV, dim=1)
+            rep_v = values.repeat_interleave(HQ // HKV, dim=1)
+            scores = torch.einsum("bhtd,bhsd->bhts", q, rep_k) * D**-0.5
+            scores = scores.masked_fill(~causal[None, None], float("-inf"))
+            out = torch.einsum("bhts,bhsd->bhtd", torch.softmax(scores, dim=-1), rep_v)
         else:
             out = F.scaled_dot_product_attention(
                 q, keys, values, attn_mask=causal[None, None], enable_gqa=True
@@ -101,11 +121,11 @@ def by_role(sites: fs.Sites, role: str) -> fs.KVWriteSite:
     return kv
 
 
-@pytest.mark.parametrize("variant", ["plain", "eager", "proj_reader"])
+@pytest.mark.parametrize("variant", ["plain", "eager", "shifted", "proj_reader"])
 def test_static_cache_attention_is_found_by_dataflow(variant):
     sites = sites_of(variant)
     (attention,) = sites.attention
-    assert attention.variant == ("eager" if variant == "eager" else "sdpa")
+    assert attention.variant == ("eager" if variant in ("eager", "shifted") else "sdpa")
     assert attention.blocker is None, attention.blocker
     for role, weight in (("K", "k_proj"), ("V", "v_proj")):
         kv = by_role(sites, role)
@@ -113,8 +133,40 @@ def test_static_cache_attention_is_found_by_dataflow(variant):
         # The projection is reached by walking back from the cached tensor; its weight is the module's.
         assert kv.projection is not None and weight in str(kv.projection.args[1].target)
         assert kv.report.nodes["cache"].endswith(f"{role.lower()}_cache")
-    if variant == "eager":
+    if variant in ("eager", "shifted"):
         assert attention.scale == pytest.approx(D**-0.5)
+
+
+def test_learned_attention_sinks_are_found_and_skipped_with_the_reason():
+    # gpt-oss: the softmax runs over the scores and a learned logit per head; the op has no such
+    # logit, so the attention is reported, not rewritten (its caches are still found)
+    sites = sites_of("sinks")
+    (attention,) = sites.attention
+    assert attention.variant == "eager" and attention.report.status == "skipped"
+    assert "learned attention sinks" in attention.blocker and "gpt-oss" in attention.blocker
+    assert attention.scale == pytest.approx(D**-0.5)
+    for role in ("K", "V"):
+        kv = by_role(sites, role)
+        assert kv.cache_kind == "static" and kv.blocker is None and kv.report.status == "found"
+
+
+@pytest.mark.parametrize("variant", ["einsum", "first_column_dropped"])
+def test_caches_of_an_unrecognised_attention_are_reported_as_skipped(variant):
+    # no attention matched (einsum; a slice that drops the first column is no sink pattern), but the
+    # caches it reads are module buffers written in place: each is reported, left dense
+    sites = sites_of(variant)
+    assert sites.attention == []
+    assert sorted(kv.report.nodes["cache"] for kv in sites.kv) == ["k_cache", "v_cache"]
+    for kv in sites.kv:
+        assert kv.report.status == "skipped" and kv.report.kind == "kv_write"
+        assert "no attention reading it was recognised" in kv.report.reason
+        assert kv.report.reason.startswith(f"cache {kv.report.nodes['cache']} is written by")
+
+
+def test_caches_read_by_a_recognised_attention_are_not_reported_twice():
+    for variant in ("plain", "eager", "sinks", "window"):
+        sites = sites_of(variant)
+        assert len(sites.kv) == 2 and {kv.role for kv in sites.kv} == {"K", "V"}, variant
 
 
 def test_second_reader_of_the_cache_blocks_compression():

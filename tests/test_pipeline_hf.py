@@ -155,3 +155,75 @@ def test_prepare_switches_eager_experts_to_a_capturable_implementation():
     assert isinstance(wrapped, HFStaticCacheLM) and wrapped.key_cache_0.shape[2] == 8
     with pytest.raises(ValueError, match="both batch_size and max_cache_len"):
         wc.prepare(model, batch_size=1)
+
+
+def decode_logits(program_module: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    """Last-token logits [B, N, vocab] of a one-token program run over `tokens` [B, N] from position 0."""
+    for name, buffer in program_module.named_buffers():
+        if "cache" in name and not name.endswith("channel_scale"):  # the caches' state, not their params
+            buffer.zero_()
+    with torch.no_grad():
+        steps = [program_module(tokens[:, p, None], torch.tensor([p]))[:, -1] for p in range(tokens.size(1))]
+    return torch.stack(steps, dim=1)
+
+
+def test_sliding_window_layers_are_exact_past_the_window():
+    # transformers' sliding-window cache layer holds the last `window` tokens and branches on a Python
+    # count: an exported program used to write past its buffer once a sequence outgrew the window.
+    # prepare gives those layers full-length caches; the model's sliding mask keeps the result exact.
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    window, capacity, length = 4, 16, 11
+    config = MixtralConfig(
+        vocab_size=256,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        intermediate_size=48,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        sliding_window=window,
+    )
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = MixtralForCausalLM(config).eval()
+    wrapped = wc.prepare(model, batch_size=1, max_cache_len=capacity)
+    assert [wrapped.get_buffer(f"key_cache_{i}").shape[2] for i in range(2)] == [capacity, capacity]
+    args, _ = example_inputs_for(wrapped, tokens=1)
+    program = wc.export(wrapped, args, config=wc.CompileConfig(bypass_codec=True))
+    report = program.wmoe_report
+    assert report.counts()["kv_write"] == {"rewritten": 4}, report
+    assert report.counts()["attention"] == {"skipped": 2}, report  # (the sliding mask)
+    assert all("not a plain causal mask" in s.reason for s in report.sites if s.kind == "attention")
+    tokens = torch.randint(1, 256, (1, length))
+    with torch.no_grad():
+        want = model(tokens).logits
+    assert relative_error(decode_logits(program.module(), tokens), want) < 1e-5
+
+
+def test_gpt_oss_sinks_sliding_layers_and_clamped_experts_are_reported_and_left_exact():
+    # gpt-oss: learned sink logits in every attention's softmax, sliding-window and full layers in
+    # turn, experts with biases and a clamped SwiGLU. The caches are found and compressed (here
+    # bypassed, so the program is exact); the attention and the experts are reported, not rewritten.
+    model = tiny_hf_model("gpt-oss", num_layers=2)
+    assert model.config._attn_implementation == "eager"  # (transformers has no SDPA path for it)
+    wrapped = wc.prepare(model, batch_size=BATCH, max_cache_len=CAPACITY)
+    args, _ = example_inputs_for(wrapped, tokens=1)
+    program = wc.export(wrapped, args, config=wc.CompileConfig(bypass_codec=True))
+    report = program.wmoe_report
+    counts = report.counts()
+    assert counts["kv_write"] == {"rewritten": 4}, report
+    assert counts["attention"] == {"skipped": 2} and counts["moe"] == {"skipped": 2}, report
+    attention = {s.layer: s.reason for s in report.sites if s.kind == "attention"}
+    assert all("learned attention sinks" in reason for reason in attention.values()), attention
+    assert "not a plain causal mask" in attention[0] and "mask" not in attention[1], attention
+    moe = [s.reason for s in report.sites if s.kind == "moe"]
+    assert all("does not match a top-k SwiGLU mixture" in reason for reason in moe), moe
+    assert all("expert biases (down_proj_bias, gate_up_proj_bias)" in reason for reason in moe), moe
+    assert all("clamped activations" in reason for reason in moe), moe
+    tokens = torch.randint(1, 256, (BATCH, 12))  # past the sliding window of 8
+    with torch.no_grad():
+        want = model(tokens).logits
+    assert relative_error(decode_logits(program.module(), tokens), want) < 1e-5

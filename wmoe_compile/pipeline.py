@@ -767,6 +767,7 @@ class HFStaticCacheLM(nn.Module):
         self.model = model.eval()
         text_config = model.config.get_text_config()
         cache = StaticCache(config=text_config, max_cache_len=max_cache_len)
+        _unroll_sliding_layers(cache, max_cache_len)
         # One decode step on a dummy token lets every layer size its own cache: what a layer
         # caches is the model's choice (K and V of num_key_value_heads x head_dim for most; for
         # DeepSeek's multi-head latent attention, one "head" of latent and one of rotary key, of
@@ -793,6 +794,23 @@ class HFStaticCacheLM(nn.Module):
             layer.values = getattr(self, f"value_cache_{i}")
             layer.cumulative_length = cache_position[0].clone()  # the layer adds T to it in place
         return self.model(input_ids=input_ids, cache=self._cache, use_cache=True).logits
+
+
+def _unroll_sliding_layers(cache: nn.Module, max_cache_len: int) -> None:
+    """Give every sliding-window layer of `cache` a full-length static layer instead.
+
+    transformers' sliding layer holds only the last `sliding_window` tokens and chooses between an
+    in-place write and a roll on a Python-int count of the tokens it has seen: an exported program
+    keeps the branch its example took and fails (or writes past the buffer) once a sequence outgrows
+    the window. A full-length layer is written at the tokens' positions like every other layer; the
+    model's sliding-window mask, computed over the whole cache, still hides the tokens outside the
+    window, so the results are the same (the passes then report that mask as not a plain causal one).
+    """
+    from transformers.cache_utils import StaticLayer
+
+    for index, layer in enumerate(cache.layers):
+        if getattr(layer, "is_sliding", False) and layer.max_cache_len < max_cache_len:
+            cache.layers[index] = StaticLayer(max_cache_len=max_cache_len)
 
 
 def example_inputs_for(model: nn.Module, batch: int = 2, tokens: int = 8) -> tuple[tuple, dict]:
@@ -888,6 +906,17 @@ _HF_TINY_SPECS: dict[str, tuple[str, str, dict]] = {
         ),
     ),
     "llama": ("LlamaConfig", "LlamaForCausalLM", dict(intermediate_size=96, tie_word_embeddings=True)),
+    "gpt-oss": (
+        "GptOssConfig",
+        "GptOssForCausalLM",
+        dict(
+            intermediate_size=48,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            sliding_window=8,  # layers alternate: sliding window, then full attention
+            rope_parameters={"rope_type": "default", "rope_theta": 150000.0},
+        ),
+    ),
 }
 HF_TINY = tuple(_HF_TINY_SPECS)
 
@@ -908,8 +937,11 @@ def tiny_hf_model(
     routing through max, not top-k: the passes report its experts and leave them) |
     "deepseek-v3" (multi-head latent attention, which the KV rewrites skip with the reason; 8
     routed experts top-2 chosen on biased sigmoid scores within the best of 2 groups, a shared
-    expert, layer 0 dense) | "llama" (dense, SmolLM2-like: only the KV/attention rewrites apply).
-    Hidden 64, 4 query / 2 KV heads of 16, 4 experts top-2 for the other MoE kinds.
+    expert, layer 0 dense) | "llama" (dense, SmolLM2-like: only the KV/attention rewrites apply) |
+    "gpt-oss" (learned attention sinks, sliding-window and full layers in turn, experts with
+    biases and a clamped SwiGLU: its caches are compressed, its attention and experts reported and
+    left). Hidden 64, 4 query / 2 KV heads of 16, 4 experts top-2 for the other MoE kinds. A model
+    class without an SDPA path (gpt-oss) gets eager attention when "sdpa" is asked for.
     """
     import transformers
 
@@ -927,14 +959,18 @@ def tiny_hf_model(
     config_name, model_name, fields = _HF_TINY_SPECS[kind]
     config = getattr(transformers, config_name)(**{**common, **fields})
     model_class = getattr(transformers, model_name)
+    if attn_implementation == "sdpa" and not getattr(model_class, "_supports_sdpa", True):
+        attn_implementation = "eager"
     config._attn_implementation = attn_implementation
     with torch.random.fork_rng():  # seeded weights without resetting the caller's generator
         torch.manual_seed(seed)
         model = model_class(config).eval()
-        for module in model.modules():  # DeepSeek's choice bias is zero at init: make it steer
-            bias = getattr(module, "e_score_correction_bias", None)
-            if isinstance(bias, torch.Tensor):
-                bias.normal_(0.0, 0.1)
+        for module in model.modules():
+            # DeepSeek's choice bias is zero at init: make it steer; gpt-oss's sink logits too
+            for name, std in (("e_score_correction_bias", 0.1), ("sinks", 1.0)):
+                tensor = getattr(module, name, None)
+                if isinstance(tensor, torch.Tensor):
+                    tensor.data.normal_(0.0, std)
     if experts_implementation is not None:
         model.set_experts_implementation(experts_implementation)
     return model
