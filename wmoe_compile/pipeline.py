@@ -805,6 +805,7 @@ def _unroll_sliding_layers(cache: nn.Module, max_cache_len: int) -> None:
     the window. A full-length layer is written at the tokens' positions like every other layer; the
     model's sliding-window mask, computed over the whole cache, still hides the tokens outside the
     window, so the results are the same (the passes then report that mask as not a plain causal one).
+    The price is memory: such a layer holds max_cache_len tokens instead of the window's.
     """
     from transformers.cache_utils import StaticLayer
 
