@@ -21,6 +21,7 @@ Module names (`nn_module_stack`) are used only for the report's labels.
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -746,14 +747,18 @@ def _router_scores(choice: fx.Node) -> fx.Node | None:
 
 def _is_expert_bias(bias: object, add: fx.Node) -> bool:
     """A module tensor of one value per expert, broadcast over the tokens (DeepSeek-V3's
-    e_score_correction_bias: it steers the choice, not the weights)."""
+    e_score_correction_bias: it steers the choice, not the weights; ERNIE 4.5 keeps it as [1, E]
+    and squeezes it)."""
     bias = m.strip_casts(bias)
-    bias_shape, out_shape = m.shape(bias), m.shape(add)
+    source = m.strip_views(bias) if isinstance(bias, fx.Node) else bias
+    bias_shape, source_shape, out_shape = m.shape(bias), m.shape(source), m.shape(add)
     return (
-        m.is_param_like(bias)
+        m.is_param_like(source)
         and bias_shape is not None
+        and source_shape is not None
         and out_shape is not None
         and (len(bias_shape) == 1 and bias_shape[0] == out_shape[-1])
+        and math.prod(source_shape) == bias_shape[0]
     )
 
 
@@ -828,8 +833,17 @@ def _routing_weights(values: fx.Node) -> fx.Node:
 
 
 def _is_sum_of(denominator: object, node: fx.Node) -> bool:
-    """`node.sum(-1, keepdim=True)`, or that plus a constant epsilon."""
+    """`node.sum(-1, keepdim=True)`, or that plus a constant epsilon, or clamped to at least one
+    (ERNIE 4.5's moe_norm_min)."""
     if m.is_op(denominator, aten.add) and isinstance(denominator.args[1], (int, float)):
+        denominator = denominator.args[0]
+    elif m.is_op(denominator, aten.clamp_min) and isinstance(denominator.args[1], (int, float)):
+        denominator = denominator.args[0]
+    elif (
+        m.is_op(denominator, aten.clamp)
+        and isinstance(m.arg(denominator, 1, "min"), (int, float))
+        and m.arg(denominator, 2, "max") is None
+    ):
         denominator = denominator.args[0]
     return m.is_op(denominator, aten.sum) and denominator.args[0] is node
 

@@ -226,7 +226,11 @@ class StackedMoE(nn.Module):
     logits, softmax over the k values) | "deepseek" (DeepSeek-V3: experts chosen on sigmoid scores
     plus a per-expert bias within the best of two groups, weights the scores gathered at the ids,
     renormalised and scaled) | "deepseek-logits" (the same choice, but weights gathered from the
-    logits: not found, so skipped). act: "silu" | "gelu". transposed: store [E, H, 2F] / [E, F, H].
+    logits: not found, so skipped) | "ernie" (ERNIE 4.5: experts chosen on softmax scores plus a
+    [1, E] bias squeezed to [E], weights the scores gathered at the ids, divided by their sum
+    clamped to at least 1e-12) | "ernie-capped" (the same, the sum clamped to at most 0.5: not a
+    renormalisation, so the experts' region does not match and the site is skipped). act: "silu" |
+    "gelu". transposed: store [E, H, 2F] / [E, F, H].
     capacity: per-expert token limit (tokens past it are dropped), 0 = none.
     """
 
@@ -237,6 +241,7 @@ class StackedMoE(nn.Module):
         self.router, self.act, self.transposed, self.capacity = router, act, transposed, capacity
         self.gate = nn.Linear(H, E, bias=False)
         self.register_buffer("score_bias", torch.randn(E) * 0.1)
+        self.register_buffer("score_bias_row", torch.randn(1, E) * 0.1)
         gate_up = torch.randn(E, 2 * FF, H) / H**0.5
         down = torch.randn(E, H, FF) / FF**0.5
         if transposed:
@@ -259,6 +264,13 @@ class StackedMoE(nn.Module):
             ids = torch.topk(choice.masked_fill(~allowed, float("-inf")), K, dim=-1)[1]
             weights = (scores if self.router == "deepseek" else logits).gather(1, ids)
             weights = weights / (weights.sum(-1, keepdim=True) + 1e-20) * 2.5
+        elif self.router.startswith("ernie"):
+            probs = torch.softmax(logits, dim=1)
+            ids = torch.topk(probs + self.score_bias_row.squeeze(), K, dim=-1)[1]
+            weights = torch.gather(probs, dim=-1, index=ids)
+            total = weights.sum(dim=-1, keepdim=True)
+            capped = total.clamp(max=0.5) if self.router == "ernie-capped" else torch.clamp(total, min=1e-12)
+            weights = weights / capped
         else:
             probs = torch.softmax(logits, -1) if self.router == "softmax" else torch.sigmoid(logits)
             weights, ids = torch.topk(probs, K, dim=-1)
@@ -292,6 +304,7 @@ def moe_sites(module: nn.Module) -> list[fs.MoESite]:
         (False, "sigmoid"),
         (False, "logits-softmax"),
         (False, "deepseek"),
+        (False, "ernie"),
     ],
 )
 def test_stacked_experts_are_verified_and_their_layout_resolved(transposed, router):
@@ -299,7 +312,8 @@ def test_stacked_experts_are_verified_and_their_layout_resolved(transposed, rout
     (site,) = moe_sites(module)  # DeepSeek's per-group top-2 and group top-1 are not routers
     assert site.blocker is None, site.blocker
     assert site.num_experts == E and site.top_k == K
-    scoring = {"logits-softmax": "top-k logits, then softmax", "deepseek": "sigmoid"}.get(router, router)
+    scoring = {"logits-softmax": "top-k logits, then softmax", "deepseek": "sigmoid", "ernie": "softmax"}
+    scoring = scoring.get(router, router)
     assert site.report.detail.endswith(f"; {scoring} router"), site.report.detail
     # the weights the experts read: after renormalisation (and DeepSeek's scale)
     want = {"deepseek": (aten.mul,), "logits-softmax": (aten.softmax, aten._softmax)}.get(router, (aten.div,))
@@ -331,6 +345,7 @@ def test_reference_model_dense_loop_is_found():
         (dict(act="gelu"), "does not match a top-k SwiGLU mixture"),
         (dict(router="deepseek-logits"), "routing weights not found"),
         (dict(capacity=2), "does not match a top-k SwiGLU mixture"),
+        (dict(router="ernie-capped"), "does not match a top-k SwiGLU mixture"),
     ],
 )
 def test_moe_that_is_not_softmax_topk_swiglu_is_skipped(kwargs, reason):

@@ -1,10 +1,11 @@
 """The pipeline on HF transformers 5.x models built from tiny random configs (nothing downloaded).
 
-Mixtral, Qwen3-MoE, Qwen2-MoE, OLMoE, GraniteMoE, PhiMoE (its routing reported, not rewritten) and
-DeepSeek-V3 (MoE) and a dense Llama (SmolLM2-like: only the KV and attention rewrites
-apply); sdpa and eager attention; grouped_mm and batched_mm experts; StaticCache (rewritten) and
-DynamicCache (found, reported, left dense). Ops run their PyTorch references (TRITON_INTERPRET=0):
-the rewriting is under test here, not the kernels.
+Mixtral, Qwen3-MoE, Qwen2-MoE, OLMoE, GraniteMoE, PhiMoE (its routing reported, not rewritten),
+ERNIE 4.5 MoE, DeepSeek-V3 (MoE), gpt-oss (reported), sliding-window layers and a dense Llama
+(SmolLM2-like: only the KV and attention rewrites apply); sdpa and eager attention; grouped_mm
+and batched_mm experts; StaticCache (rewritten) and DynamicCache (found, reported, left dense).
+Ops run their PyTorch references (TRITON_INTERPRET=0): the rewriting is under test here, not the
+kernels.
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
         ("olmoe", "sdpa", "grouped_mm"),  # q/k norms over the whole projections
         ("granitemoe", "sdpa", "grouped_mm"),  # top-k of the logits, then softmax over the k
         ("phimoe", "sdpa", "grouped_mm"),  # sparsemixer routing: experts reported and left
+        # softmax scores plus a [1, E] choice bias, gathered weights renormalised by a clamped sum
+        ("ernie4.5-moe", "sdpa", "grouped_mm"),
         ("llama", "sdpa", None),
         ("mixtral", "eager", "batched_mm"),
     ],

@@ -907,6 +907,18 @@ _HF_TINY_SPECS: dict[str, tuple[str, str, dict]] = {
         ),
     ),
     "llama": ("LlamaConfig", "LlamaForCausalLM", dict(intermediate_size=96, tie_word_embeddings=True)),
+    "ernie4.5-moe": (
+        "Ernie4_5_MoeConfig",
+        "Ernie4_5_MoeForCausalLM",
+        dict(
+            intermediate_size=96,
+            moe_intermediate_size=48,
+            moe_num_experts=4,
+            moe_k=2,
+            moe_num_shared_experts=1,
+            moe_layer_start_index=0,  # (the released models start at layer 1)
+        ),
+    ),
     "gpt-oss": (
         "GptOssConfig",
         "GptOssForCausalLM",
@@ -938,7 +950,9 @@ def tiny_hf_model(
     routing through max, not top-k: the passes report its experts and leave them) |
     "deepseek-v3" (multi-head latent attention, which the KV rewrites skip with the reason; 8
     routed experts top-2 chosen on biased sigmoid scores within the best of 2 groups, a shared
-    expert, layer 0 dense) | "llama" (dense, SmolLM2-like: only the KV/attention rewrites apply) |
+    expert, layer 0 dense) | "ernie4.5-moe" (experts chosen on softmax scores plus a choice bias,
+    weights gathered from the scores and renormalised; a shared expert) | "llama" (dense,
+    SmolLM2-like: only the KV/attention rewrites apply) |
     "gpt-oss" (learned attention sinks, sliding-window and full layers in turn, experts with
     biases and a clamped SwiGLU: its caches are compressed, its attention and experts reported and
     left). Hidden 64, 4 query / 2 KV heads of 16, 4 experts top-2 for the other MoE kinds. A model
