@@ -230,3 +230,63 @@ def test_gpt_oss_sinks_sliding_layers_and_clamped_experts_are_reported_and_left_
     with torch.no_grad():
         want = model(tokens).logits
     assert relative_error(decode_logits(program.module(), tokens), want) < 1e-5
+
+
+def test_prepare_refuses_linear_attention_layers_naming_them():
+    # Qwen3-Next / Qwen3.5-MoE: three Gated DeltaNet layers (recurrent state, no K/V) per attention layer
+    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+
+    config = Qwen3NextConfig(
+        vocab_size=256,
+        hidden_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        intermediate_size=48,
+        moe_intermediate_size=48,
+        shared_expert_intermediate_size=48,
+        num_experts=4,
+        num_experts_per_tok=2,
+        linear_num_key_heads=2,
+        linear_num_value_heads=2,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+    )
+    model = Qwen3NextForCausalLM(config)
+    with pytest.raises(
+        ValueError, match=r"recurrent state instead of a K/V cache \(linear attention, layers \[0, 1, 2\]\)"
+    ):
+        wc.prepare(model, batch_size=1, max_cache_len=16)
+
+
+def test_data_dependent_scalars_pass_the_checks_and_every_site_is_reported():
+    # JetMoE routes its attention heads and experts through aten.item (expert counts): the passes'
+    # fake-tensor check propagates those as unbacked symbols instead of failing the pipeline
+    from transformers import JetMoeConfig, JetMoeForCausalLM
+
+    config = JetMoeConfig(
+        vocab_size=256,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_key_value_heads=2,
+        kv_channels=16,
+        intermediate_size=48,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+    )
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = JetMoeForCausalLM(config).eval()
+    wrapped = wc.prepare(model, batch_size=1, max_cache_len=CAPACITY)
+    args, _ = example_inputs_for(wrapped, tokens=1)
+    program = wc.export(wrapped, args, config=wc.CompileConfig(bypass_codec=True))
+    report = program.wmoe_report
+    assert {s.kind for s in report.sites} == {"kv_write", "attention", "moe"}, report
+    assert all(
+        s.status in ("rewritten", "skipped") and (s.status == "rewritten" or s.reason) for s in report.sites
+    )
+    tokens = torch.randint(1, 256, (1, 6))
+    with torch.no_grad():
+        want = model(tokens).logits
+    assert relative_error(decode_logits(program.module(), tokens), want) < 1e-5

@@ -355,8 +355,12 @@ def _verify(gm: fx.GraphModule, pass_name: str) -> None:
         not isinstance(n.meta.get("val"), (torch.Tensor, int, float, bool, type(None))) for n in placeholders
     ):
         return  # no recorded input metadata (e.g. a symbolic_trace graph): nothing to propagate
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
     _warm_op_caches(gm)
-    mode = FakeTensorMode()
+    # a shape environment lets a data-dependent scalar (aten.item, e.g. JetMoE's expert counts)
+    # propagate as an unbacked symbol instead of failing the check
+    mode = FakeTensorMode(shape_env=ShapeEnv())
     prop = _FakeProp(gm, mode)
     try:
         with mode:
@@ -767,6 +771,7 @@ class HFStaticCacheLM(nn.Module):
         self.model = model.eval()
         text_config = model.config.get_text_config()
         cache = StaticCache(config=text_config, max_cache_len=max_cache_len)
+        _check_attention_layers(model, cache)
         _unroll_sliding_layers(cache, max_cache_len)
         # One decode step on a dummy token lets every layer size its own cache: what a layer
         # caches is the model's choice (K and V of num_key_value_heads x head_dim for most; for
@@ -794,6 +799,24 @@ class HFStaticCacheLM(nn.Module):
             layer.values = getattr(self, f"value_cache_{i}")
             layer.cumulative_length = cache_position[0].clone()  # the layer adds T to it in place
         return self.model(input_ids=input_ids, cache=self._cache, use_cache=True).logits
+
+
+def _check_attention_layers(model: nn.Module, cache: nn.Module) -> None:
+    """Raise, naming them, when some layers of `cache` hold recurrent state instead of K/V.
+
+    Linear-attention layers (the Gated DeltaNet layers of Qwen3-Next and Qwen3.5-MoE, Mamba-style
+    layers) keep a convolution and a recurrent state whose update branches on Python flags (prefill
+    or decode): an exported program would keep the branch of its example."""
+    from transformers.cache_utils import LinearAttentionCacheLayerMixin
+
+    linear = [i for i, layer in enumerate(cache.layers) if isinstance(layer, LinearAttentionCacheLayerMixin)]
+    if linear:
+        raise ValueError(
+            f"{type(model).__name__} has layers with recurrent state instead of a K/V cache (linear "
+            f"attention, layers {linear[:8]}{' ...' if len(linear) > 8 else ''}); prepare's static "
+            "cache holds attention layers only (their update branches on Python state an export "
+            "would freeze). Models whose every layer is attention are supported."
+        )
 
 
 def _unroll_sliding_layers(cache: nn.Module, max_cache_len: int) -> None:
