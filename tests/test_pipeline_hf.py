@@ -170,13 +170,15 @@ def decode_logits(program_module: torch.nn.Module, tokens: torch.Tensor) -> torc
     return torch.stack(steps, dim=1)
 
 
-def test_sliding_window_layers_are_exact_past_the_window():
-    # transformers' sliding-window cache layer holds the last `window` tokens and branches on a Python
-    # count: an exported program used to write past its buffer once a sequence outgrew the window.
-    # prepare gives those layers full-length caches; the model's sliding mask keeps the result exact.
+@pytest.mark.parametrize("window", [4, 32])
+def test_sliding_window_layers_are_exact_past_the_window(window):
+    # transformers' sliding-window cache layer holds the last `window` tokens and branches on, and
+    # sizes its mask from, a Python count: an exported program used to write past its buffer once a
+    # sequence outgrew the window (4), and to attend to the wrong slots even inside it (32 > the
+    # capacity). prepare gives those layers full-length caches; the model's mask keeps them exact.
     from transformers import MixtralConfig, MixtralForCausalLM
 
-    window, capacity, length = 4, 16, 11
+    capacity, length = 16, 11
     config = MixtralConfig(
         vocab_size=256,
         hidden_size=64,
@@ -287,6 +289,39 @@ def test_data_dependent_scalars_pass_the_checks_and_every_site_is_reported():
         s.status in ("rewritten", "skipped") and (s.status == "rewritten" or s.reason) for s in report.sites
     )
     tokens = torch.randint(1, 256, (1, 6))
+    with torch.no_grad():
+        want = model(tokens).logits
+    assert relative_error(decode_logits(program.module(), tokens), want) < 1e-5
+
+
+def test_llama4_chunked_attention_and_all_expert_matmul_are_reported_and_exact():
+    # Llama 4: chunked-attention cache layers (sliding layers to transformers' cache) and experts
+    # computed for every expert by one batched matmul, on inputs scaled by their sigmoid scores
+    # (no switchable experts implementation, so prepare leaves them): reported, the program exact
+    from transformers import Llama4ForCausalLM, Llama4TextConfig
+
+    config = Llama4TextConfig(
+        vocab_size=256,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        intermediate_size=48,
+        intermediate_size_mlp=96,
+        num_local_experts=4,
+        num_experts_per_tok=1,
+        pad_token_id=0,
+    )
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = Llama4ForCausalLM(config).eval()
+    wrapped = wc.prepare(model, batch_size=1, max_cache_len=CAPACITY)
+    args, _ = example_inputs_for(wrapped, tokens=1)
+    program = wc.export(wrapped, args, config=wc.CompileConfig(bypass_codec=True))
+    counts = program.wmoe_report.counts()
+    assert counts["moe"] == {"skipped": 2} and counts["attention"] == {"skipped": 2}, program.wmoe_report
+    tokens = torch.randint(1, 256, (1, 8))
     with torch.no_grad():
         want = model(tokens).logits
     assert relative_error(decode_logits(program.module(), tokens), want) < 1e-5

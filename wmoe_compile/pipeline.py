@@ -722,7 +722,10 @@ def prepare(
 def _prepare_hf(model: nn.Module) -> None:
     config = model.config
     experts = getattr(config, "_experts_implementation", None)
-    if experts is not None and experts not in _CAPTURABLE_EXPERTS and _has_experts(model):
+    # a model without switchable experts (Llama 4: one batched matmul over every expert) runs its
+    # own experts code, not transformers' per-expert loop: left for the capture to take as it is
+    switchable = getattr(model, "_can_set_experts_implementation", lambda: True)()
+    if experts is not None and experts not in _CAPTURABLE_EXPERTS and _has_experts(model) and switchable:
         if experts != "eager":
             raise ValueError(
                 f"experts_implementation={experts!r} is not capturable by the wmoe passes; load the model "
@@ -820,20 +823,22 @@ def _check_attention_layers(model: nn.Module, cache: nn.Module) -> None:
 
 
 def _unroll_sliding_layers(cache: nn.Module, max_cache_len: int) -> None:
-    """Give every sliding-window layer of `cache` a full-length static layer instead.
+    """Give every sliding-window (or chunked-attention) layer of `cache` a full-length static layer.
 
-    transformers' sliding layer holds only the last `sliding_window` tokens and chooses between an
-    in-place write and a roll on a Python-int count of the tokens it has seen: an exported program
-    keeps the branch its example took and fails (or writes past the buffer) once a sequence outgrows
-    the window. A full-length layer is written at the tokens' positions like every other layer; the
-    model's sliding-window mask, computed over the whole cache, still hides the tokens outside the
-    window, so the results are the same (the passes then report that mask as not a plain causal one).
-    The price is memory: such a layer holds max_cache_len tokens instead of the window's.
+    transformers' sliding layer holds only the last `sliding_window` tokens, chooses between an
+    in-place write and a roll on a Python-int count of the tokens it has seen, and sizes the mask
+    from that count: an exported program keeps the count and branch of its example, so it fails once
+    a sequence outgrows the window, and (Llama 4's chunked layers, even within the window) attends
+    to the wrong slots. A full-length layer is written at the tokens' positions like every other
+    layer; the model's sliding-window or chunk mask, computed over the whole cache, still hides the
+    tokens outside the window, so the results are the same (the passes then report that mask as not
+    a plain causal one). The price is memory where the window is shorter than max_cache_len: such a
+    layer holds max_cache_len tokens instead of the window's.
     """
     from transformers.cache_utils import StaticLayer
 
     for index, layer in enumerate(cache.layers):
-        if getattr(layer, "is_sliding", False) and layer.max_cache_len < max_cache_len:
+        if getattr(layer, "is_sliding", False):
             cache.layers[index] = StaticLayer(max_cache_len=max_cache_len)
 
 
