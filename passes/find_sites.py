@@ -620,10 +620,62 @@ def _cache_writes_upstream(node: fx.Node, limit: int = 64) -> list[fx.Node]:
     return writes
 
 
+def _mask_conjuncts(node: object) -> list[object]:
+    """The terms of a chain of boolean ANDs (through views and casts), else [node]."""
+    node = m.strip_views(node) if isinstance(node, fx.Node) else node
+    while m.is_op(node, *m.CAST_OPS):
+        node = m.strip_views(node.args[0])
+    if m.is_op(node, aten.__and__, aten.bitwise_and, aten.logical_and) and len(node.args) == 2:
+        return _mask_conjuncts(node.args[0]) + _mask_conjuncts(node.args[1])
+    return [node]
+
+
+def _is_all_true(node: object) -> bool:
+    """A tensor of ones (HF's placeholder for "no padding"), or the constant True."""
+    return node is True or (m.is_op(node, aten.new_ones, aten.ones, aten.ones_like))
+
+
+def _sliding_window(term: object, k: KVWriteSite) -> int | float | None:
+    """W when `term` is `slot > position - W` (or `position - W < slot`) over the cache slots,
+    with the positions the cache write uses and a constant W; else None."""
+    if m.is_op(term, aten.gt):
+        slots, bound = term.args[0], term.args[1]
+    elif m.is_op(term, aten.lt):
+        bound, slots = term.args[0], term.args[1]
+    else:
+        return None
+    bound = m.strip_views(bound) if isinstance(bound, fx.Node) else bound
+    if not (m.is_op(bound, aten.sub) and isinstance(bound.args[1], (int, float))):
+        return None
+    capacity = m.shape(k.buffer)[2]
+    if (
+        isinstance(slots, fx.Node)
+        and m.is_arange_from_zero(slots, capacity)
+        and m.structurally_equal(m.strip_views(bound.args[0]), m.strip_views(k.index))
+    ):
+        return bound.args[1]
+    return None
+
+
 def _check_causal_mask(mask: fx.Node, k: KVWriteSite) -> str | None:
     """The mask must be `slot <= position` over the cache slots, with the positions the cache
-    write uses (so seq_lens = last position + 1 describes it exactly)."""
-    node = m.strip_views(mask)
+    write uses (so seq_lens = last position + 1 describes it exactly). ANDed with it may be an
+    all-true padding mask, and a sliding window at least as long as the cache (which masks nothing:
+    Mistral-style configs whose window exceeds max_cache_len)."""
+    capacity = m.shape(k.buffer)[2]
+    terms = [t for t in _mask_conjuncts(mask) if not _is_all_true(t)]
+    if len(terms) > 1:
+        windows = [(t, _sliding_window(t, k)) for t in terms]
+        short = [w for _, w in windows if w is not None and w < capacity]
+        if short:
+            return (
+                f"sliding-window mask: a window of {short[0]} tokens, shorter than the cache's "
+                f"{capacity} slots (the fused attention reads every slot below the length; a window "
+                "at least max_cache_len masks nothing and is accepted)"
+            )
+        # (positions < capacity <= W: such a window term lets through every slot the causal one does)
+        terms = [t for t, w in windows if w is None]
+    node = m.strip_views(terms[0] if len(terms) == 1 and isinstance(terms[0], fx.Node) else mask)
     if m.is_op(node, aten.le):
         slots, positions = node.args[0], node.args[1]
     elif m.is_op(node, aten.ge):
@@ -633,7 +685,6 @@ def _check_causal_mask(mask: fx.Node, k: KVWriteSite) -> str | None:
             f"attention mask is {m.describe(node)}, not a plain causal mask `slot <= position` "
             "(padding or sliding-window masks are not supported)"
         )
-    capacity = m.shape(k.buffer)[2]
     if not isinstance(slots, fx.Node) or not m.is_arange_from_zero(slots, capacity):
         return f"attention mask does not compare cache slots arange({capacity}) with positions"
     slot_shape, mask_shape = m.shape(slots), m.shape(node)

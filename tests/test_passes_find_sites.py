@@ -21,7 +21,8 @@ class CachedAttention(nn.Module):
 
     variant: "plain" | "cache_reader" (the K cache is also returned) | "proj_reader" (the K
     projection is also returned) | "bshd" (cache [B, S, Hkv, D] written along dim 1) |
-    "mask_input" (mask passed in, not built from positions) | "window" (sliding-window mask) |
+    "mask_input" (mask passed in, not built from positions) | "window" (sliding-window mask, a
+    window of 4 < S) | "wide_window" (a window of S tokens: it masks nothing) |
     "causal_flag" (is_causal=True, no mask) | "eager" (matmul/softmax/matmul) | "shifted" (eager,
     the softmax's input less its row max) | "sinks" (eager with a learned sink logit per head, as
     gpt-oss: softmax over cat(scores, sinks), the sinks' column sliced off) | "first_column_dropped"
@@ -59,8 +60,9 @@ class CachedAttention(nn.Module):
             keys, values = self.k_cache, self.v_cache
         slots = torch.arange(S)
         causal = slots[None, :] <= positions[:, None]
-        if self.variant == "window":
-            causal = causal & (slots[None, :] > positions[:, None] - 4)
+        if self.variant in ("window", "wide_window"):
+            window = 4 if self.variant == "window" else S
+            causal = causal & (slots[None, :] > positions[:, None] - window)
         if self.variant == "mask_input":
             causal = mask
         if self.variant == "causal_flag":
@@ -121,7 +123,7 @@ def by_role(sites: fs.Sites, role: str) -> fs.KVWriteSite:
     return kv
 
 
-@pytest.mark.parametrize("variant", ["plain", "eager", "shifted", "proj_reader"])
+@pytest.mark.parametrize("variant", ["plain", "eager", "shifted", "proj_reader", "wide_window"])
 def test_static_cache_attention_is_found_by_dataflow(variant):
     sites = sites_of(variant)
     (attention,) = sites.attention
@@ -189,7 +191,7 @@ def test_unusual_cache_layout_is_skipped_with_the_layout():
     ("variant", "reason"),
     [
         ("mask_input", "not a plain causal mask"),
-        ("window", "not a plain causal mask"),
+        ("window", "sliding-window mask: a window of 4 tokens, shorter than the cache's 16 slots"),
         ("causal_flag", "no attention mask"),
     ],
 )
