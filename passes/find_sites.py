@@ -726,6 +726,8 @@ def _match_moe(gm: fx.GraphModule, topk: fx.Node) -> MoESite | None:
         softmax_after = _softmax_of(values)
         scoring = "top-k logits, then softmax"
     router_weight = m.linear_weight(logits) if isinstance(logits, fx.Node) else None
+    if isinstance(router_weight, fx.Node):  # routers of bf16 models cast their weight to fp32
+        router_weight = m.strip_views(m.strip_casts(router_weight))
     if router_weight is None or not m.is_param_like(router_weight):
         return None
     report = SiteReport(
