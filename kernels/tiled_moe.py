@@ -2,12 +2,22 @@
 
     out[t] = sum_j topk_weights[t, j] * W2[e] (silu(W1[e] x_t) * W3[e] x_t),  e = topk_ids[t, j]
 
+and, optionally (gpt-oss's experts), with expert biases and a clamped, scaled SwiGLU (SwiGLU below):
+
+    g = W1[e] x + b1[e], u = W3[e] x + b3[e];  with a clamp limit L: g = min(g, L), u = clamp(u, -L, L)
+    out[t] = sum_j topk_weights[t, j] * (W2[e] (g sigmoid(alpha g) (u + up_offset)) + b2[e])
+
+Biases are packed as fp32 (pack_gate_up_bias / pack_down_bias). Every such code path of the kernels
+sits behind a constexpr (HAS_BIAS, GATE_ALPHA, CLAMP_LIMIT, UP_OFFSET) whose default compiles it
+away: the kernels of the bias-free silu(gate) * up are unchanged.
+
 Side by side in this file: the packed weight layout (pack / unpack), a plain per-expert loop in
 fp32 (the reference), the two Triton kernels and their launcher with a table of tuned launch
 configs. Token grouping lives in moe_align.py.
 
 Packed layout (H_PAD, F_PAD: hidden and ffn sizes rounded up to 64 with zero weights, which is
-exact: a zero gate row gives silu(0) * 0 = 0, and zero columns of W2 read those zeros):
+exact: a zero gate row gives silu(0) * 0 = 0, and zero columns of W2 read those zeros; padded ffn
+columns also get zero biases, so g = 0 and h = 0 whatever the clamp or up_offset):
 
 - "tiles64" (default): the weights as contiguous 64x64 sub-tiles, K (the reduction dim) fastest.
       w_gate_up [E, F_PAD/64, H_PAD/64, 2, 64, 64]   [..., 0, :, :] gate rows, [..., 1, :, :] up rows
@@ -195,6 +205,84 @@ def unpack_down(w_down: torch.Tensor, layout: str) -> torch.Tensor:
     return w_down.permute(0, 1, 3, 2, 4).reshape(e, hb * SUBTILE, fb * SUBTILE)
 
 
+def pack_gate_up_bias(b_gate: torch.Tensor | None, b_up: torch.Tensor | None) -> torch.Tensor:
+    """[E, F] gate and up biases (either may be None: zeros) -> b_gate_up [E, 2, F_PAD] fp32, zero-padded.
+
+    Row 0 holds the gate bias, row 1 the up bias; the same for both weight layouts."""
+    ref = b_gate if b_gate is not None else b_up
+    if ref is None:
+        raise ValueError("give a gate bias, an up bias or both")
+    num_experts, ffn = ref.shape
+    out = torch.zeros(num_experts, 2, round_up(ffn), dtype=torch.float32, device=ref.device)
+    for row, b in enumerate((b_gate, b_up)):
+        if b is not None:
+            out[:, row, :ffn] = b
+    return out
+
+
+def pack_down_bias(b_down: torch.Tensor) -> torch.Tensor:
+    """[E, H] down bias -> b_down [E, H_PAD] fp32, zero-padded."""
+    num_experts, hidden = b_down.shape
+    out = torch.zeros(num_experts, round_up(hidden), dtype=torch.float32, device=b_down.device)
+    out[:, :hidden] = b_down
+    return out
+
+
+@dataclass(frozen=True)
+class SwiGLU:
+    """The expert activation h = g sigmoid(gate_alpha g) (u + up_offset), after an optional clamp
+    g = min(g, clamp_limit), u = clamp(u, -clamp_limit, clamp_limit). The defaults are silu(g) u.
+
+    Its fields become the kernels' constexprs (a compiled variant per value: one per model)."""
+
+    gate_alpha: float = 1.0
+    clamp_limit: float | None = None
+    up_offset: float = 0.0
+
+    @property
+    def is_default(self) -> bool:
+        return self.gate_alpha == 1.0 and self.clamp_limit is None and self.up_offset == 0.0
+
+    def constexprs(self) -> dict:
+        return dict(GATE_ALPHA=self.gate_alpha, CLAMP_LIMIT=self.clamp_limit, UP_OFFSET=self.up_offset)
+
+
+DEFAULT_SWIGLU = SwiGLU()
+
+
+def check_swiglu(gate_alpha: float, clamp_limit: float | None, up_offset: float) -> None:
+    """Raise ValueError unless the activation's parameters are usable (finite; clamp_limit > 0)."""
+    for name, value in (("gate_alpha", gate_alpha), ("up_offset", up_offset)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ValueError(f"{name} must be a finite number; got {value!r}")
+    if clamp_limit is not None and (
+        isinstance(clamp_limit, bool)
+        or not isinstance(clamp_limit, (int, float))
+        or not math.isfinite(clamp_limit)
+        or clamp_limit <= 0
+    ):
+        raise ValueError(f"clamp_limit must be None (no clamp) or a finite number > 0; got {clamp_limit!r}")
+
+
+@functools.lru_cache(maxsize=64)
+def swiglu(gate_alpha: float = 1.0, clamp_limit: float | None = None, up_offset: float = 0.0) -> SwiGLU:
+    """The SwiGLU of these parameters, checked (cached: the op builds it on every call)."""
+    check_swiglu(gate_alpha, clamp_limit, up_offset)
+    if gate_alpha == 1.0 and clamp_limit is None and up_offset == 0.0:
+        return DEFAULT_SWIGLU
+    return SwiGLU(float(gate_alpha), None if clamp_limit is None else float(clamp_limit), float(up_offset))
+
+
+def swiglu_reference(gate: torch.Tensor, up: torch.Tensor, act: SwiGLU = DEFAULT_SWIGLU) -> torch.Tensor:
+    """The activation in torch, in the inputs' dtype (biases already added)."""
+    if act.is_default:
+        return torch.nn.functional.silu(gate) * up
+    if act.clamp_limit is not None:
+        gate = gate.clamp(max=act.clamp_limit)
+        up = up.clamp(-act.clamp_limit, act.clamp_limit)
+    return gate * torch.sigmoid(act.gate_alpha * gate) * (up + act.up_offset)
+
+
 # ----------------------------------------------------------------------------------------------
 # Reference: a plain per-expert loop
 # ----------------------------------------------------------------------------------------------
@@ -208,9 +296,15 @@ def moe_reference(
     w_up: torch.Tensor,  # [E, F, H]
     w_down: torch.Tensor,  # [E, H, F]
     compute_dtype: torch.dtype = torch.float32,
+    *,
+    b_gate: torch.Tensor | None = None,  # [E, F]
+    b_up: torch.Tensor | None = None,  # [E, F]
+    b_down: torch.Tensor | None = None,  # [E, H]
+    act: SwiGLU = DEFAULT_SWIGLU,
 ) -> torch.Tensor:
     """SwiGLU experts, one expert at a time, in `compute_dtype`; returns hidden's dtype.
 
+    Optional biases and activation as in the module docstring (the routing weight scales b_down too).
     Pairs routed to an id outside [0, E) contribute nothing, as in the Triton path.
     """
     x = hidden.to(compute_dtype)
@@ -222,7 +316,13 @@ def moe_reference(
         xe = x[token]
         gate = xe @ w_gate[expert].to(compute_dtype).T
         up = xe @ w_up[expert].to(compute_dtype).T
-        y = (torch.nn.functional.silu(gate) * up) @ w_down[expert].to(compute_dtype).T
+        if b_gate is not None:
+            gate = gate + b_gate[expert].to(compute_dtype)
+        if b_up is not None:
+            up = up + b_up[expert].to(compute_dtype)
+        y = swiglu_reference(gate, up, act) @ w_down[expert].to(compute_dtype).T
+        if b_down is not None:
+            y = y + b_down[expert].to(compute_dtype)
         out.index_add_(0, token, y * topk_weights[token, slot].to(compute_dtype)[:, None])
     return out.to(hidden.dtype)
 
@@ -233,6 +333,9 @@ def tiled_moe_reference(
     topk_weights: torch.Tensor,
     w_gate_up: torch.Tensor,
     w_down: torch.Tensor,
+    b_gate_up: torch.Tensor | None = None,  # packed [E, 2, F_PAD]
+    b_down: torch.Tensor | None = None,  # packed [E, H_PAD]
+    act: SwiGLU = DEFAULT_SWIGLU,
 ) -> torch.Tensor:
     """The op on packed weights, computed by unpacking and running moe_reference in fp32."""
     dims = packed_dims(w_gate_up, w_down)
@@ -240,7 +343,12 @@ def tiled_moe_reference(
     down = unpack_down(w_down, dims.layout)
     hidden_size = hidden.shape[1]
     x = torch.nn.functional.pad(hidden, (0, dims.hidden_pad - hidden_size))
-    out = moe_reference(x, topk_ids, topk_weights, gate, up, down)
+    biases = {}
+    if b_gate_up is not None:
+        biases.update(b_gate=b_gate_up[:, 0], b_up=b_gate_up[:, 1])
+    if b_down is not None:
+        biases.update(b_down=b_down)
+    out = moe_reference(x, topk_ids, topk_weights, gate, up, down, **biases, act=act)
     return out[:, :hidden_size].contiguous()
 
 
@@ -425,6 +533,37 @@ def _load_x(x_ptrs, row_in, k_in, EVEN_H: tl.constexpr):
         return tl.load(x_ptrs, mask=row_in[:, None] & k_in[None, :], other=0.0)
 
 
+@triton.jit
+def _swiglu(
+    gate,  # [M, N] fp32 accumulators of ffn columns `cols`
+    up,
+    b_ptr,  # packed b_gate_up [E, 2, F_PAD] fp32 (None without biases)
+    expert,
+    cols,
+    ffn_pad,
+    HAS_BIAS: tl.constexpr,
+    GATE_ALPHA: tl.constexpr,
+    CLAMP_LIMIT: tl.constexpr,
+    UP_OFFSET: tl.constexpr,
+):
+    """h = g sigmoid(alpha g) (u + up_offset) after the biases and the clamp (see SwiGLU). With the
+    defaults (no bias, alpha 1, no clamp, offset 0) exactly the former silu(gate) * up."""
+    if HAS_BIAS:
+        b_gate_ptrs = b_ptr + expert.to(tl.int64) * (2 * ffn_pad) + cols
+        gate += tl.load(b_gate_ptrs)[None, :]
+        up += tl.load(b_gate_ptrs + ffn_pad)[None, :]
+    if CLAMP_LIMIT is not None:
+        gate = tl.minimum(gate, CLAMP_LIMIT)
+        up = tl.minimum(tl.maximum(up, -CLAMP_LIMIT), CLAMP_LIMIT)
+    if GATE_ALPHA == 1.0:
+        act = gate * tl.sigmoid(gate)
+    else:
+        act = gate * tl.sigmoid(gate * GATE_ALPHA)
+    if UP_OFFSET != 0.0:
+        up = up + UP_OFFSET
+    return act * up
+
+
 # Integer args that change with the routing or T are not specialised (Triton would otherwise compile
 # a variant per divisibility class), so one compiled kernel serves every T of a config.
 @triton.jit(do_not_specialize=["n_slots", "top_k"])
@@ -440,6 +579,7 @@ def _gate_up_kernel(
     ffn_pad,
     hidden_pad,
     top_k,
+    b_ptr,  # packed b_gate_up [E, 2, F_PAD] fp32, or None (HAS_BIAS False)
     TILED: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -449,6 +589,10 @@ def _gate_up_kernel(
     FUSED: tl.constexpr,
     DOT_FP32: tl.constexpr,
     PRECISION: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    GATE_ALPHA: tl.constexpr,
+    CLAMP_LIMIT: tl.constexpr,
+    UP_OFFSET: tl.constexpr,
 ):
     pid = tl.program_id(0)
     pid_m, pid_n = _tile_coords(pid, n_slots, ffn_pad // BLOCK_N, GROUP_M)
@@ -515,7 +659,7 @@ def _gate_up_kernel(
             gate_ptrs += k_step
             up_ptrs += k_step
 
-    h = acc_gate * tl.sigmoid(acc_gate) * acc_up
+    h = _swiglu(acc_gate, acc_up, b_ptr, expert, cols, ffn_pad, HAS_BIAS, GATE_ALPHA, CLAMP_LIMIT, UP_OFFSET)
     h_ptrs = h_ptr + rows.to(tl.int64)[:, None] * ffn_pad + cols[None, :]
     tl.store(h_ptrs, h.to(h_ptr.dtype.element_ty), mask=row_in[:, None])
 
@@ -534,6 +678,7 @@ def _down_kernel(
     ffn_pad,
     hidden_pad,
     top_k,
+    b_ptr,  # packed b_down [E, H_PAD] fp32, or None (HAS_BIAS False)
     TILED: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -542,6 +687,7 @@ def _down_kernel(
     GROUP_M: tl.constexpr,
     DOT_FP32: tl.constexpr,
     PRECISION: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
 ):
     pid = tl.program_id(0)
     split = tl.program_id(1)
@@ -584,6 +730,9 @@ def _down_kernel(
         a_ptrs += BLOCK_K
         w_ptrs += k_step
 
+    if HAS_BIAS:  # once per pair: in the K split 0 program only (the splits' atomics add up)
+        bias = tl.load(b_ptr + expert.to(tl.int64) * hidden_pad + cols)
+        acc += tl.where(split == 0, bias, 0.0)[None, :]
     route_weight = tl.load(topk_weights_ptr + pairs, mask=row_in, other=0.0).to(tl.float32)
     acc = acc * route_weight[:, None]
     tokens = pairs // top_k
@@ -636,6 +785,7 @@ def _gate_up_direct_kernel(
     stride_x,
     ffn_pad,
     hidden_pad,
+    b_ptr,  # packed b_gate_up [E, 2, F_PAD] fp32, or None (HAS_BIAS False)
     TILED: tl.constexpr,
     PAIRS: tl.constexpr,  # P padded to a power of two >= 16: the M tile
     BLOCK_N: tl.constexpr,
@@ -644,6 +794,10 @@ def _gate_up_direct_kernel(
     EVEN_H: tl.constexpr,
     DOT_FP32: tl.constexpr,
     PRECISION: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    GATE_ALPHA: tl.constexpr,
+    CLAMP_LIMIT: tl.constexpr,
+    UP_OFFSET: tl.constexpr,
 ):
     pid = tl.program_id(0)
     n_blocks = ffn_pad // BLOCK_N
@@ -682,7 +836,7 @@ def _gate_up_direct_kernel(
         x_ptrs += BLOCK_K
         gate_ptrs += k_step
         up_ptrs += k_step
-    h = acc_gate * tl.sigmoid(acc_gate) * acc_up
+    h = _swiglu(acc_gate, acc_up, b_ptr, expert, cols, ffn_pad, HAS_BIAS, GATE_ALPHA, CLAMP_LIMIT, UP_OFFSET)
     h_ptrs = h_ptr + pairs[:, None] * ffn_pad + cols[None, :]
     tl.store(h_ptrs, h.to(h_ptr.dtype.element_ty), mask=row_in[:, None])
 
@@ -702,6 +856,7 @@ def _down_direct_kernel(
     stride_out,
     ffn_pad,
     hidden_pad,
+    b_ptr,  # packed b_down [E, H_PAD] fp32, or None (HAS_BIAS False)
     TILED: tl.constexpr,
     PAIRS: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -710,6 +865,7 @@ def _down_direct_kernel(
     FLAT: tl.constexpr,  # one loop over (live expert, K block) instead of a K loop per expert slot
     DOT_FP32: tl.constexpr,
     PRECISION: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # hidden columns of this program
@@ -774,6 +930,10 @@ def _down_direct_kernel(
                 acc = tl.dot(a, w, acc, input_precision=PRECISION)
                 a_ptrs += BLOCK_K
                 w_ptrs += k_step
+    if HAS_BIAS:  # y[p] += b2[e_p] for every valid pair (padding rows and invalid ids add nothing)
+        valid = pair_in & (ids >= 0) & (ids < num_experts)
+        b_ptrs = b_ptr + tl.where(valid, ids, 0).to(tl.int64)[:, None] * hidden_pad + cols[None, :]
+        acc += tl.load(b_ptrs, mask=valid[:, None], other=0.0)
     # Weighted combine of each token's k pairs as one small fp32 product: out = S @ acc with
     # S[t, p] = topk_weights[p] for the pairs p of token t (TOKENS = PAIRS >= T rows).
     route = tl.load(topk_weights_ptr + pairs, mask=pair_in, other=0.0).to(tl.float32)
@@ -801,6 +961,8 @@ def launch_gate_up(
     dims: PackedDims,
     top_k: int,
     cfg: MoEConfig,
+    b_gate_up: torch.Tensor | None = None,
+    act: SwiGLU = DEFAULT_SWIGLU,
 ) -> torch.Tensor:
     num_pairs = grouping.sorted_pairs.numel()
     h = torch.empty(num_pairs, dims.ffn_pad, dtype=hidden.dtype, device=hidden.device)
@@ -819,6 +981,7 @@ def launch_gate_up(
         dims.ffn_pad,
         dims.hidden_pad,
         top_k,
+        b_gate_up,
         TILED=dims.layout == "tiles64",
         BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.up_n,
@@ -828,6 +991,8 @@ def launch_gate_up(
         FUSED=cfg.fused,
         DOT_FP32=interpreting(),
         PRECISION=_precision(hidden.dtype),
+        HAS_BIAS=b_gate_up is not None,
+        **act.constexprs(),
         num_warps=cfg.up_warps,
         num_stages=cfg.up_stages,
     )
@@ -843,6 +1008,7 @@ def launch_down(
     dims: PackedDims,
     top_k: int,
     cfg: MoEConfig,
+    b_down: torch.Tensor | None = None,
 ) -> None:
     grid = (grouping.max_tiles * (dims.hidden_pad // cfg.down_n), cfg.down_split)
     launch(
@@ -860,6 +1026,7 @@ def launch_down(
         dims.ffn_pad,
         dims.hidden_pad,
         top_k,
+        b_down,
         TILED=dims.layout == "tiles64",
         BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.down_n,
@@ -868,6 +1035,7 @@ def launch_down(
         GROUP_M=cfg.group_m,
         DOT_FP32=interpreting(),
         PRECISION=_precision(h.dtype),
+        HAS_BIAS=b_down is not None,
         num_warps=cfg.down_warps,
         num_stages=cfg.down_stages,
     )
@@ -924,16 +1092,26 @@ class _DirectPlan:
     key: tuple  # the arguments the plan was built from (hashable, unlike the plan's dicts)
 
 
-_UP_RUNTIME_ARGS = 11  # _gate_up_direct_kernel's parameters before its constexprs
-_DOWN_RUNTIME_ARGS = 13  # _down_direct_kernel's
+_UP_RUNTIME_ARGS = 12  # _gate_up_direct_kernel's parameters before its constexprs
+_DOWN_RUNTIME_ARGS = 14  # _down_direct_kernel's
 _gate_up_direct_launches = _CompiledLaunches(_gate_up_direct_kernel)
 _down_direct_launches = _CompiledLaunches(_down_direct_kernel)
 
 
 @functools.lru_cache(maxsize=1024)
 def _direct_plan(
-    num_pairs: int, num_experts: int, hidden_size: int, dims: PackedDims, dtype: torch.dtype, interpret: bool
+    num_pairs: int,
+    num_experts: int,
+    hidden_size: int,
+    dims: PackedDims,
+    dtype: torch.dtype,
+    interpret: bool,
+    up_bias: bool = False,
+    down_bias: bool = False,
+    act: SwiGLU = DEFAULT_SWIGLU,
 ) -> _DirectPlan:
+    """Launch constants of the direct path. The bias flags and the activation are constexprs of the
+    kernels and so part of the plan's key (a bias call never reuses a bias-free compiled kernel)."""
     cfg = DIRECT_CONFIGS[shape_class(dims.hidden_pad, dims.ffn_pad)].fitted(dims.ffn_pad, dims.hidden_pad)
     cfg = _two_stages_for_fp32(cfg, dtype)
     if dtype == torch.float32:  # and half-width K tiles: the direct configs' K tiles are the widest
@@ -952,6 +1130,8 @@ def _direct_plan(
         BLOCK_N=cfg.up_n,
         BLOCK_K=cfg.up_k,
         EVEN_H=hidden_size % cfg.up_k == 0,
+        HAS_BIAS=up_bias,
+        **act.constexprs(),
         num_warps=cfg.up_warps,
         num_stages=cfg.up_stages,
     )
@@ -960,6 +1140,7 @@ def _direct_plan(
         BLOCK_N=cfg.down_n,
         BLOCK_K=cfg.down_k,
         FLAT=cfg.down_flat,
+        HAS_BIAS=down_bias,
         num_warps=cfg.down_warps,
         num_stages=cfg.down_stages,
     )
@@ -971,7 +1152,7 @@ def _direct_plan(
         down_constants=down_constants,
         up_tail=_constexpr_tail(_gate_up_direct_kernel, _UP_RUNTIME_ARGS, up_constants),
         down_tail=_constexpr_tail(_down_direct_kernel, _DOWN_RUNTIME_ARGS, down_constants),
-        key=(num_pairs, num_experts, hidden_size, dims, dtype, interpret, cfg),
+        key=(num_pairs, num_experts, hidden_size, dims, dtype, interpret, cfg, up_bias, down_bias, act),
     )
 
 
@@ -982,6 +1163,9 @@ def tiled_moe_direct(
     w_gate_up: torch.Tensor,
     w_down: torch.Tensor,
     dims: PackedDims,
+    b_gate_up: torch.Tensor | None = None,  # packed [E, 2, F_PAD] fp32, contiguous
+    b_down: torch.Tensor | None = None,  # packed [E, H_PAD] fp32, contiguous
+    act: SwiGLU = DEFAULT_SWIGLU,
 ) -> torch.Tensor:
     """The direct decode path: two Triton launches, two torch.empty, no grouping, no host sync.
 
@@ -993,7 +1177,20 @@ def tiled_moe_direct(
     # CPU tensors run here only under the interpreter (or in an offline sm_90 compile, see
     # benchmarks/bench_moe.py --prewarm-offline, which must build the GPU variants).
     interpret = False if hidden.is_cuda else interpreting()
-    plan = _direct_plan(num_pairs, dims.num_experts, hidden_size, dims, hidden.dtype, interpret)
+    if b_gate_up is None and b_down is None and act is DEFAULT_SWIGLU:  # the bias-free plan, as before
+        plan = _direct_plan(num_pairs, dims.num_experts, hidden_size, dims, hidden.dtype, interpret)
+    else:
+        plan = _direct_plan(
+            num_pairs,
+            dims.num_experts,
+            hidden_size,
+            dims,
+            hidden.dtype,
+            interpret,
+            b_gate_up is not None,
+            b_down is not None,
+            act,
+        )
     stride_x, unit_stride = hidden.stride()
     if unit_stride != 1:
         hidden = hidden.contiguous()
@@ -1014,6 +1211,8 @@ def tiled_moe_direct(
             w_gate_up.data_ptr() % 16 == 0,
             w_down.data_ptr() % 16 == 0,
         )
+        if b_gate_up is not None or b_down is not None:  # (the plan's key says which are present)
+            aligned += tuple(b.data_ptr() % 16 == 0 for b in (b_gate_up, b_down) if b is not None)
         up_key = (plan.key, stride_x, w_gate_up.dtype, topk_ids.dtype, aligned, hidden.device.index)
         down_key = (plan.key, w_down.dtype, topk_ids.dtype, topk_weights.dtype, aligned, hidden.device.index)
     _gate_up_direct_launches(
@@ -1031,6 +1230,7 @@ def tiled_moe_direct(
             stride_x,
             dims.ffn_pad,
             dims.hidden_pad,
+            b_gate_up,
         ),
         plan.up_constants,
         plan.up_tail,
@@ -1052,6 +1252,7 @@ def tiled_moe_direct(
             hidden_size,  # out's row stride
             dims.ffn_pad,
             dims.hidden_pad,
+            b_down,
         ),
         plan.down_constants,
         plan.down_tail,
@@ -1067,6 +1268,9 @@ def tiled_moe_triton(
     w_down: torch.Tensor,
     config: MoEConfig | None = None,
     dims: PackedDims | None = None,
+    b_gate_up: torch.Tensor | None = None,  # packed [E, 2, F_PAD] fp32, contiguous
+    b_down: torch.Tensor | None = None,  # packed [E, H_PAD] fp32, contiguous
+    act: SwiGLU = DEFAULT_SWIGLU,
 ) -> torch.Tensor:
     """The op on CUDA (or on CPU tensors under TRITON_INTERPRET=1). Inputs already validated.
 
@@ -1081,7 +1285,9 @@ def tiled_moe_triton(
     if num_tokens == 0:
         return hidden.new_zeros(0, hidden_size)
     if config is None and num_tokens * top_k <= DIRECT_MAX_PAIRS:
-        return tiled_moe_direct(hidden, topk_ids, topk_weights, w_gate_up, w_down, dims)
+        return tiled_moe_direct(
+            hidden, topk_ids, topk_weights, w_gate_up, w_down, dims, b_gate_up, b_down, act
+        )
     if config is None:
         cfg = lookup_config(num_tokens, top_k, dims.num_experts, dims.hidden_pad, dims.ffn_pad)
         cfg = _two_stages_for_fp32(cfg, hidden.dtype)
@@ -1089,7 +1295,7 @@ def tiled_moe_triton(
         cfg = _fitted(config, dims.ffn_pad, dims.hidden_pad)
     hidden = hidden if hidden.stride(1) == 1 else hidden.contiguous()
     grouping = group_by_expert(topk_ids, dims.num_experts, cfg.block_m)
-    h = launch_gate_up(hidden, w_gate_up, grouping, dims, top_k, cfg)
+    h = launch_gate_up(hidden, w_gate_up, grouping, dims, top_k, cfg, b_gate_up, act)
     out32 = torch.zeros(num_tokens, hidden_size, dtype=torch.float32, device=hidden.device)
-    launch_down(h, w_down, out32, topk_weights.reshape(-1).contiguous(), grouping, dims, top_k, cfg)
+    launch_down(h, w_down, out32, topk_weights.reshape(-1).contiguous(), grouping, dims, top_k, cfg, b_down)
     return out32.to(hidden.dtype)

@@ -1,11 +1,22 @@
 """wmoe::tiled_moe: SwiGLU experts over packed weights, top-k combine fused.
 
     wmoe::tiled_moe(Tensor hidden, Tensor topk_ids, Tensor topk_weights, Tensor w_gate_up,
-                    Tensor w_down, bool validate=False) -> Tensor
+                    Tensor w_down, bool validate=False, Tensor? b_gate_up=None, Tensor? b_down=None,
+                    float gate_alpha=1., float? clamp_limit=None, float up_offset=0.) -> Tensor
 
 hidden [T, H] (bf16 / fp16; fp32 accepted), topk_ids [T, k] integer, topk_weights [T, k] float,
 w_gate_up / w_down from wmoe_compile.pack_expert_weights (the layout, "tiles64" or "rows", is read
 off their ranks). Returns [T, H] in hidden's dtype.
+
+Per routed pair (token x, expert e), with g, u the gate and up projections of x:
+    g += b_gate, u += b_up                          (b_gate_up [E, 2, F_PAD] fp32: rows gate, up)
+    g = min(g, L); u = clamp(u, -L, L)              (only when clamp_limit L is given; L > 0)
+    h = g * sigmoid(gate_alpha * g) * (u + up_offset)
+    y = W_down h + b_down                           (b_down [E, H_PAD] fp32)
+    out[t] = sum_j topk_weights[t, j] * y_j
+The defaults give silu(g) * u without biases, and run the same kernels as before these arguments
+existed; gpt-oss is gate_alpha 1.702, clamp_limit 7.0, up_offset 1.0 with both biases. The packed
+bias forms come from pack_expert_weights (PackedExperts.b_gate_up / .b_down).
 
 Expert ids outside [0, E) are never used to index weights: their pairs contribute nothing. With
 validate=True they raise instead; that check reads the ids on the host, a synchronisation, so it is
@@ -26,8 +37,10 @@ from ..kernels import tiled_moe as _kernels
 from ..kernels.moe_align import interpreting
 from ..kernels.tiled_moe import (
     PackedDims,
+    SwiGLU,
     packed_dims,
     round_up,
+    swiglu,
     tiled_moe_reference,
     tiled_moe_triton,
 )
@@ -36,14 +49,32 @@ _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _INT_DTYPES = (torch.int32, torch.int64)
 
 
+def _check_bias(name: str, bias: torch.Tensor, expected: tuple, meaning: str, device: torch.device) -> None:
+    if tuple(bias.shape) != expected or bias.dtype != torch.float32:
+        raise ValueError(
+            f"{name} must be float32 {list(expected)} ({meaning}, as pack_expert_weights packs it); got "
+            f"{bias.dtype} {list(bias.shape)}"
+        )
+    if bias.device != device:
+        raise ValueError(
+            f"{name} is on {bias.device} but hidden is on {device}; all tensors must be on one device"
+        )
+
+
 def _check_inputs(
     hidden: torch.Tensor,
     topk_ids: torch.Tensor,
     topk_weights: torch.Tensor,
     w_gate_up: torch.Tensor,
     w_down: torch.Tensor,
-) -> PackedDims:
-    """Metadata checks only (no device reads, a few us of host time); returns the packed dims."""
+    b_gate_up: torch.Tensor | None = None,
+    b_down: torch.Tensor | None = None,
+    gate_alpha: float = 1.0,
+    clamp_limit: float | None = None,
+    up_offset: float = 0.0,
+) -> tuple[PackedDims, SwiGLU]:
+    """Metadata checks only (no device reads, a few us of host time); returns the packed dims and the
+    activation."""
     dims = packed_dims(w_gate_up, w_down)
     if hidden.dim() != 2:
         raise ValueError(f"hidden must be [tokens, hidden]; got shape {list(hidden.shape)}")
@@ -76,7 +107,12 @@ def _check_inputs(
     ):
         devices = {t.device for t in (hidden, topk_ids, topk_weights, w_gate_up, w_down)}
         raise ValueError(f"all tensors must be on one device; got {sorted(map(str, devices))}")
-    return dims
+    if b_gate_up is not None:
+        expected = (dims.num_experts, 2, dims.ffn_pad)
+        _check_bias("b_gate_up", b_gate_up, expected, "[E, 2, F_PAD]: row 0 gate bias, row 1 up bias", device)
+    if b_down is not None:
+        _check_bias("b_down", b_down, (dims.num_experts, dims.hidden_pad), "[E, H_PAD]", device)
+    return dims, swiglu(gate_alpha, clamp_limit, up_offset)
 
 
 def check_expert_ids(topk_ids: torch.Tensor, num_experts: int) -> None:
@@ -100,19 +136,76 @@ def tiled_moe(
     w_gate_up: torch.Tensor,
     w_down: torch.Tensor,
     validate: bool = False,
+    b_gate_up: torch.Tensor | None = None,
+    b_down: torch.Tensor | None = None,
+    gate_alpha: float = 1.0,
+    clamp_limit: float | None = None,
+    up_offset: float = 0.0,
 ) -> torch.Tensor:
-    dims = _check_inputs(hidden, topk_ids, topk_weights, w_gate_up, w_down)
+    dims, act = _check_inputs(
+        hidden,
+        topk_ids,
+        topk_weights,
+        w_gate_up,
+        w_down,
+        b_gate_up,
+        b_down,
+        gate_alpha,
+        clamp_limit,
+        up_offset,
+    )
     if validate:
         check_expert_ids(topk_ids, dims.num_experts)
+    if b_gate_up is not None and not b_gate_up.is_contiguous():
+        b_gate_up = b_gate_up.contiguous()
+    if b_down is not None and not b_down.is_contiguous():
+        b_down = b_down.contiguous()
     if hidden.is_cuda or interpreting():
         num_tokens = hidden.shape[0]
         if 0 < num_tokens * topk_ids.shape[1] <= _kernels.DIRECT_MAX_PAIRS:  # decode: two launches
-            return _kernels.tiled_moe_direct(hidden, topk_ids, topk_weights, w_gate_up, w_down, dims)
-        return tiled_moe_triton(hidden, topk_ids, topk_weights, w_gate_up, w_down, dims=dims)
-    return tiled_moe_reference(hidden, topk_ids, topk_weights, w_gate_up, w_down)
+            if b_gate_up is None and b_down is None and act.is_default:
+                return _kernels.tiled_moe_direct(hidden, topk_ids, topk_weights, w_gate_up, w_down, dims)
+            return _kernels.tiled_moe_direct(
+                hidden, topk_ids, topk_weights, w_gate_up, w_down, dims, b_gate_up, b_down, act
+            )
+        return tiled_moe_triton(
+            hidden,
+            topk_ids,
+            topk_weights,
+            w_gate_up,
+            w_down,
+            dims=dims,
+            b_gate_up=b_gate_up,
+            b_down=b_down,
+            act=act,
+        )
+    return tiled_moe_reference(hidden, topk_ids, topk_weights, w_gate_up, w_down, b_gate_up, b_down, act)
 
 
 @tiled_moe.register_fake
-def _tiled_moe_fake(hidden, topk_ids, topk_weights, w_gate_up, w_down, validate=False):
-    _check_inputs(hidden, topk_ids, topk_weights, w_gate_up, w_down)
+def _tiled_moe_fake(
+    hidden,
+    topk_ids,
+    topk_weights,
+    w_gate_up,
+    w_down,
+    validate=False,
+    b_gate_up=None,
+    b_down=None,
+    gate_alpha=1.0,
+    clamp_limit=None,
+    up_offset=0.0,
+):
+    _check_inputs(
+        hidden,
+        topk_ids,
+        topk_weights,
+        w_gate_up,
+        w_down,
+        b_gate_up,
+        b_down,
+        gate_alpha,
+        clamp_limit,
+        up_offset,
+    )
     return hidden.new_empty(hidden.shape)
