@@ -8,6 +8,10 @@ third_party/vllm_fused_moe (git-ignored), vLLM's fused_moe Triton kernel with it
 Shapes: Mixtral-8x7B (H 4096, F 14336, E 8, k 2) and fine-grained (H 2048, F 1408, E 64, k 8);
 T in {1, 8, 64, 256, 1024, 4096}; bf16. Routing: softmax over random router logits, top-k,
 renormalised (Mixtral). Four routing/input sets rotate between calls.
+`--shapes gpt-oss` (not run by default): gpt-oss-20b's experts (H 2880, F 2880, E 32, k 4) with expert
+biases and the clamped SwiGLU (alpha 1.702, limit 7, up + 1); its peers are transformers'
+GptOssExperts eager forward (the HF loop) and transformers' grouped_mm experts forward on that module
+(replicas of both when transformers is absent); vLLM's copy here has no bias / clamp path (skipped).
 
 Floors: weight bytes = (distinct experts hit) * 3 * H * F * 2 B over the copy bandwidth measured
 in this run; FLOPs = 2 * T * k * 3 * H * F over the bf16 matmul rate measured in this run.
@@ -55,17 +59,22 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.testing
-from wmoe_compile.kernels import moe_align
+from wmoe_compile.kernels import fast_launch, moe_align
 from wmoe_compile.kernels import tiled_moe as tm
 
 import wmoe_compile.ops.moe  # noqa: F401  (registers wmoe::tiled_moe)
 from wmoe_compile.moe_packing import pack_expert_weights
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+# gpt-oss's expert activation: (gate_alpha, clamp_limit, up_offset); a shape with a "swiglu" entry also
+# has expert biases (gate_up_proj_bias, down_proj_bias), as GptOssExperts.
+GPT_OSS_SWIGLU = (1.702, 7.0, 1.0)
 SHAPES = {
     "mixtral": dict(num_experts=8, hidden=4096, ffn=14336, top_k=2),
     "fine": dict(num_experts=64, hidden=2048, ffn=1408, top_k=8),
+    "gpt-oss": dict(num_experts=32, hidden=2880, ffn=2880, top_k=4, swiglu=GPT_OSS_SWIGLU),  # gpt-oss-20b
 }
+DEFAULT_SHAPES = ("mixtral", "fine")  # --shapes gpt-oss adds / selects gpt-oss
 SHAPES_REAL = dict(SHAPES)  # SHAPES itself shrinks under --smoke
 TOKENS = (1, 8, 64, 256, 1024, 4096)
 SWEEP_TOKENS = (256, 1024, 4096)  # the prefill buckets; decode configs stay as CONFIG_TABLE has them
@@ -191,6 +200,81 @@ def grouped_mm_moe(x, topk_ids, topk_weights, gate_up_t, down_t):
     y = torch._grouped_mm(F.silu(gate) * up, down_t, offs=offs)
     y = y * topk_weights.reshape(-1)[order, None].to(y.dtype)
     return torch.zeros_like(x).index_add_(0, tokens, y)
+
+
+def gpt_oss_apply_gate(gate_up, alpha, limit):
+    """GptOssExperts._apply_gate: gate/up columns interleaved, clamped; (up + 1) gate sigmoid(alpha gate)."""
+    gate, up = gate_up[..., ::2], gate_up[..., 1::2]
+    gate = gate.clamp(min=None, max=limit)
+    up = up.clamp(min=-limit, max=limit)
+    return (up + 1) * (gate * torch.sigmoid(gate * alpha))
+
+
+def gpt_oss_loop_moe(
+    x, topk_ids, topk_weights, gate_up_proj, gate_up_bias, down_proj, down_bias, alpha, limit
+):
+    """transformers' GptOssExperts eager forward (its code; gate_up_proj [E, H, 2F], down_proj [E, F, H]),
+    for when transformers is absent."""
+    num_experts = gate_up_proj.shape[0]
+    out = torch.zeros_like(x)
+    with torch.no_grad():
+        mask = F.one_hot(topk_ids, num_classes=num_experts).permute(2, 1, 0)
+        hit = torch.greater(mask.sum(dim=(-1, -2)), 0).nonzero()
+    for e in hit:
+        e = e[0]
+        slot, tok = torch.where(mask[e])
+        gate_up = x[tok] @ gate_up_proj[e] + gate_up_bias[e]
+        y = gpt_oss_apply_gate(gate_up, alpha, limit) @ down_proj[e] + down_bias[e]
+        out.index_add_(0, tok, (y * topk_weights[tok, slot, None]).to(x.dtype))
+    return out
+
+
+def gpt_oss_grouped_mm_moe(
+    x, topk_ids, topk_weights, gate_up_proj, gate_up_bias, down_proj, down_bias, alpha, limit
+):
+    """transformers 5 grouped_mm experts with gpt-oss's biases and gate (for when transformers is absent)."""
+    num_experts = gate_up_proj.shape[0]
+    top_k = topk_ids.shape[1]
+    flat = topk_ids.reshape(-1)
+    expert_ids, order = torch.sort(flat)
+    tokens = order // top_k
+    counts = torch.histc(flat.float(), bins=num_experts, min=0, max=num_experts - 1)
+    offs = torch.cumsum(counts, 0).to(torch.int32)
+    h = torch._grouped_mm(x[tokens], gate_up_proj, offs=offs) + gate_up_bias[expert_ids]
+    y = torch._grouped_mm(gpt_oss_apply_gate(h, alpha, limit), down_proj, offs=offs) + down_bias[expert_ids]
+    y = y * topk_weights.reshape(-1)[order, None].to(y.dtype)
+    return torch.zeros_like(x).index_add_(0, tokens, y.to(x.dtype))
+
+
+def gpt_oss_module(
+    num_experts, hidden, ffn, top_k, alpha, limit, gate_up_proj, gate_up_bias, down_proj, down_bias
+):
+    """transformers' GptOssExperts holding these tensors (built on the meta device, then assigned), or
+    None when transformers (or its gpt-oss model) is absent."""
+    try:
+        import transformers
+        from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
+    except Exception:  # noqa: BLE001
+        return None
+    config = transformers.GptOssConfig(
+        hidden_size=hidden,
+        intermediate_size=ffn,
+        num_local_experts=num_experts,
+        num_experts_per_tok=top_k,
+        swiglu_alpha=alpha,
+        swiglu_limit=limit,
+    )
+    config._experts_implementation = "eager"
+    with torch.device("meta"):
+        experts = GptOssExperts(config)
+    for name, tensor in (
+        ("gate_up_proj", gate_up_proj),
+        ("gate_up_proj_bias", gate_up_bias),
+        ("down_proj", down_proj),
+        ("down_proj_bias", down_bias),
+    ):
+        setattr(experts, name, torch.nn.Parameter(tensor, requires_grad=False))
+    return experts
 
 
 def load_vllm():
@@ -337,6 +421,9 @@ def offline_cases(shapes, tokens, sweep_tokens):
     # The direct decode path: pairs sharing experts, expert slots (Mixtral T = 8), 16 pairs of 64 experts.
     cases += [("test", mixtral, t, bf16, "tiles64", None) for t in (3, 8)]
     cases += [("test", fine, 2, bf16, "tiles64", None)]
+    # tests/test_tiled_moe_gpt_oss.py: gpt-oss-20b's experts with biases and the clamped SwiGLU.
+    gpt_oss = SHAPES_REAL["gpt-oss"]
+    cases += [("test", gpt_oss, t, bf16, layout, None) for t in (1, 4, 64) for layout in ("tiles64", "rows")]
     # The benchmark: CONFIG_TABLE entries (both layouts), and every sweep composition.
     for shape in shapes.values():
         e, k = shape["num_experts"], shape["top_k"]
@@ -376,6 +463,7 @@ def prewarm_offline(cache_dir: str, shapes, tokens, sweep_tokens, foreign_triton
     )
     driver.set_active(_OfflineCudaDriver())
     tm.FAST_LAUNCH = False  # nothing can launch here: keep every call on JITFunction.run (compile only)
+    fast_launch.ENABLED = False  # (its key asks torch.cuda for the current device: none here)
     compiled = {}
 
     def compile_only(self, grid):
@@ -408,9 +496,13 @@ def prewarm_offline(cache_dir: str, shapes, tokens, sweep_tokens, foreign_triton
         x = torch.empty(t, h, dtype=dtype)
         ids = torch.stack([torch.randperm(e)[:k] for _ in range(t)])
         weights = torch.rand(t, k)
+        extra = {}  # gpt-oss: biases and the activation, constexprs of their own variants
+        if shape.get("swiglu"):
+            act = tm.swiglu(*shape["swiglu"])
+            extra = dict(b_gate_up=torch.empty(e, 2, fp), b_down=torch.empty(e, hp), act=act)
         try:
             run_cfg = cfg or tm.lookup_config(t, k, e, hp, fp)
-            tm.tiled_moe_triton(x, ids, weights, w_gate_up, w_down, config=run_cfg)
+            tm.tiled_moe_triton(x, ids, weights, w_gate_up, w_down, config=run_cfg, **extra)
             if cfg is None and t * k <= tm.DIRECT_MAX_PAIRS:
                 # The op's decode path (the grouped path above is timed beside it), and in the
                 # benchmark every direct-sweep candidate.
@@ -425,14 +517,14 @@ def prewarm_offline(cache_dir: str, shapes, tokens, sweep_tokens, foreign_triton
                     table = {**tm.DIRECT_CONFIGS, klass: candidate} if candidate else tm.DIRECT_CONFIGS
                     with _patched(tm, "DIRECT_CONFIGS", table):
                         tm._direct_plan.cache_clear()
-                        tm.tiled_moe_direct(x, ids, weights, w_gate_up, w_down, dims)
+                        tm.tiled_moe_direct(x, ids, weights, w_gate_up, w_down, dims, *extra.values())
                 tm._direct_plan.cache_clear()
             # The grouping route the GPU takes for this many pairs (the CPU op above took torch's).
             if t * k <= moe_align.TRITON_MAX_PAIRS:
                 moe_align.group_by_expert_triton(ids, e, run_cfg.block_m)
             else:
                 moe_align.group_by_expert_blocked(ids, e, run_cfg.block_m)
-            if label == "bench" and layout == "tiles64" and vllm is not None:
+            if label == "bench" and layout == "tiles64" and vllm is not None and not extra:
                 gate_up_proj = torch.empty(e, 2 * f, h, dtype=dtype)
                 down_proj = torch.empty(e, h, f, dtype=dtype)
                 prepared = vllm.prepare(ids, gate_up_proj, down_proj)
@@ -480,14 +572,66 @@ class Problem:
         self.down_proj = torch.randn(self.E, self.H, self.F, device=dev, dtype=dtype, generator=g)
         self.down_proj *= self.F**-0.5
         self.router = torch.randn(self.H, self.E, device=dev, dtype=torch.float32, generator=g)
-        self.packed = {
-            layout: pack_expert_weights(
-                gate_up_proj=self.gate_up_proj, down_proj=self.down_proj, layout=layout
-            )
-            for layout in layouts
-        }
-        self.dims = {layout: tm.packed_dims(p.w_gate_up, p.w_down) for layout, p in self.packed.items()}
+        self.swiglu = shape.get("swiglu")  # gpt-oss: biases and the clamped SwiGLU
         self.expert_bytes = 3 * self.H * self.F * self.gate_up_proj.element_size()
+        if self.swiglu is None:
+            self.packed = {
+                layout: pack_expert_weights(
+                    gate_up_proj=self.gate_up_proj, down_proj=self.down_proj, layout=layout
+                )
+                for layout in layouts
+            }
+        else:
+            self._init_gpt_oss(g, layouts)
+        self.dims = {layout: tm.packed_dims(p.w_gate_up, p.w_down) for layout, p in self.packed.items()}
+
+    def _init_gpt_oss(self, g, layouts):
+        """GptOssExperts' storage of the same weights (gate_up_proj [E, H, 2F] with gate and up columns
+        interleaved, down_proj [E, F, H]), random biases of its dtype, the module (or replicas) as peers."""
+        alpha, limit, _ = self.swiglu
+        dtype = self.gate_up_proj.dtype
+        gate, up = self.gate_up_proj[:, : self.F], self.gate_up_proj[:, self.F :]
+        self.hf_gate_up = torch.stack([gate, up], dim=2).reshape(self.E, 2 * self.F, self.H).transpose(1, 2)
+        self.hf_gate_up = self.hf_gate_up.contiguous()
+        self.hf_down = self.down_proj.transpose(1, 2).contiguous()
+        self.gate_up_bias = torch.randn(self.E, 2 * self.F, device=DEV, generator=g).to(dtype) * 0.5
+        self.down_bias = torch.randn(self.E, self.H, device=DEV, generator=g).to(dtype) * 0.5
+        self.expert_bytes += (2 * self.F + self.H) * 4  # the packed fp32 biases
+        tensors = (self.hf_gate_up, self.gate_up_bias, self.hf_down, self.down_bias)
+        self.module = gpt_oss_module(self.E, self.H, self.F, self.k, alpha, limit, *tensors)
+        if self.module is not None:
+            from transformers.integrations.moe import grouped_mm_experts_forward
+
+            self.packed = {layout: pack_expert_weights(self.module, layout=layout) for layout in layouts}
+            self.hf_loop = self.module  # GptOssExperts' own eager loop
+            self.grouped_mm = lambda x, ids, w: grouped_mm_experts_forward(self.module, x, ids, w)
+        else:
+            self.packed = {
+                layout: pack_expert_weights(
+                    gate_up_proj=self.hf_gate_up,
+                    down_proj=self.hf_down,
+                    is_transposed=True,
+                    is_concatenated=False,
+                    b1=self.gate_up_bias[:, 0::2],
+                    b3=self.gate_up_bias[:, 1::2],
+                    b2=self.down_bias,
+                    gate_alpha=alpha,
+                    clamp_limit=limit,
+                    up_offset=1.0,
+                    layout=layout,
+                )
+                for layout in layouts
+            }
+            self.hf_loop = lambda x, ids, w: gpt_oss_loop_moe(x, ids, w, *tensors, alpha, limit)
+            self.grouped_mm = lambda x, ids, w: gpt_oss_grouped_mm_moe(x, ids, w, *tensors, alpha, limit)
+        self.peers = "transformers GptOssExperts" if self.module is not None else "replicas (no transformers)"
+
+    def op(self, x, ids, w, layout="tiles64"):
+        """The public op on this problem's packed weights (biases and activation when gpt-oss)."""
+        p = self.packed[layout]
+        if p.is_plain_swiglu:
+            return torch.ops.wmoe.tiled_moe(x, ids, w, p.w_gate_up, p.w_down)
+        return torch.ops.wmoe.tiled_moe(x, ids, w, p.w_gate_up, p.w_down, False, *p.op_extra_args())
 
     def inputs(self, num_tokens, seed):
         g = torch.Generator(DEV).manual_seed(1000 + seed)
@@ -499,7 +643,13 @@ class Problem:
 
     def reference(self, x, ids, weights):
         gate, up = self.gate_up_proj[:, : self.F], self.gate_up_proj[:, self.F :]
-        return tm.moe_reference(x.float(), ids, weights, gate, up, self.down_proj)
+        if self.swiglu is None:
+            return tm.moe_reference(x.float(), ids, weights, gate, up, self.down_proj)
+        biases = dict(
+            b_gate=self.gate_up_bias[:, 0::2], b_up=self.gate_up_bias[:, 1::2], b_down=self.down_bias
+        )
+        act = tm.swiglu(*self.swiglu)
+        return tm.moe_reference(x.float(), ids, weights, gate, up, self.down_proj, **biases, act=act)
 
 
 def timed_rotation(fn, sets):
@@ -528,6 +678,7 @@ def sweep_shape(prob: Problem, tokens, failed, log):
     """Per T: time every candidate of each kernel alone. Returns {T: {(bm, 'up'|'down', cand): ms}}."""
     dims = prob.dims["tiles64"]
     packed = prob.packed["tiles64"]
+    act = tm.swiglu(packed.gate_alpha, packed.clamp_limit, packed.up_offset)
     results = {}
     for t in tokens:
         sets = [prob.inputs(t, s) for s in range(ROTATE)]
@@ -537,7 +688,7 @@ def sweep_shape(prob: Problem, tokens, failed, log):
             groupings = [moe_align.group_by_expert(ids, prob.E, bm) for _, ids, _ in sets]
             base = make_config(bm, cands["up"][0], cands["down"][0]).fitted(dims.ffn_pad, dims.hidden_pad)
             hs = [
-                tm.launch_gate_up(x, packed.w_gate_up, gr, dims, prob.k, base)
+                tm.launch_gate_up(x, packed.w_gate_up, gr, dims, prob.k, base, packed.b_gate_up, act)
                 for (x, _, _), gr in zip(sets, groupings, strict=True)
             ]
             outs = [torch.zeros(t, prob.H, device=DEV) for _ in sets]
@@ -548,7 +699,10 @@ def sweep_shape(prob: Problem, tokens, failed, log):
                     continue
                 args = [(x, gr) for (x, _, _), gr in zip(sets, groupings, strict=True)]
                 fn = timed_rotation(
-                    lambda x, gr, cfg=cfg: tm.launch_gate_up(x, packed.w_gate_up, gr, dims, prob.k, cfg), args
+                    lambda x, gr, cfg=cfg: tm.launch_gate_up(
+                        x, packed.w_gate_up, gr, dims, prob.k, cfg, packed.b_gate_up, act
+                    ),
+                    args,
                 )
                 try:
                     res[(bm, "up", up)] = bench_ms(fn, warmup=10, rep=40)
@@ -561,7 +715,7 @@ def sweep_shape(prob: Problem, tokens, failed, log):
                 args = list(zip(hs, outs, flat_w, groupings, strict=True))
                 fn = timed_rotation(
                     lambda h, o, w, gr, cfg=cfg: tm.launch_down(
-                        h, packed.w_down, o, w, gr, dims, prob.k, cfg
+                        h, packed.w_down, o, w, gr, dims, prob.k, cfg, packed.b_down
                     ),
                     args,
                 )
@@ -703,11 +857,10 @@ def sweep_direct(prob: Problem, tokens, log) -> dict:
     ts = [t for t in tokens if t * prob.k <= tm.DIRECT_MAX_PAIRS]
     if not ts:
         return {}
-    packed = prob.packed["tiles64"]
     sets = {t: [prob.inputs(t, s) for s in range(ROTATE)] for t in ts}
 
     def op(x, ids, w):
-        return torch.ops.wmoe.tiled_moe(x, ids, w, packed.w_gate_up, packed.w_down)
+        return prob.op(x, ids, w)
 
     def time_config(cfg):
         tm.DIRECT_CONFIGS[klass] = cfg
@@ -767,13 +920,20 @@ def sweep_direct(prob: Problem, tokens, log) -> dict:
 
 def bench_shape(prob: Problem, tokens, bw, flops_rate, vllm, configs, log, layouts):
     rows = []
-    gate_up_t = prob.gate_up_proj.transpose(1, 2)  # [E, H, 2F] view, as HF passes it
-    down_t = prob.down_proj.transpose(1, 2)  # [E, F, H]
-    try:
-        grouped_mm_moe(*prob.inputs(4, 0), gate_up_t, down_t)
-    except RuntimeError as exc:
-        log(f"  grouped_mm on transposed views failed ({str(exc)[:120]}); using contiguous copies")
-        gate_up_t, down_t = gate_up_t.contiguous(), down_t.contiguous()
+    if prob.swiglu is None:
+        gate_up_t = prob.gate_up_proj.transpose(1, 2)  # [E, H, 2F] view, as HF passes it
+        down_t = prob.down_proj.transpose(1, 2)  # [E, F, H]
+        try:
+            grouped_mm_moe(*prob.inputs(4, 0), gate_up_t, down_t)
+        except RuntimeError as exc:
+            log(f"  grouped_mm on transposed views failed ({str(exc)[:120]}); using contiguous copies")
+            gate_up_t, down_t = gate_up_t.contiguous(), down_t.contiguous()
+        hf_loop = lambda x, ids, w: hf_loop_moe(x, ids, w, prob.gate_up_proj, prob.down_proj)  # noqa: E731
+        grouped_mm = lambda x, ids, w: grouped_mm_moe(x, ids, w, gate_up_t, down_t)  # noqa: E731
+    else:  # gpt-oss: biases and the clamped SwiGLU; vLLM's copy here has neither
+        hf_loop, grouped_mm = prob.hf_loop, prob.grouped_mm
+        log(f"  {prob.name}: peers are {prob.peers}; vLLM skipped (no expert biases / clamped SwiGLU)")
+        vllm = None
     for t in tokens:
         sets = [prob.inputs(t, s) for s in range(ROTATE)]
         hit = sum(len(torch.unique(ids)) for _, ids, _ in sets) / len(sets)
@@ -799,21 +959,13 @@ def bench_shape(prob: Problem, tokens, bw, flops_rate, vllm, configs, log, layou
         tm.CONFIG_TABLE[key] = cfg
 
         def ours(x, ids, w, layout="tiles64"):
-            p = prob.packed[layout]
-            return torch.ops.wmoe.tiled_moe(x, ids, w, p.w_gate_up, p.w_down)
+            return prob.op(x, ids, w, layout)
 
         x0, ids0, w0 = sets[0]
-        ref = (
-            prob.reference(x0, ids0, w0)
-            if t <= 1024
-            else hf_loop_moe(x0, ids0, w0, prob.gate_up_proj, prob.down_proj)
-        )
+        with torch.no_grad():
+            ref = prob.reference(x0, ids0, w0) if t <= 1024 else hf_loop(x0, ids0, w0)
         row["ref"] = "fp32 loop" if t <= 1024 else "bf16 HF loop"
-        methods = {
-            "ours": ours,
-            "hf_loop": lambda x, ids, w: hf_loop_moe(x, ids, w, prob.gate_up_proj, prob.down_proj),
-            "grouped_mm": lambda x, ids, w: grouped_mm_moe(x, ids, w, gate_up_t, down_t),
-        }
+        methods = {"ours": ours, "hf_loop": hf_loop, "grouped_mm": grouped_mm}
         for layout in layouts:
             if layout != "tiles64":
                 methods[f"ours_{layout}"] = lambda x, ids, w, layout=layout: ours(x, ids, w, layout)
@@ -831,8 +983,9 @@ def bench_shape(prob: Problem, tokens, bw, flops_rate, vllm, configs, log, layou
             )
         for name, fn in methods.items():
             try:
-                row[f"{name}_err"] = rel_err(fn(x0, ids0, w0), ref)
-                row[f"{name}_ms"] = bench_ms(timed_rotation(fn, sets))
+                with torch.no_grad():  # (the gpt-oss peers are nn.Parameters' modules)
+                    row[f"{name}_err"] = rel_err(fn(x0, ids0, w0), ref)
+                    row[f"{name}_ms"] = bench_ms(timed_rotation(fn, sets))
             except Exception as exc:  # noqa: BLE001
                 row[f"{name}_ms"] = float("nan")
                 row[f"{name}_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
@@ -1014,7 +1167,9 @@ def main() -> int:
     parser.add_argument("--precompile", action="store_true", help="compile all configs in worker processes")
     parser.add_argument("--precompile-only", action="store_true")
     parser.add_argument("--workers", type=int, default=14)
-    parser.add_argument("--shapes", nargs="*", default=list(SHAPES))
+    parser.add_argument(
+        "--shapes", nargs="*", default=list(DEFAULT_SHAPES), choices=list(SHAPES), help="default: %(default)s"
+    )
     parser.add_argument("--tokens", nargs="*", type=int, default=list(TOKENS))
     parser.add_argument("--layouts", nargs="*", default=list(tm.LAYOUTS))
     parser.add_argument("--no-vllm", action="store_true")
@@ -1034,6 +1189,7 @@ def main() -> int:
         SHAPES = {
             "mixtral": dict(num_experts=8, hidden=128, ffn=192, top_k=2),
             "fine": dict(num_experts=16, hidden=64, ffn=64, top_k=4),
+            "gpt-oss": dict(num_experts=8, hidden=80, ffn=72, top_k=4, swiglu=GPT_OSS_SWIGLU),
         }
     elif not torch.cuda.is_available():
         print("bench_moe: needs a CUDA GPU", file=sys.stderr)

@@ -460,3 +460,37 @@ def test_gpu_gpt_oss_20b_experts(num_tokens, layout):
     assert (pre[..., 0::2] > limit).any(), "the clamp never triggers"
     err = rel_err(got, ref)
     assert err < REL_TOL[torch.bfloat16], f"relative error {err:.2e}"
+
+
+@pytest.mark.gpu
+def test_gpu_direct_path_compiled_launches_with_biases():
+    # The direct path's kept compiled kernels (tm.FAST_LAUNCH): a call with biases and the clamped
+    # activation compiles kernels of its own (a None bias pointer is a constexpr of the bias-free ones),
+    # its relaunch through the kept kernel gives the same bits, and the bias-free call reuses nothing of it.
+    w = GptOssWeights(8, 128, 192, device="cuda")
+    packed = w.pack(LIMIT, dtype=torch.bfloat16)
+    plain = pack_expert_weights(
+        w1=torch.randn(8, 192, 128), w3=torch.randn(8, 192, 128), w2=torch.randn(8, 128, 192)
+    )
+    plain = plain.to("cuda")
+    x = torch.randn(2, 128, device="cuda")
+    ids, weights = random_routing(2, 2, 8, device="cuda")
+    launches = (tm._gate_up_direct_launches, tm._down_direct_launches)
+    for launch in launches:
+        launch.compiled.clear()
+    first = packed(x.to(torch.bfloat16), ids, weights)
+    assert [len(launch.compiled) for launch in launches] == [1, 1]
+    assert torch.equal(packed(x.to(torch.bfloat16), ids, weights), first)
+    plain(x.to(torch.bfloat16), ids, weights)
+    assert [len(launch.compiled) for launch in launches] == [2, 2]
+    assert torch.equal(packed(x.to(torch.bfloat16), ids, weights), first)
+    ref, gates, ups = gpt_oss_loop(x.cpu(), ids.cpu(), weights.cpu(), w_cpu(w), LIMIT, torch.bfloat16)
+    assert_clamp_triggers(gates, ups, LIMIT)
+    assert rel_err(first.cpu(), ref) < REL_TOL[torch.bfloat16]
+
+
+def w_cpu(w: GptOssWeights) -> GptOssWeights:
+    out = object.__new__(GptOssWeights)
+    for name in ("gate_up_proj", "gate_up_bias", "down_proj", "down_bias"):
+        setattr(out, name, getattr(w, name).cpu())
+    return out

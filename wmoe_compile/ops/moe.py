@@ -36,6 +36,7 @@ import torch
 from ..kernels import tiled_moe as _kernels
 from ..kernels.moe_align import interpreting
 from ..kernels.tiled_moe import (
+    DEFAULT_SWIGLU,
     PackedDims,
     SwiGLU,
     packed_dims,
@@ -112,6 +113,8 @@ def _check_inputs(
         _check_bias("b_gate_up", b_gate_up, expected, "[E, 2, F_PAD]: row 0 gate bias, row 1 up bias", device)
     if b_down is not None:
         _check_bias("b_down", b_down, (dims.num_experts, dims.hidden_pad), "[E, H_PAD]", device)
+    if gate_alpha == 1.0 and clamp_limit is None and up_offset == 0.0:
+        return dims, DEFAULT_SWIGLU
     return dims, swiglu(gate_alpha, clamp_limit, up_offset)
 
 
@@ -156,18 +159,22 @@ def tiled_moe(
     )
     if validate:
         check_expert_ids(topk_ids, dims.num_experts)
-    if b_gate_up is not None and not b_gate_up.is_contiguous():
-        b_gate_up = b_gate_up.contiguous()
-    if b_down is not None and not b_down.is_contiguous():
-        b_down = b_down.contiguous()
+    plain = b_gate_up is None and b_down is None and act is DEFAULT_SWIGLU  # the calls of before
+    if not plain:
+        if b_gate_up is not None and not b_gate_up.is_contiguous():
+            b_gate_up = b_gate_up.contiguous()
+        if b_down is not None and not b_down.is_contiguous():
+            b_down = b_down.contiguous()
     if hidden.is_cuda or interpreting():
         num_tokens = hidden.shape[0]
         if 0 < num_tokens * topk_ids.shape[1] <= _kernels.DIRECT_MAX_PAIRS:  # decode: two launches
-            if b_gate_up is None and b_down is None and act.is_default:
+            if plain:
                 return _kernels.tiled_moe_direct(hidden, topk_ids, topk_weights, w_gate_up, w_down, dims)
             return _kernels.tiled_moe_direct(
                 hidden, topk_ids, topk_weights, w_gate_up, w_down, dims, b_gate_up, b_down, act
             )
+        if plain:
+            return tiled_moe_triton(hidden, topk_ids, topk_weights, w_gate_up, w_down, dims=dims)
         return tiled_moe_triton(
             hidden,
             topk_ids,
