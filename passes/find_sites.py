@@ -13,7 +13,9 @@ nothing; it walks the graph:
   routing weights is cut out as a closed region (it reads only the hidden states, the top-k ids
   and weights, and constants) and *verified* to be a top-k SwiGLU mixture by evaluating it on
   random inputs against the closed-form formula with the weights found in the region. Layouts
-  that cannot be told apart by shape (gate/up stacking, transposition) are resolved the same way.
+  that cannot be told apart by shape (gate/up stacking, transposition) are resolved the same way,
+  and so are expert biases and a clamped SwiGLU (gpt-oss), whose constants are read off the
+  region's clamp, sigmoid and add nodes and then checked by the same evaluation.
 
 Module names (`nn_module_stack`) are used only for the report's labels.
 """
@@ -115,6 +117,38 @@ class AttentionSite:
     blocker: str | None = None  # why the attention swap cannot apply
 
 
+@dataclass(frozen=True)
+class ExpertActivation:
+    """h = g * sigmoid(gate_alpha * g) * (u + up_offset), where g = min(gate, clamp_limit) and
+    u = clamp(up, -clamp_limit, clamp_limit) when clamp_limit is set, else the projections as
+    they are. The defaults are SwiGLU, silu(gate) * up; gpt-oss uses (1.702, 7.0, 1.0)."""
+
+    gate_alpha: float = 1.0
+    clamp_limit: float | None = None
+    up_offset: float = 0.0
+
+    @property
+    def is_swiglu(self) -> bool:
+        return self == ExpertActivation()
+
+    def apply(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        if self.clamp_limit is not None:
+            gate = gate.clamp(max=self.clamp_limit)
+            up = up.clamp(-self.clamp_limit, self.clamp_limit)
+        return gate * torch.sigmoid(self.gate_alpha * gate) * (up + self.up_offset)
+
+    def describe(self) -> str:
+        if self.is_swiglu:
+            return "SwiGLU"
+        clamp = f", clamped to {self.clamp_limit:g}" if self.clamp_limit is not None else ""
+        return f"gate * sigmoid({self.gate_alpha:g} gate) * (up + {self.up_offset:g}){clamp}"
+
+
+ExpertWeights = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+# (b_gate [E, F] | None, b_up [E, F] | None, b_down [E, H] | None)
+ExpertBiases = tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]
+
+
 @dataclass(eq=False)
 class MoESite:
     report: SiteReport
@@ -123,7 +157,10 @@ class MoESite:
     topk_weights: fx.Node | None = None  # [N, K] routing weights as the experts use them
     output: fx.Node | None = None  # [N, H] mixture output that tiled_moe replaces
     # Returns (w_gate [E, F, H], w_up [E, F, H], w_down [E, H, F]) in linear layout.
-    expert_weights: Callable[[], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None
+    expert_weights: Callable[[], ExpertWeights] | None = None
+    # Returns (b_gate [E, F], b_up [E, F], b_down [E, H]), any of them None; None: no biases.
+    expert_biases: Callable[[], ExpertBiases] | None = None
+    activation: ExpertActivation = field(default_factory=ExpertActivation)
     weight_nodes: list[fx.Node] = field(default_factory=list)
     num_experts: int = 0
     top_k: int = 0
@@ -984,23 +1021,37 @@ def _match_experts(gm: fx.GraphModule, site: MoESite) -> None:
         # per-expert capacity would drop tokens there, and must not pass as a plain mixture).
         sample_sets = [_sample_inputs(hidden, ids, weights, site, concentrated=c) for c in (False, True)]
         results = [_evaluate_region(gm, region, output, samples) for samples in sample_sets]
-        for label, getter in layouts:
+        activations = _activation_candidates(region)
+        for label, getter, bias_getter in layouts:
             w_gate, w_up, w_down = getter()
-            err = max(
-                _rel_err(got, reference_moe(sm[hidden], sm[ids], sm[weights], w_gate, w_up, w_down))
-                for sm, got in zip(sample_sets, results, strict=True)
-            )
-            if err <= _tolerance(m.dtype(output)):
-                site.output, site.expert_weights = output, getter
-                # Label: the module around router and experts (the topk sits in the router).
-                site.report.module_path = (
-                    m.common_module_path([site.topk_ids, output]) or site.report.module_path
+            biases = bias_getter() if bias_getter is not None else None
+            for activation in activations:
+                checks = list(zip(sample_sets, results, strict=True))
+                if activation.clamp_limit is not None:  # the clamp must bite, or any limit passes
+                    clamped = _past_the_limit(sample_sets[0], hidden, w_gate, w_up, biases, activation)
+                    checks.append((clamped, _evaluate_region(gm, region, output, clamped)))
+                err = max(
+                    _rel_err(
+                        got,
+                        reference_moe(
+                            sm[hidden], sm[ids], sm[weights], w_gate, w_up, w_down, biases, activation
+                        ),
+                    )
+                    for sm, got in checks
                 )
-                site.weight_nodes = weight_nodes
-                site.report.detail = label
-                site.report.nodes.update(output=output.name, weights=f"{len(weight_nodes)} tensors")
-                return
-            failures.append(f"{output.name} as {label}: relative error {err:.2e}")
+                name = label if activation.is_swiglu else f"{label}, {activation.describe()}"
+                if err <= _tolerance(m.dtype(output)):
+                    site.output, site.expert_weights = output, getter
+                    site.expert_biases, site.activation = bias_getter, activation
+                    # Label: the module around router and experts (the topk sits in the router).
+                    site.report.module_path = (
+                        m.common_module_path([site.topk_ids, output]) or site.report.module_path
+                    )
+                    site.weight_nodes = weight_nodes
+                    site.report.detail = name
+                    site.report.nodes.update(output=output.name, weights=f"{len(weight_nodes)} tensors")
+                    return
+                failures.append(f"{output.name} as {name}: relative error {err:.2e}")
     site.blocker = (
         "expert computation does not match a top-k SwiGLU mixture ("
         + "; ".join(failures[:4])
@@ -1010,8 +1061,9 @@ def _match_experts(gm: fx.GraphModule, site: MoESite) -> None:
 
 
 def _unmatched_expert_parts(regions: list[list[fx.Node]]) -> str:
-    """What the expert regions hold that a bias-free SwiGLU mixture has no place for (gpt-oss's
-    experts add biases and clamp the gate and up projections), as a clause for the skip reason."""
+    """The biases and clamps the expert regions hold, as a clause for the skip reason: the
+    mixture takes them only in the forms gpt-oss uses (a bias per expert projection; the gate
+    clamped from above and the up projection on both sides at one limit)."""
     nodes = [n for region in regions for n in region]
     biases = sorted(
         {str(n.target).rsplit(".", 1)[-1] for n in nodes if n.op == "get_attr" and "bias" in str(n.target)}
@@ -1023,7 +1075,10 @@ def _unmatched_expert_parts(regions: list[list[fx.Node]]) -> str:
     parts += [f"clamped activations ({', '.join(clamps)})"] if clamps else []
     if not parts:
         return ""
-    return "; the experts have " + " and ".join(parts) + ", which the fused SwiGLU experts do not take"
+    return (
+        "; the experts have " + " and ".join(parts) + ", which matched none of the forms the fused "
+        "experts take (a bias per projection; gate clamped from above, up on both sides at one limit)"
+    )
 
 
 def _region(output: fx.Node, boundary: set[fx.Node]) -> list[fx.Node]:
@@ -1061,16 +1116,60 @@ def reference_moe(
     w_gate: torch.Tensor,
     w_up: torch.Tensor,
     w_down: torch.Tensor,
+    biases: ExpertBiases | None = None,
+    activation: ExpertActivation | None = None,
 ) -> torch.Tensor:
-    """sum_k w[n,k] * W_down[e] (silu(W_gate[e] x) * W_up[e] x), e = ids[n,k]; computed in fp32."""
+    """sum_k w[n,k] * (W_down[e] act(W_gate[e] x + b_gate[e], W_up[e] x + b_up[e]) + b_down[e]),
+    e = ids[n,k]; act is silu(gate) * up unless `activation` says otherwise; in fp32."""
+    b_gate, b_up, b_down = biases if biases is not None else (None, None, None)
+    activation = activation or ExpertActivation()
     x = hidden.float()
     out = torch.zeros_like(x)
     for e in topk_ids.unique().tolist():
         rows, slots = (topk_ids == e).nonzero(as_tuple=True)
         xe = x[rows]
-        act = F.silu(xe @ w_gate[e].float().T) * (xe @ w_up[e].float().T)
-        out.index_add_(0, rows, (act @ w_down[e].float().T) * topk_weights[rows, slots, None].float())
+        gate, up = xe @ w_gate[e].float().T, xe @ w_up[e].float().T
+        if b_gate is not None:
+            gate = gate + b_gate[e].float()
+        if b_up is not None:
+            up = up + b_up[e].float()
+        if activation.is_swiglu:
+            act = F.silu(gate) * up
+        else:
+            act = activation.apply(gate, up)
+        y = act @ w_down[e].float().T
+        if b_down is not None:
+            y = y + b_down[e].float()
+        out.index_add_(0, rows, y * topk_weights[rows, slots, None].float())
     return out
+
+
+def _float_scalar(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+def _activation_candidates(region: list[fx.Node]) -> list[ExpertActivation]:
+    """SwiGLU, and before it the clamped form with the constants the region's nodes hold (gpt-oss:
+    sigmoid(gate * alpha), clamp(gate, max=limit), clamp(up, -limit, limit), up + 1); which one
+    the region computes is decided by evaluating it, not by these shapes."""
+    alphas, limits, offsets = set(), set(), set()
+    clamps = {n for n in region if m.is_op(n, aten.clamp, aten.clamp_min, aten.clamp_max)}
+    for node in region:
+        if m.is_op(node, aten.sigmoid) and m.is_op(node.args[0], aten.mul):
+            scale = [_float_scalar(a) for a in node.args[0].args[:2]]
+            alphas.update(v for v in scale if v is not None)
+        elif node in clamps:
+            bounds = [_float_scalar(a) for a in (*node.args[1:], *node.kwargs.values())]
+            limits.update(abs(v) for v in bounds if v is not None)
+        elif m.is_op(node, aten.add, aten.add_) and any(i in clamps for i in node.all_input_nodes):
+            offsets.update(v for v in (_float_scalar(a) for a in node.args[1:2]) if v is not None)
+    if not (alphas or limits or offsets):
+        return [ExpertActivation()]
+    forms = itertools.product(sorted(alphas) or [1.0], sorted(limits) or [None], sorted(offsets) or [0.0])
+    candidates = [ExpertActivation(a, c, o) for a, c, o in itertools.islice(forms, 8)]
+    return [c for c in candidates if not c.is_swiglu] + [ExpertActivation()]
 
 
 def _sample_inputs(
@@ -1095,6 +1194,29 @@ def _sample_inputs(
     return samples
 
 
+def _past_the_limit(
+    samples: dict[fx.Node, torch.Tensor],
+    hidden: fx.Node,
+    w_gate: torch.Tensor,
+    w_up: torch.Tensor,
+    biases: ExpertBiases | None,
+    activation: ExpertActivation,
+) -> dict[fx.Node, torch.Tensor]:
+    """`samples` with the hidden states scaled so that the gate and up projections' median
+    magnitude is four times the clamp limit: about half of them lie past it on either side, so a
+    reading with the wrong limit, or clamps on the wrong sides, differs from the region."""
+    del biases  # not scaled; the scaled projections dwarf them
+    x = samples[hidden].float()
+    typical = min(float(torch.einsum("nh,efh->enf", x, w.float()).abs().median()) for w in (w_gate, w_up))
+    scale = max(1.0, 4.0 * activation.clamp_limit / max(typical, 1e-30))
+    scaled = dict(samples)
+    x_scaled = (x * scale).to(samples[hidden].dtype)
+    for node, value in samples.items():
+        if value is samples[hidden]:
+            scaled[node] = x_scaled
+    return scaled
+
+
 def _evaluate_region(
     gm: fx.GraphModule, region: list[fx.Node], output: fx.Node, samples: dict[fx.Node, torch.Tensor]
 ) -> torch.Tensor:
@@ -1113,14 +1235,18 @@ def _evaluate_region(
         return sub(*inputs)
 
 
+Layout = tuple[str, Callable[[], ExpertWeights], Callable[[], ExpertBiases] | None]
+
+
 def _expert_layouts(
     gm: fx.GraphModule, region: list[fx.Node], weight_nodes: list[fx.Node], site: MoESite
-) -> list[tuple[str, Callable[[], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]]]:
-    """Candidate readings of the region's weights as (w_gate [E,F,H], w_up [E,F,H], w_down [E,H,F])."""
+) -> list[Layout]:
+    """Candidate readings of the region's weights as (w_gate [E,F,H], w_up [E,F,H], w_down [E,H,F]),
+    each with a reading of its biases (None: no biases)."""
     experts = site.num_experts
     width = m.shape(site.hidden)[1]
     tensors = {n: m.get_attr_tensor(gm, n) for n in weight_nodes}
-    layouts = []
+    layouts: list[Layout] = []
     per_expert = _per_expert_triples(region, site)
     if per_expert is not None:
         triples = [(tensors[a], tensors[b], tensors[c]) for a, b, c in per_expert]
@@ -1128,12 +1254,15 @@ def _expert_layouts(
             (
                 "per-expert SwiGLU linears (dense masked loop)",
                 lambda: tuple(torch.stack(ws) for ws in zip(*triples, strict=True)),
+                None,
             )
         )
         return layouts
     stacked = [n for n, t in tensors.items() if t is not None and t.dim() == 3 and t.shape[0] == experts]
     if len(stacked) != 2:
         return layouts
+    # per-expert bias rows [E, 2F] (gate_up) and [E, H] (down), as gpt-oss's experts hold them
+    rows = {n: t for n, t in tensors.items() if t is not None and t.dim() == 2 and t.shape[0] == experts}
     for gate_up_node, down_node in itertools.permutations(stacked):
         gate_up, down = tensors[gate_up_node], tensors[down_node]
         for down_t in (False, True):  # [E, H, F] (linear layout) or [E, F, H]
@@ -1151,15 +1280,43 @@ def _expert_layouts(
                         f"({'transposed, ' if gu_t else ''}{split}), down {list(down.shape)}"
                         f"{' (transposed)' if down_t else ''}"
                     )
-                    layouts.append((label, _stacked_getter(w_gu, w_down, ffn, split)))
+                    getter = _stacked_getter(w_gu, w_down, ffn, split)
+                    for b_gu, b_down in _bias_readings(rows, ffn, width):
+                        named = [f"{n.target.rsplit('.', 1)[-1]}" for n in (b_gu, b_down) if n is not None]
+                        biases = f", biases {', '.join(named)}" if named else ""
+                        bias_getter = (
+                            _bias_getter(rows.get(b_gu), rows.get(b_down), ffn, split) if named else None
+                        )
+                        layouts.append((label + biases, getter, bias_getter))
     return layouts
 
 
+def _bias_readings(
+    rows: dict[fx.Node, torch.Tensor], ffn: int, width: int
+) -> list[tuple[fx.Node | None, fx.Node | None]]:
+    """(gate_up bias, down bias) assignments of the region's [E, n] tensors: each one whose width
+    fits, two different tensors; no biases when the region holds none that fit."""
+    gate_up = [n for n, t in rows.items() if t.shape[1] == 2 * ffn] or [None]
+    down = [n for n, t in rows.items() if t.shape[1] == width] or [None]
+    return [(a, b) for a in gate_up for b in down if a is None or a is not b]
+
+
 def _stacked_getter(w_gu: torch.Tensor, w_down: torch.Tensor, ffn: int, split: str):
-    def get() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def get() -> ExpertWeights:
         if split == "concatenated":
             return w_gu[:, :ffn], w_gu[:, ffn:], w_down
         return w_gu[:, 0::2], w_gu[:, 1::2], w_down
+
+    return get
+
+
+def _bias_getter(b_gu: torch.Tensor | None, b_down: torch.Tensor | None, ffn: int, split: str):
+    def get() -> ExpertBiases:
+        if b_gu is None:
+            return None, None, b_down
+        if split == "concatenated":
+            return b_gu[:, :ffn], b_gu[:, ffn:], b_down
+        return b_gu[:, 0::2], b_gu[:, 1::2], b_down
 
     return get
 

@@ -214,6 +214,53 @@ def test_tiled_moe(flavor, layout):
     np.testing.assert_allclose(out, want.numpy(), rtol=1e-4, atol=1e-5)
 
 
+class _BiasedMoE(torch.nn.Module):
+    def __init__(self, packed, clamp_limit):
+        super().__init__()
+        for name in ("w_gate_up", "w_down", "b_gate_up", "b_down"):
+            self.register_buffer(name, getattr(packed, name))
+        self.clamp_limit = clamp_limit
+
+    def forward(self, hidden, topk_ids, topk_weights):
+        return torch.ops.wmoe.tiled_moe(
+            hidden, topk_ids, topk_weights, self.w_gate_up, self.w_down, False,
+            self.b_gate_up, self.b_down, 1.702, self.clamp_limit, 1.0,
+        )  # fmt: skip
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+@pytest.mark.parametrize(("layout", "clamp_limit"), [("tiles64", 2.0), ("rows", None)])
+def test_tiled_moe_with_biases_and_clamped_activation(flavor, layout, clamp_limit):
+    # gpt-oss's experts: a bias per projection, (u + 1) g sigmoid(1.702 g), g and u clamped
+    experts, hidden_size, ffn, tokens, k = 4, 40, 72, 5, 2
+    w_gate = torch.randn(experts, ffn, hidden_size) / hidden_size**0.5
+    w_up = torch.randn(experts, ffn, hidden_size) / hidden_size**0.5
+    w_down = torch.randn(experts, hidden_size, ffn) / ffn**0.5
+    b_gate, b_up = torch.randn(experts, ffn), torch.randn(experts, ffn)
+    b_down = torch.randn(experts, hidden_size)
+    packed = wmoe_compile.pack_expert_weights(
+        w1=w_gate, w3=w_up, w2=w_down, b1=b_gate, b3=b_up, b2=b_down, layout=layout
+    )
+    hidden = torch.randn(tokens, hidden_size) * 2
+    topk_ids = torch.stack([torch.randperm(experts)[:k] for _ in range(tokens)])
+    topk_weights = torch.softmax(torch.randn(tokens, k), -1)
+    program = torch.export.export(_BiasedMoE(packed, clamp_limit), (hidden, topk_ids, topk_weights))
+    proto = export_onnx(program, None, flavor)
+    _check_flavor(proto, flavor, {"TiledMoeBiased"})
+    (out,) = _run(proto, [hidden, topk_ids, topk_weights])
+    want = torch.zeros(tokens, hidden_size, dtype=torch.float64)
+    for t in range(tokens):
+        for j, e in enumerate(topk_ids[t].tolist()):
+            x = hidden[t].double()
+            g, u = w_gate[e].double() @ x + b_gate[e], w_up[e].double() @ x + b_up[e]
+            if clamp_limit is not None:
+                g, u = g.clamp(max=clamp_limit), u.clamp(-clamp_limit, clamp_limit)
+            h = (u + 1) * g * torch.sigmoid(1.702 * g)
+            want[t] += topk_weights[t, j].double() * (w_down[e].double() @ h + b_down[e])
+    assert clamp_limit is None or (w_gate.double() @ hidden.double().T).max() > clamp_limit
+    np.testing.assert_allclose(out, want.float().numpy(), rtol=1e-4, atol=1e-4)
+
+
 def test_bad_flavor_and_state_are_rejected():
     program = torch.export.export(_Compress(), (torch.randn(1, 1, 2, 16), torch.empty(0)))
     with pytest.raises(ValueError, match="portable"):

@@ -232,7 +232,10 @@ class StackedMoE(nn.Module):
     [1, E] bias squeezed to [E], weights the scores gathered at the ids, divided by their sum
     clamped to at least 1e-12) | "ernie-capped" (the same, the sum clamped to at most 0.5: not a
     renormalisation, so the experts' region does not match and the site is skipped). act: "silu" |
-    "gelu". transposed: store [E, H, 2F] / [E, F, H].
+    "gelu" | "gpt-oss" (gpt-oss's experts: gate and up interleaved, a bias per projection,
+    (u + 1) * g * sigmoid(1.702 g) with g clamped from above at 7 and u at +-7) |
+    "gpt-oss-up-from-above" (u clamped from above only: not the form the op takes) |
+    "gpt-oss-two-limits" (g at 7, u at 5: neither). transposed: store [E, H, 2F] / [E, F, H].
     capacity: per-expert token limit (tokens past it are dropped), 0 = none.
     """
 
@@ -250,6 +253,17 @@ class StackedMoE(nn.Module):
             gate_up, down = gate_up.transpose(1, 2).contiguous(), down.transpose(1, 2).contiguous()
         self.gate_up_proj = nn.Parameter(gate_up)
         self.down_proj = nn.Parameter(down)
+        self.gate_up_proj_bias = nn.Parameter(torch.randn(E, 2 * FF))
+        self.down_proj_bias = nn.Parameter(torch.randn(E, H))
+
+    def _gpt_oss(self, h: torch.Tensor) -> torch.Tensor:
+        g, u = h[..., ::2], h[..., 1::2]
+        g = g.clamp(max=7.0)
+        if self.act == "gpt-oss-two-limits":
+            u = u.clamp(min=-5.0, max=5.0)
+        else:
+            u = u.clamp(max=7.0) if self.act == "gpt-oss-up-from-above" else u.clamp(-7.0, 7.0)
+        return (u + 1) * (g * torch.sigmoid(g * 1.702))
 
     def forward(self, x):
         flat = x.reshape(-1, H)
@@ -287,9 +301,14 @@ class StackedMoE(nn.Module):
         if self.transposed:
             gate_up, down = gate_up.transpose(1, 2), down.transpose(1, 2)
         h = torch.bmm(gate_up, tokens.unsqueeze(-1)).squeeze(-1)
-        g, u = h.chunk(2, dim=-1)
-        act = F.silu(g) if self.act == "silu" else F.gelu(g)
-        y = torch.bmm(down, (act * u).unsqueeze(-1)).squeeze(-1)
+        if self.act.startswith("gpt-oss"):
+            h = h + self.gate_up_proj_bias[ids.reshape(-1)]
+            y = torch.bmm(down, self._gpt_oss(h).unsqueeze(-1)).squeeze(-1)
+            y = y + self.down_proj_bias[ids.reshape(-1)]
+        else:
+            g, u = h.chunk(2, dim=-1)
+            act = F.silu(g) if self.act == "silu" else F.gelu(g)
+            y = torch.bmm(down, (act * u).unsqueeze(-1)).squeeze(-1)
         y = y * weights.reshape(-1, 1)
         return y.view(-1, K, H).sum(1).view_as(x)
 
@@ -325,6 +344,40 @@ def test_stacked_experts_are_verified_and_their_layout_resolved(transposed, rout
     down = module.down_proj.transpose(1, 2) if transposed else module.down_proj
     assert torch.equal(w_gate, gate_up[:, :FF]) and torch.equal(w_up, gate_up[:, FF:])
     assert torch.equal(w_down, down)
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_gpt_oss_experts_biases_and_clamped_activation_are_read(transposed):
+    module = StackedMoE(router="logits-softmax", act="gpt-oss", transposed=transposed)
+    (site,) = moe_sites(module)
+    assert site.blocker is None, site.blocker
+    assert site.activation == fs.ExpertActivation(gate_alpha=1.702, clamp_limit=7.0, up_offset=1.0)
+    assert "interleaved" in site.report.detail and "clamped to 7" in site.report.detail
+    w_gate, w_up, _ = site.expert_weights()
+    gate_up = module.gate_up_proj.transpose(1, 2) if transposed else module.gate_up_proj
+    assert torch.equal(w_gate, gate_up[:, 0::2]) and torch.equal(w_up, gate_up[:, 1::2])
+    b_gate, b_up, b_down = site.expert_biases()
+    assert torch.equal(b_gate, module.gate_up_proj_bias[:, 0::2])
+    assert torch.equal(b_up, module.gate_up_proj_bias[:, 1::2])
+    assert torch.equal(b_down, module.down_proj_bias)
+
+
+@pytest.mark.parametrize("act", ["gpt-oss-up-from-above", "gpt-oss-two-limits"])
+def test_clamps_the_op_does_not_take_are_skipped_even_where_samples_stay_inside_them(act):
+    # Random samples rarely reach the limit 7 here, so only the check with inputs scaled past it
+    # tells these clamps from gpt-oss's.
+    (site,) = moe_sites(StackedMoE(router="logits-softmax", act=act))
+    assert site.report.status == "skipped"
+    assert "does not match" in site.report.reason and "clamped activations" in site.report.reason
+
+
+def test_activation_formula():
+    gate, up = torch.randn(6, 5) * 10, torch.randn(6, 5) * 10
+    torch.testing.assert_close(fs.ExpertActivation().apply(gate, up), F.silu(gate) * up)
+    oss = fs.ExpertActivation(1.702, 7.0, 1.0)
+    g, u = gate.clamp(max=7.0), up.clamp(-7.0, 7.0)
+    torch.testing.assert_close(oss.apply(gate, up), (u + 1) * g * torch.sigmoid(1.702 * g))
+    assert (gate > 7).any() and (up.abs() > 7).any()  # the clamps were exercised
 
 
 def test_reference_model_dense_loop_is_found():

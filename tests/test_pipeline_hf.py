@@ -217,25 +217,27 @@ def test_sliding_window_layers_are_exact_past_the_window(window):
     assert_decode_exact(program, model, torch.randint(1, 256, (1, 11)))
 
 
-def test_gpt_oss_sinks_sliding_layers_and_clamped_experts_are_reported_and_left_exact():
+def test_gpt_oss_experts_are_rewritten_and_its_sink_attention_reported_exact():
     # gpt-oss: learned sink logits in every attention's softmax, sliding-window and full layers in
     # turn, experts with biases and a clamped SwiGLU. The caches are found and compressed (here
-    # bypassed, so the program is exact); the attention and the experts are reported, not rewritten.
+    # bypassed, so the program is exact); the attention is reported, not rewritten; the experts
+    # become wmoe::tiled_moe with their biases and activation.
     model = tiny_hf_model("gpt-oss", num_layers=2)
     assert model.config._attn_implementation == "eager"  # (transformers has no SDPA path for it)
     program = decode_program(model, batch=BATCH)
     report = program.wmoe_report
     counts = report.counts()
     assert counts["kv_write"] == {"rewritten": 4}, report
-    assert counts["attention"] == {"skipped": 2} and counts["moe"] == {"skipped": 2}, report
+    assert counts["attention"] == {"skipped": 2} and counts["moe"] == {"rewritten": 2}, report
     attention = {s.layer: s.reason for s in report.sites if s.kind == "attention"}
     assert all("learned attention sinks" in reason for reason in attention.values()), attention
     assert "sliding-window mask: a window of 8 tokens" in attention[0], attention
     assert "mask" not in attention[1], attention
     moe = [s.reason for s in report.sites if s.kind == "moe"]
-    assert all("does not match a top-k SwiGLU mixture" in reason for reason in moe), moe
-    assert all("expert biases (down_proj_bias, gate_up_proj_bias)" in reason for reason in moe), moe
-    assert all("clamped activations" in reason for reason in moe), moe
+    form = "biases b_gate_up, b_down; gate * sigmoid(1.702 gate) * (up + 1), clamped to 7"
+    assert all(form in reason for reason in moe), moe
+    calls = [n for n in program.graph_module.graph.nodes if n.target is torch.ops.wmoe.tiled_moe.default]
+    assert len(calls) == 2 and all(len(n.args) == 11 for n in calls), calls
     assert_decode_exact(program, model, torch.randint(1, 256, (BATCH, 12)))  # past the window of 8
 
 

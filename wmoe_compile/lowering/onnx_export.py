@@ -339,7 +339,19 @@ def _translate_wavelet_attention(
     )
 
 
-def _translate_tiled_moe(hidden, topk_ids, topk_weights, w_gate_up, w_down, validate: bool = False):
+def _translate_tiled_moe(
+    hidden,
+    topk_ids,
+    topk_weights,
+    w_gate_up,
+    w_down,
+    validate: bool = False,
+    b_gate_up=None,
+    b_down=None,
+    gate_alpha: float = 1.0,
+    clamp_limit: float | None = None,
+    up_offset: float = 0.0,
+):
     # Validation reads ids on the host in PyTorch; in ONNX out-of-range ids contribute nothing.
     del validate
     if len(w_gate_up.shape) == 6:
@@ -349,16 +361,34 @@ def _translate_tiled_moe(hidden, topk_ids, topk_weights, w_gate_up, w_down, vali
         layout, experts = "rows", w_gate_up.shape[0]
         ffn_pad, hidden_pad = w_gate_up.shape[1] // 2, w_gate_up.shape[2]
     wmoe = _wmoe_opset()
-    return wmoe.TiledMoe(
+    dims = {
+        "layout": layout,
+        "num_experts": int(experts),
+        "ffn_pad": int(ffn_pad),
+        "hidden_pad": int(hidden_pad),
+    }
+    plain = b_gate_up is None and b_down is None and (gate_alpha, clamp_limit, up_offset) == (1.0, None, 0.0)
+    if plain:
+        return wmoe.TiledMoe(hidden, topk_ids, topk_weights, w_gate_up, w_down, **dims)
+    import numpy as np
+    from onnxscript import opset18 as op
+
+    def zeros(*shape: int):  # a bias the experts do not have adds nothing
+        return op.Constant(value=onnx.numpy_helper.from_array(np.zeros(shape, np.float32)))
+
+    return wmoe.TiledMoeBiased(
         hidden,
         topk_ids,
         topk_weights,
         w_gate_up,
         w_down,
-        layout=layout,
-        num_experts=int(experts),
-        ffn_pad=int(ffn_pad),
-        hidden_pad=int(hidden_pad),
+        b_gate_up if b_gate_up is not None else zeros(int(experts), 2, int(ffn_pad)),
+        b_down if b_down is not None else zeros(int(experts), int(hidden_pad)),
+        **dims,
+        gate_alpha=float(gate_alpha),
+        clamped=int(clamp_limit is not None),
+        clamp_limit=float(clamp_limit if clamp_limit is not None else 0.0),
+        up_offset=float(up_offset),
     )
 
 

@@ -167,6 +167,32 @@ SCHEMAS: dict[str, defs.OpSchema] = {
         ],
         [("T", _FLOAT_TYPES), ("W", _FLOAT_TYPES), ("I", ["tensor(int64)", "tensor(int32)"])],
     ),
+    "TiledMoeBiased": _schema(
+        "TiledMoeBiased",
+        "wmoe::tiled_moe with expert biases and a clamped SwiGLU (gpt-oss): "
+        "g * sigmoid(gate_alpha g) * (u + up_offset), g and u clamped when clamped = 1",
+        [
+            ("hidden", "T"),
+            ("topk_ids", "I"),
+            ("topk_weights", "W"),
+            ("w_gate_up", "T"),
+            ("w_down", "T"),
+            ("b_gate_up", "tensor(float)"),
+            ("b_down", "tensor(float)"),
+        ],
+        [("out", "T")],
+        [
+            ("layout", _STR, "packed weight layout: tiles64 | rows"),
+            ("num_experts", _INT, "E"),
+            ("ffn_pad", _INT, "expert ffn size rounded up to 64"),
+            ("hidden_pad", _INT, "hidden size rounded up to 64"),
+            ("gate_alpha", _FLT, "the gate's sigmoid slope"),
+            ("clamped", _INT, "1: gate clamped from above, up on both sides, at clamp_limit"),
+            ("clamp_limit", _FLT, "the clamp's limit (read when clamped = 1)"),
+            ("up_offset", _FLT, "added to the up projection"),
+        ],
+        [("T", _FLOAT_TYPES), ("W", _FLOAT_TYPES), ("I", ["tensor(int64)", "tensor(int32)"])],
+    ),
 }
 
 
@@ -574,9 +600,22 @@ def _wavelet_attention(b: _Body, attrs: Mapping[str, Any]) -> tuple[list[ir.Valu
 def _tiled_moe(b: _Body, attrs: Mapping[str, Any]) -> tuple[list[ir.Value], list[ir.Value]]:
     """Every expert on every token (dense, static shapes), combined with the routing weights:
     the portable form of the grouped GEMM; in fp32 like the reference."""
+    return _tiled_moe_body(b, attrs, biased=False)
+
+
+def _tiled_moe_biased(b: _Body, attrs: Mapping[str, Any]) -> tuple[list[ir.Value], list[ir.Value]]:
+    """_tiled_moe with the packed biases (b_gate_up [E, 2, F_PAD], b_down [E, H_PAD], fp32) and
+    the clamped activation."""
+    return _tiled_moe_body(b, attrs, biased=True)
+
+
+def _tiled_moe_body(
+    b: _Body, attrs: Mapping[str, Any], biased: bool
+) -> tuple[list[ir.Value], list[ir.Value]]:
     names = ("hidden", "topk_ids", "topk_weights", "w_gate_up", "w_down")
+    names += ("b_gate_up", "b_down") if biased else ()
     inputs = [ir.Value(name=n) for n in names]
-    hidden, topk_ids, topk_weights, w_gate_up, w_down = inputs
+    hidden, topk_ids, topk_weights, w_gate_up, w_down = inputs[:5]
     experts, ffn_pad, hidden_pad = attrs["num_experts"], attrs["ffn_pad"], attrs["hidden_pad"]
     tile = 64
     if attrs["layout"] == "rows":
@@ -602,8 +641,25 @@ def _tiled_moe(b: _Body, attrs: Mapping[str, Any]) -> tuple[list[ir.Value], list
     x = b.op("Pad", x, padding)  # [T, H_PAD]
     gate = b.op("MatMul", x, b.op("Transpose", half(0), perm=[0, 2, 1]))  # [E, T, F_PAD]
     up = b.op("MatMul", x, b.op("Transpose", half(1), perm=[0, 2, 1]))
-    act = b.op("Mul", b.op("Mul", gate, b.op("Sigmoid", gate)), up)
+    if biased:
+        b_gate_up, b_down = inputs[5:]
+
+        def bias_row(index: int) -> ir.Value:  # [E, 1, F_PAD]: one row per expert, all tokens
+            part = b.op("Slice", b_gate_up, b.i64(index), b.i64(index + 1), b.i64(1))
+            return b.op("Reshape", part, b.i64(experts, 1, ffn_pad))
+
+        gate, up = b.op("Add", gate, bias_row(0)), b.op("Add", up, bias_row(1))
+        if attrs["clamped"]:
+            limit = float(attrs["clamp_limit"])
+            gate = b.op("Min", gate, b.f32(limit))
+            up = b.op("Max", b.op("Min", up, b.f32(limit)), b.f32(-limit))
+        slope = b.op("Sigmoid", b.op("Mul", gate, b.f32(float(attrs["gate_alpha"]))))
+        act = b.op("Mul", b.op("Mul", gate, slope), b.op("Add", up, b.f32(float(attrs["up_offset"]))))
+    else:
+        act = b.op("Mul", b.op("Mul", gate, b.op("Sigmoid", gate)), up)
     y = b.op("MatMul", act, b.op("Transpose", b.op("Cast", down, to=_FLOAT), perm=[0, 2, 1]))  # [E, T, H]
+    if biased:
+        y = b.op("Add", y, b.op("Reshape", b_down, b.i64(experts, 1, hidden_pad)))
     # Routing weight of (token, expert): sum over the k slots that chose the expert; ids outside
     # [0, E) match no expert and contribute nothing, as in the op.
     expert_ids = b.op("Range", b.const(0, np.int64), b.const(experts, np.int64), b.const(1, np.int64))
@@ -626,6 +682,7 @@ BODIES: dict[str, Callable[[_Body, Mapping[str, Any]], tuple[list[ir.Value], lis
     "KvCompressIntoCache": _kv_compress_into_cache,
     "WaveletAttention": _wavelet_attention,
     "TiledMoe": _tiled_moe,
+    "TiledMoeBiased": _tiled_moe_biased,
 }
 
 
