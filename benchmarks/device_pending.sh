@@ -117,6 +117,8 @@
 #   bash benchmarks/device_pending.sh head_dims   # the bench at head_dim 64 (gpt-oss's 64 / 8
 #                                                 # heads) and 256 (32 / 8), which run the Triton
 #                                                 # kernels (forty-first session)
+#   bash benchmarks/device_pending.sh gpt_oss_moe # tiled_moe with gpt-oss's biases and clamped
+#                                                 # SwiGLU: GPU tests, then bench_moe at its shape
 #   bash benchmarks/device_pending.sh head_dim_grid    # Triton-kernel configs at head_dim 64
 #                                                 # (64 / 8 heads) and 256 (32 / 8) against the
 #                                                 # untuned default they run (forty-second session)
@@ -126,7 +128,7 @@
 #                                                 # kernel's full carveout against the tuned config
 set -u
 case "${1:-}" in
-tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce | exact_remainder | key_word_pairs | clocks | zero_padding_p | value_subnormals | value_subnormals_sustained | band_columns | value_scales_staged | counted_steps | transform_in_split | one_sequence_merge | query_in_split | one_wave | merge_pass | final26 | small_bench | exact_tail_prologue | prologue_tiles | two_wave_tail | one_sequence_l2 | phases | one_sequence_28 | split_major_grid | tma_spike | tma_rows | tma_phases | l2_compare | gqa8 | gqa | split_carveout | head_dims | value_band2_half | token_sums_rows | token_sums_rows_gqa8 | head_dim_grid) ;;
+tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce | exact_remainder | key_word_pairs | clocks | zero_padding_p | value_subnormals | value_subnormals_sustained | band_columns | value_scales_staged | counted_steps | transform_in_split | one_sequence_merge | query_in_split | one_wave | merge_pass | final26 | small_bench | exact_tail_prologue | prologue_tiles | two_wave_tail | one_sequence_l2 | phases | one_sequence_28 | split_major_grid | tma_spike | tma_rows | tma_phases | l2_compare | gqa8 | gqa | split_carveout | head_dims | value_band2_half | token_sums_rows | token_sums_rows_gqa8 | head_dim_grid | gpt_oss_moe) ;;
 grid | timeline | sustained)
     if [ ! -f "${2:-}" ]; then
         echo "$1 needs a JSON file of LaunchConfig dicts (e.g. benchmarks/configs/probe_one_block_step.json), got '${2:-}'" >&2
@@ -134,7 +136,7 @@ grid | timeline | sustained)
     fi
     ;;
 *)
-    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|reduce|remainder|small_reduce|exact_remainder|key_word_pairs|clocks|zero_padding_p|value_subnormals|value_subnormals_sustained|band_columns|value_scales_staged|counted_steps|transform_in_split|one_sequence_merge|query_in_split|one_wave|merge_pass|final26|small_bench|exact_tail_prologue|prologue_tiles|two_wave_tail|one_sequence_l2|phases|one_sequence_28|split_major_grid|tma_spike|tma_rows|tma_phases|l2_compare|gqa8|gqa|split_carveout|head_dims|value_band2_half|token_sums_rows|token_sums_rows_gqa8|head_dim_grid|grid FILE.json|timeline FILE.json|sustained FILE.json|stalls [tuned|keys_in_step]" >&2
+    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|reduce|remainder|small_reduce|exact_remainder|key_word_pairs|clocks|zero_padding_p|value_subnormals|value_subnormals_sustained|band_columns|value_scales_staged|counted_steps|transform_in_split|one_sequence_merge|query_in_split|one_wave|merge_pass|final26|small_bench|exact_tail_prologue|prologue_tiles|two_wave_tail|one_sequence_l2|phases|one_sequence_28|split_major_grid|tma_spike|tma_rows|tma_phases|l2_compare|gqa8|gqa|split_carveout|head_dims|value_band2_half|token_sums_rows|token_sums_rows_gqa8|head_dim_grid|gpt_oss_moe|grid FILE.json|timeline FILE.json|sustained FILE.json|stalls [tuned|keys_in_step]" >&2
     exit 2
     ;;
 esac
@@ -483,6 +485,15 @@ token_sums_rows)
     attention_tests "value_band2_half or token_sums_rows or warp_barriers" 270
     run 240 python3 -P benchmarks/probe_attention.py grid --configs benchmarks/configs/probe_token_sums_rows.json \
         --shapes "8,131072;32,32768" --out "$OUT/token_sums_rows" | grep -v "^\["
+    ;;
+gpt_oss_moe)
+    # forty-fourth session: wmoe::tiled_moe with gpt-oss's expert biases and clamped SwiGLU (never
+    # run on a GPU): its GPU tests (every kernel path at gpt-oss-20b's shape against the fp32
+    # reference), then bench_moe at that shape against transformers' GptOssExperts loop and its
+    # grouped_mm forward, and the mixtral shape's decode rows (the bias-free kernels unchanged)
+    run 200 python3 -P -m pytest -q -m gpu tests/test_tiled_moe_gpt_oss.py -p no:benchmark
+    run 240 python3 -P benchmarks/bench_moe.py --out "$OUT/gpt_oss_moe" --shapes gpt-oss mixtral \
+        --tokens 1 8 64 256 --no-direct-sweep
     ;;
 token_sums_rows_gqa8)
     # forty-second session: the group of 8's configs are the group of 4's (thirty-ninth session),

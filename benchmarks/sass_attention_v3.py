@@ -241,8 +241,8 @@ def apply_tuned(args: argparse.Namespace) -> None:
         raise SystemExit(f"--without takes LaunchConfig option names, got {sorted(unknown)}")
     for name in vars(args):
         if name in fields:  # an option flag given as well adds that option to the tuned ones
-            value = getattr(config, name) or getattr(args, name)
-            setattr(args, name, False if name in args.without else value)
+            tuned = getattr(config, name) and name not in args.without
+            setattr(args, name, getattr(args, name) or tuned)  # (a flag given beats --without)
 
 
 def main() -> None:

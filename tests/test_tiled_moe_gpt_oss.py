@@ -470,7 +470,10 @@ def test_gpu_direct_path_compiled_launches_with_biases():
     w = GptOssWeights(8, 128, 192, device="cuda")
     packed = w.pack(LIMIT, dtype=torch.bfloat16)
     plain = pack_expert_weights(
-        w1=torch.randn(8, 192, 128), w3=torch.randn(8, 192, 128), w2=torch.randn(8, 128, 192)
+        w1=torch.randn(8, 192, 128),
+        w3=torch.randn(8, 192, 128),
+        w2=torch.randn(8, 128, 192),
+        dtype=torch.bfloat16,
     )
     plain = plain.to("cuda")
     x = torch.randn(2, 128, device="cuda")

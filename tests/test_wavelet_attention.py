@@ -375,6 +375,11 @@ def test_tuned_config_by_launch_size():
         overlap_exact=False,
         exact_in_chain=True,
         cta_splits=4,
+        # the large launches' step options of the forty-fourth session: the CTA kernel has none
+        value_band2_half=False,
+        token_sums_rows=False,
+        warp_barriers=False,
+        split_carveout=-1,
     )
     assert not large.split_major_grid and not large.cta_splits
     assert large.overlap_exact and not large.exact_in_chain
@@ -407,7 +412,11 @@ def test_gqa_groups_of_8_and_16_take_the_group_of_4s_configs():
     assert K._block_m(8) == K._block_m(4 * 2) == 8
     large = K.tuned_config(affine, 128, 8, programs=64)
     small = K.tuned_config(affine, 128, 8, programs=4)
-    assert large == K.tuned_config(affine, 128, 4, programs=64) and large.kernel == "v3"
+    # (but the forty-first and forty-second sessions' step options, timed at groups of 4 only)
+    step_options = dict(value_band2_half=False, token_sums_rows=False, warp_barriers=False, split_carveout=-1)
+    group_of_4 = K.tuned_config(affine, 128, 4, programs=64)
+    assert large == dataclasses.replace(group_of_4, **step_options) and large.kernel == "v3"
+    assert group_of_4.token_sums_rows and not large.token_sums_rows
     group_of_4_small = K.tuned_config(affine, 128, 4, programs=4)
     assert small == dataclasses.replace(group_of_4_small, band_columns=False, cta_splits=0)
     assert K.v1_fallback(small) == K.v1_fallback(group_of_4_small)  # v1's own small-launch settings
@@ -573,8 +582,14 @@ def test_unsupported_head_dim_errors_in_kernel_and_falls_back_in_op(triton_backe
 # the codec default's bytes with affine grids (the v2 kernel) and the real window and sinks
 UNIFORM_REAL = "default"  # affine grids (the default preset since 2026-11-30)
 TUNED_V3 = K.TUNED_CONFIGS[(128, 4, "affine")]
+# the tuned config without the forty-fourth session's step options (the 2-bit value band's half
+# tiles, the token sums from one MMA, warp barriers, and the carveout taken with them): the base
+# of the variants below, written against it, several of which those options do not combine with
+TUNED_V3_PLAIN_STEP = dataclasses.replace(
+    TUNED_V3, value_band2_half=False, token_sums_rows=False, warp_barriers=False, split_carveout=-1
+)
 # the tuned config with the coefficient sums mapped to channels by the reduce, not the split kernel
-REDUCE_TRANSFORM = dataclasses.replace(TUNED_V3, transform_in_split=False)
+REDUCE_TRANSFORM = dataclasses.replace(TUNED_V3_PLAIN_STEP, transform_in_split=False)
 # the split kernel's first cache reads before its PDL wait: that needs the prologue to transform
 # the query (the tuned configs do it in the split kernel, query_in_split, reading it after the wait)
 EARLY_LOADS = dict(loads_before_pdl_wait=1, query_in_split=False)
@@ -691,7 +706,7 @@ V3_GPU_CONFIGS = [
     # two of its layout options
     K.TUNED_CONFIGS[(128, 4, "affine")],
     dataclasses.replace(
-        K.TUNED_CONFIGS[(128, 4, "affine")],
+        TUNED_V3_PLAIN_STEP,
         copy_layout_tokens=False,
         value_scales_in_b=False,
         packed_p_scaling=False,
@@ -699,16 +714,16 @@ V3_GPU_CONFIGS = [
     ),
     # every tuned option but keys_ahead: the key words loaded in their step, as hinted words (a
     # lane's two 4-bit key words by one 8-byte load, key_word_pairs, as tuned)
-    dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], keys_ahead=False),
+    dataclasses.replace(TUNED_V3_PLAIN_STEP, keys_ahead=False),
     # key_word_pairs by Triton's own vector loads (unhinted), and the tuned config without it
-    dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], key_word_pairs=True, key_loads_l2_256b=False),
-    dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], key_word_pairs=False),
+    dataclasses.replace(TUNED_V3_PLAIN_STEP, key_word_pairs=True, key_loads_l2_256b=False),
+    dataclasses.replace(TUNED_V3_PLAIN_STEP, key_word_pairs=False),
     # the exact-token kernel as a link of the PDL chain instead of on the side stream
-    dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], overlap_exact=False, exact_in_chain=True),
+    dataclasses.replace(TUNED_V3_PLAIN_STEP, overlap_exact=False, exact_in_chain=True),
     # key and value rows by 16-byte copies through two-stage rings, both read by ldmatrix (keys
     # through the ring: not a step ahead in registers, rows by the tokens' own pointers, as measured)
     ROW_COPIES_CONFIG := dataclasses.replace(
-        K.TUNED_CONFIGS[(128, 4, "affine")],
+        TUNED_V3_PLAIN_STEP,
         num_stages=2,
         keys_via_smem=True,
         keys_ahead=False,
@@ -721,13 +736,13 @@ V3_GPU_CONFIGS = [
     ),
     # the value fields as subnormals, centred once at the store (active at the 4096-token
     # capacity's splits: all within the bound), with p scaled by packed multiplies
-    dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], packed_p_scaling=True, value_subnormals=True),
+    dataclasses.replace(TUNED_V3_PLAIN_STEP, packed_p_scaling=True, value_subnormals=True),
     # the MMAs' padding columns serving the 2-bit band (GQA groups of up to 4 rows; the group of 8
     # and the 8-row speculative block below run without it), with uncentred and centred value sums
-    dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], band_columns=True, value_subnormals=True),
-    dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], band_columns=True, value_subnormals=False),
+    dataclasses.replace(TUNED_V3_PLAIN_STEP, band_columns=True, value_subnormals=True),
+    dataclasses.replace(TUNED_V3_PLAIN_STEP, band_columns=True, value_subnormals=False),
     # the full-step loop over step numbers instead of token positions
-    dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], counted_steps=True),
+    dataclasses.replace(TUNED_V3_PLAIN_STEP, counted_steps=True),
     # the partials' sums mapped to channels by the reduce (the split kernel's since the twenty-fifth
     # session): at the large launches' options, and at one sequence's
     # (the tuned configs map them in the split kernel: here the reduce does, as before)
@@ -735,17 +750,17 @@ V3_GPU_CONFIGS = [
     dataclasses.replace(K.SMALL_LAUNCH_CONFIGS[(128, 4, "affine")], transform_in_split=False),
     # no prologue: the split kernel transforms the query itself, at the large launches' options and
     # at one sequence's (the padding columns repeating the query rows)
-    dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], query_in_split=True),
+    dataclasses.replace(TUNED_V3_PLAIN_STEP, query_in_split=True),
     dataclasses.replace(
         K.SMALL_LAUNCH_CONFIGS[(128, 4, "affine")], query_in_split=True, loads_before_pdl_wait=0
     ),
     # the tuned config (its value scales staged by lane in shared memory) with centred value sums,
     # and with the compiler's own conversion of the value scales
-    dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], value_subnormals=False),
-    dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], value_scales_staged=False),
+    dataclasses.replace(TUNED_V3_PLAIN_STEP, value_subnormals=False),
+    dataclasses.replace(TUNED_V3_PLAIN_STEP, value_scales_staged=False),
     # the sixteenth session's tuned config: key words loaded in their step
     dataclasses.replace(
-        K.TUNED_CONFIGS[(128, 4, "affine")],
+        TUNED_V3_PLAIN_STEP,
         key_word_pairs=False,
         keys_ahead=False,
         step_row_base=False,
@@ -1085,7 +1100,7 @@ def test_gpu_v3_prologue_options_change_no_result(option, tolerance, batch):
     # the prologue's warps, rows a program (the per-kv-head prologue) and dot precision launch the
     # same query transform (summed in another order, or rounded once more for tf32), so the output
     # within rounding of the tuned launch's, and against the reference
-    tuned = dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], query_in_split=False)
+    tuned = dataclasses.replace(TUNED_V3_PLAIN_STEP, query_in_split=False)
     lens = [4096, 1, 1000, 2049, 133] * 4
     codec, args = make_case(
         UNIFORM_REAL, batch, 2, 4, 1, 128, lens[:batch], 4096, torch.bfloat16, "cuda", "full"
@@ -1150,7 +1165,7 @@ def test_gpu_v3_layout_options_leave_the_result_bit_identical():
     # (key_word_pairs reorders the key MMAs' k slots, which changes the rounding: off here, the
     # reference test covers it)
     plain = dataclasses.replace(
-        K.TUNED_CONFIGS[(128, 4, "affine")],
+        TUNED_V3_PLAIN_STEP,
         score_offset_in_mma=False,
         key_loads_l2_256b=False,
         key_word_pairs=False,
@@ -1320,7 +1335,7 @@ def test_gpu_v3_exact_tokens_in_the_pdl_chain_equal_the_in_order_launch_also_in_
     # from the in-order launch here, eagerly or replayed from a CUDA graph with fresh exact tokens.
     lens = [4096, 1, 1000, 2049, 133][:batch] if batch > 1 else [4096]
     codec, args = make_case(UNIFORM_REAL, batch, 2, 4, 1, 128, lens, 4096, torch.bfloat16, "cuda", "full")
-    in_order = dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], overlap_exact=False)
+    in_order = dataclasses.replace(TUNED_V3_PLAIN_STEP, overlap_exact=False)
     chained = dataclasses.replace(in_order, exact_in_chain=True)
     want = _run_triton(args, codec, 128**-0.5, config=in_order)
     assert torch.equal(_run_triton(args, codec, 128**-0.5, config=chained), want)
@@ -1344,18 +1359,18 @@ def test_gpu_v3_exact_tokens_in_the_pdl_chain_equal_the_in_order_launch_also_in_
         (2, attention_config.SMALL_LAUNCH_V1_CONFIGS[(128, 4, "affine")]),  # v1 split, per-row reduce
         (1, K.SMALL_LAUNCH_CONFIGS[(128, 4, "affine")]),  # v3, 256-token splits, exact chunks in the chain
         (5, K.TUNED_CONFIGS[(128, 4, "affine")]),  # v3 (no prologue), exact kernel on the side stream
-        (5, dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], query_in_split=False)),  # prologue
-        (17, dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], query_in_split=False)),  # per kv head
-        (5, dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], overlap_exact=False)),  # PDL reduce
+        (5, dataclasses.replace(TUNED_V3_PLAIN_STEP, query_in_split=False)),  # prologue
+        (17, dataclasses.replace(TUNED_V3_PLAIN_STEP, query_in_split=False)),  # per kv head
+        (5, dataclasses.replace(TUNED_V3_PLAIN_STEP, overlap_exact=False)),  # PDL reduce
         # (the reduce's own transform where the split kernel leaves coefficient sums:) the merge,
         # then the per-kv-head transform launched as its dependent
         (17, dataclasses.replace(REDUCE_TRANSFORM, reduce_gemm_min_rows=1)),
         (5, dataclasses.replace(REDUCE_TRANSFORM, overlap_exact=False)),  # the per-row reduce
         # the split kernel's first cache reads before its wait for the prologue, the query after it
-        (5, dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], **EARLY_LOADS)),
+        (5, dataclasses.replace(TUNED_V3_PLAIN_STEP, **EARLY_LOADS)),
         (
             5,
-            dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], **EARLY_LOADS, overlap_exact=False),
+            dataclasses.replace(TUNED_V3_PLAIN_STEP, **EARLY_LOADS, overlap_exact=False),
         ),
         # one sequence without the exact-token kernel's shared-memory carveout (exact_carveout)
         (1, dataclasses.replace(K.SMALL_LAUNCH_CONFIGS[(128, 4, "affine")], exact_carveout=-1)),
@@ -1423,7 +1438,7 @@ def test_gpu_prologue_waits_for_the_kernel_that_writes_the_query_also_in_a_cuda_
     # a missing wait would transform an old query: every replay must equal a plain launch on the new one
     lens = ([4096, 1, 1000, 2049, 133] * 4)[:batch]
     codec, args = make_case(UNIFORM_REAL, batch, 2, 4, 1, 128, lens, 4096, torch.bfloat16, "cuda", "full")
-    tuned = dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], query_in_split=False)  # a prologue
+    tuned = dataclasses.replace(TUNED_V3_PLAIN_STEP, query_in_split=False)  # a prologue
     waits = dataclasses.replace(tuned, prologue_waits=True)
     want = _run_triton(args, codec, 128**-0.5, config=tuned)
     assert torch.equal(_run_triton(args, codec, 128**-0.5, config=waits), want)
@@ -1452,7 +1467,7 @@ def test_gpu_v3_takes_a_split_plan_launched_split_major(plan):
     # ragged lengths (each sequence's own span is cut by the plan's fractions)
     lens = [4096, 1, 1000, 2049, 133]
     codec, args = make_case(UNIFORM_REAL, 5, 8, 4, 1, 128, lens, 4096, torch.bfloat16, "cuda", "full")
-    config = dataclasses.replace(TUNED_V3, remainder_split=True)
+    config = dataclasses.replace(TUNED_V3_PLAIN_STEP, remainder_split=True)
     got = _run_triton(args, codec, 128**-0.5, config=config, num_splits=plan)
     assert not K._V3_FAILURE, K._V3_FAILURE
     assert torch.isfinite(got).all()
@@ -1537,7 +1552,7 @@ def test_gpu_value_band2_half_is_bit_identical_to_the_doubled_tiles(copies, stag
     # the masked last ones (lengths off the 64-token step, 1), for GQA groups of 4, 8 and 16 (two
     # row blocks), at one split and several. Also with the tiles by 16-byte copies through L1
     # (value_copies_16b_l1, the PTX-patched cp.async.ca), which change no byte a tile receives
-    tuned = dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], num_stages=stages)
+    tuned = dataclasses.replace(TUNED_V3_PLAIN_STEP, num_stages=stages)
     half = dataclasses.replace(tuned, value_band2_half=True)
     if copies == "16_byte_l1":
         sixteen = dict(cache_tiles=False, copy_layout_tokens=False, value_copies_16b_l1=True)
@@ -1569,7 +1584,7 @@ def test_gpu_token_sums_rows_matches_the_three_ones_operand_mmas(half, stages, h
     # the rounded sums' error, 1e-5 to 8e-4 of the slot sums): within 1e-3 of the tuned output, and
     # no more than 1e-3 farther from the reference, where a wrong row (a band's sums for the
     # other's, p's for either) would be off by the scales' spread
-    tuned = dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], num_stages=stages, value_band2_half=half)
+    tuned = dataclasses.replace(TUNED_V3_PLAIN_STEP, num_stages=stages, value_band2_half=half)
     rows = dataclasses.replace(tuned, token_sums_rows=True)
     codec, args = make_case(
         UNIFORM_REAL, 5, hkv, group, 1, 128, [4096, 1, 1000, 2049, 133], 4096, torch.bfloat16, "cuda", "full"
@@ -1593,7 +1608,7 @@ def test_gpu_warp_barriers_are_bit_identical(step, stages, hkv, group):
     # as warp barriers order the same shared-memory accesses, so the output is the same bit for
     # bit, in the full and masked steps, at 1 and 2 ring stages, at 1 and 7 splits, for the tuned
     # step and the one with value_band2_half and token_sums_rows
-    base = dataclasses.replace(K.TUNED_CONFIGS[(128, 4, "affine")], num_stages=stages)
+    base = dataclasses.replace(TUNED_V3_PLAIN_STEP, num_stages=stages)
     if step == "half_and_rows":
         base = dataclasses.replace(base, value_band2_half=True, token_sums_rows=True)
     warp = dataclasses.replace(base, warp_barriers=True)
@@ -1717,9 +1732,7 @@ def test_gpu_long_split_precision(spec):
             assert rel_err(got, want) <= 1e-2, (config, splits)
 
 
-SUBNORMAL_V3 = dataclasses.replace(
-    K.TUNED_CONFIGS[(128, 4, "affine")], packed_p_scaling=True, value_subnormals=True
-)
+SUBNORMAL_V3 = dataclasses.replace(TUNED_V3_PLAIN_STEP, packed_p_scaling=True, value_subnormals=True)
 
 
 @pytest.mark.gpu
