@@ -13,11 +13,9 @@ tests/test_tiled_moe.py. GPU test: `python -m pytest -m gpu tests/test_tiled_moe
 
 from __future__ import annotations
 
-import contextlib
-from dataclasses import replace
-
 import pytest
 import torch
+from test_tiled_moe import direct_down_flat
 from torch import nn
 from wmoe_compile.kernels import tiled_moe as tm
 
@@ -97,19 +95,6 @@ def assert_clamp_triggers(gates, ups, limit):
     """The clamp must change some values, and leave others (else the test could not see it)."""
     assert (gates > limit).any() and (gates < limit).any(), "the gate clamp never (or always) triggers"
     assert (ups.abs() > limit).any() and (ups.abs() < limit).any(), "the up clamp never (or always) triggers"
-
-
-@contextlib.contextmanager
-def direct_down_flat(flat: bool):
-    """DIRECT_CONFIGS with the down kernel's loop form set (plans are cached per shape: rebuilt)."""
-    saved = tm.DIRECT_CONFIGS
-    tm.DIRECT_CONFIGS = {k: replace(cfg, down_flat=flat) for k, cfg in saved.items()}
-    tm._direct_plan.cache_clear()
-    try:
-        yield
-    finally:
-        tm.DIRECT_CONFIGS = saved
-        tm._direct_plan.cache_clear()
 
 
 # ---------------------------------------------------------------- the op against the loop
