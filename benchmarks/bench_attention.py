@@ -2,7 +2,7 @@
 torch SDPA (bf16, enable_gqa=True) over a dense bf16 cache, measured in the same run.
 
     python benchmarks/bench_attention.py --out DIR [--sweep] [--precompile] [--config JSON] [--smoke]
-        [--sustained SECONDS]
+        [--sustained SECONDS] [--sinks]
 
 Shapes: Hq=32, Hkv=8, D=128 (--heads and --head-dim 64 / 256 for other models), one query token,
 (B, N) in {(1, 32768), (8, 32768), (8, 131072), (32, 32768)}, the default codec (uniform grids
@@ -124,6 +124,11 @@ def _parse() -> argparse.Namespace:
         "takes 128 only, other widths run the Triton kernels)",
     )
     p.add_argument(
+        "--sinks",
+        action="store_true",
+        help="a learned sink logit per query head (gpt-oss) in our op; SDPA, which has none, runs as before",
+    )
+    p.add_argument(
         "--sustained",
         type=float,
         default=0.0,
@@ -176,7 +181,9 @@ class Setup:
         capacity: int | None = None,
         row_positions: int | None = None,
         head_dim: int = HEAD_DIM,
+        sinks: bool = False,
     ):
+        # sinks: a learned sink logit per query head (gpt-oss), around the scores' log-sum-exp
         # capacity: the caches' positions (default seq_len); longer caches change their strides,
         # not the bytes a call reads. row_positions: the positions allocated per (sequence, kv head)
         # row (default: the capacity, as the package allocates), to compare layouts
@@ -192,6 +199,7 @@ class Setup:
         n_comp = 1 if smoke else max(1, math.ceil(ROTATE_BYTES / self.bytes))
         n_dense = 1 if smoke else max(1, math.ceil(ROTATE_BYTES / dense_bytes))
         self.sm_scale = head_dim**-0.5
+        self.sinks = torch.randn(hq, device=device) * 2 + math.log(seq_len) if sinks else None
         self.lens = torch.full((batch,), seq_len, dtype=torch.int32, device=device)
         self.k_cs = _channel_params(hkv, head_dim, device)
         self.v_cs = _channel_params(hkv, head_dim, device)
@@ -227,7 +235,7 @@ class Setup:
 
     def call(self, i: int, config: wa.LaunchConfig | None, validate: bool = False) -> torch.Tensor:
         return wa.wavelet_attention_triton(
-            *self.args(i), self.layout, self.sm_scale, config=config, validate=validate
+            *self.args(i), self.layout, self.sm_scale, config=config, validate=validate, sinks=self.sinks
         )
 
     def free(self) -> None:
@@ -367,7 +375,7 @@ def copy_bandwidth(smoke: bool) -> float | None:
 
 def rel_error(setup: Setup, config: wa.LaunchConfig | None) -> float:
     got = setup.call(0, config, validate=True).float()
-    want = wa.wavelet_attention_reference(*setup.args(0), setup.layout, setup.sm_scale).float()
+    want = wa.wavelet_attention_reference(*setup.args(0), setup.layout, setup.sm_scale, setup.sinks).float()
     if torch.isnan(got).any():
         return float("nan")
     return float((got - want).norm() / want.norm())
@@ -489,7 +497,8 @@ def _table(info: dict, codec: str, chosen: wa.LaunchConfig | str, results: list[
     lines = [
         f"{info['date']}, {info['gpu']}, torch {info['torch']}, triton {info['triton']}; codec `{codec}` "
         f"= `{CODECS[codec]}` ({info['bytes_per_vector']} B/vector); {info['heads']['q']} query / "
-        f"{info['heads']['kv']} kv heads, D {info['head_dim']}; config {chosen}",
+        f"{info['heads']['kv']} kv heads, D {info['head_dim']}"
+        f"{'; learned sink logits in ours (SDPA without)' if info.get('sinks') else ''}; config {chosen}",
         "",
         "| B | N | ms | bytes read | TB/s | x floor | read floor ms | x read floor | SDPA bf16 ms | speedup "
         "| rel err |",
@@ -535,6 +544,7 @@ def main() -> int:
         codecs={c: CODECS[c] for c in codecs},
         bytes_per_vector=compressed_layout(CODECS[codecs[0]], args.head_dim).bytes_per_vector,
         head_dim=args.head_dim,
+        sinks=args.sinks,
     )
     bw = copy_bandwidth(smoke)
     info["copy_TBps_this_run"] = bw
@@ -549,7 +559,9 @@ def main() -> int:
         hq, hkv = 2 * hq // hkv, 2
     info["heads"] = dict(q=hq, kv=hkv)
     block_m = wa._block_m(hq // hkv)  # the GQA group's query rows a program (one new token)
-    setups = [Setup(b, n, hq, hkv, device, smoke, head_dim=args.head_dim) for b, n in shapes]
+    setups = [
+        Setup(b, n, hq, hkv, device, smoke, head_dim=args.head_dim, sinks=args.sinks) for b, n in shapes
+    ]
     # the peer first: a failure further down must not lose it
     sdpa = [time_sdpa(s, smoke) for s in setups]
     for (b, n), (graph_ms, plain_ms) in zip(shapes, sdpa, strict=True):

@@ -119,6 +119,11 @@
 #                                                 # kernels (forty-first session)
 #   bash benchmarks/device_pending.sh gpt_oss_moe # tiled_moe with gpt-oss's biases and clamped
 #                                                 # SwiGLU: GPU tests, then bench_moe at its shape
+#   bash benchmarks/device_pending.sh sinks       # learned sink logits (gpt-oss, forty-fifth session):
+#                                                 # their GPU tests (every reduce mode, the split
+#                                                 # kernel's channel merge), tiled_moe's biased
+#                                                 # compiled launch, then bench_attention --sinks at
+#                                                 # the heads and at gpt-oss's 64 / 8, D 64
 #   bash benchmarks/device_pending.sh head_dim_grid    # Triton-kernel configs at head_dim 64
 #                                                 # (64 / 8 heads) and 256 (32 / 8) against the
 #                                                 # untuned default they run (forty-second session)
@@ -128,7 +133,7 @@
 #                                                 # kernel's full carveout against the tuned config
 set -u
 case "${1:-}" in
-tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce | exact_remainder | key_word_pairs | clocks | zero_padding_p | value_subnormals | value_subnormals_sustained | band_columns | value_scales_staged | counted_steps | transform_in_split | one_sequence_merge | query_in_split | one_wave | merge_pass | final26 | small_bench | exact_tail_prologue | prologue_tiles | two_wave_tail | one_sequence_l2 | phases | one_sequence_28 | split_major_grid | tma_spike | tma_rows | tma_phases | l2_compare | gqa8 | gqa | split_carveout | head_dims | value_band2_half | token_sums_rows | token_sums_rows_gqa8 | head_dim_grid | gpt_oss_moe) ;;
+tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce | exact_remainder | key_word_pairs | clocks | zero_padding_p | value_subnormals | value_subnormals_sustained | band_columns | value_scales_staged | counted_steps | transform_in_split | one_sequence_merge | query_in_split | one_wave | merge_pass | final26 | small_bench | exact_tail_prologue | prologue_tiles | two_wave_tail | one_sequence_l2 | phases | one_sequence_28 | split_major_grid | tma_spike | tma_rows | tma_phases | l2_compare | gqa8 | gqa | split_carveout | head_dims | value_band2_half | token_sums_rows | token_sums_rows_gqa8 | head_dim_grid | gpt_oss_moe | sinks) ;;
 grid | timeline | sustained)
     if [ ! -f "${2:-}" ]; then
         echo "$1 needs a JSON file of LaunchConfig dicts (e.g. benchmarks/configs/probe_one_block_step.json), got '${2:-}'" >&2
@@ -136,7 +141,7 @@ grid | timeline | sustained)
     fi
     ;;
 *)
-    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|reduce|remainder|small_reduce|exact_remainder|key_word_pairs|clocks|zero_padding_p|value_subnormals|value_subnormals_sustained|band_columns|value_scales_staged|counted_steps|transform_in_split|one_sequence_merge|query_in_split|one_wave|merge_pass|final26|small_bench|exact_tail_prologue|prologue_tiles|two_wave_tail|one_sequence_l2|phases|one_sequence_28|split_major_grid|tma_spike|tma_rows|tma_phases|l2_compare|gqa8|gqa|split_carveout|head_dims|value_band2_half|token_sums_rows|token_sums_rows_gqa8|head_dim_grid|gpt_oss_moe|grid FILE.json|timeline FILE.json|sustained FILE.json|stalls [tuned|keys_in_step]" >&2
+    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|reduce|remainder|small_reduce|exact_remainder|key_word_pairs|clocks|zero_padding_p|value_subnormals|value_subnormals_sustained|band_columns|value_scales_staged|counted_steps|transform_in_split|one_sequence_merge|query_in_split|one_wave|merge_pass|final26|small_bench|exact_tail_prologue|prologue_tiles|two_wave_tail|one_sequence_l2|phases|one_sequence_28|split_major_grid|tma_spike|tma_rows|tma_phases|l2_compare|gqa8|gqa|split_carveout|head_dims|value_band2_half|token_sums_rows|token_sums_rows_gqa8|head_dim_grid|gpt_oss_moe|sinks|grid FILE.json|timeline FILE.json|sustained FILE.json|stalls [tuned|keys_in_step]" >&2
     exit 2
     ;;
 esac
@@ -494,6 +499,14 @@ gpt_oss_moe)
     run 200 python3 -P -m pytest -q -m gpu tests/test_tiled_moe_gpt_oss.py -p no:benchmark
     run 240 python3 -P benchmarks/bench_moe.py --out "$OUT/gpt_oss_moe" --shapes gpt-oss mixtral \
         --tokens 1 8 64 256 --no-direct-sweep
+    ;;
+sinks)
+    # forty-fifth session: wmoe::wavelet_attention's learned sink logits (never run on a GPU)
+    run 240 python3 -P -m pytest -q -m gpu tests/test_attention_sinks.py tests/test_tiled_moe_gpt_oss.py \
+        -p no:benchmark -k "sinks or compiled_launches"
+    run 150 python3 -P benchmarks/bench_attention.py --out "$OUT/sinks" --codec default --sinks
+    run 150 python3 -P benchmarks/bench_attention.py --out "$OUT/sinks_d64" --codec default --sinks \
+        --heads 64,8 --head-dim 64
     ;;
 token_sums_rows_gqa8)
     # forty-second session: the group of 8's configs are the group of 4's (thirty-ninth session),

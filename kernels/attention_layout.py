@@ -222,6 +222,22 @@ def check_attention_inputs(
             )
 
 
+def check_sink_logits(sinks: torch.Tensor | None, q: torch.Tensor) -> None:
+    """Learned sink logits (gpt-oss): None, or one float logit per query head, on q's device."""
+    if sinks is None:
+        return
+    hq = q.shape[1]
+    if not isinstance(sinks, torch.Tensor) or not sinks.is_floating_point():
+        raise ValueError(
+            f"sinks must be a float tensor of one logit per query head [Hq={hq}], got "
+            f"{getattr(sinks, 'dtype', type(sinks).__name__)}"
+        )
+    if sinks.dim() != 1 or sinks.shape[0] != hq:
+        raise ValueError(f"sinks must be [Hq={hq}] (one logit per query head), got {list(sinks.shape)}")
+    if sinks.device != q.device:
+        raise ValueError(f"sinks are on {sinks.device}, q on {q.device}: every tensor must share one device")
+
+
 def channel_scale_2d(
     channel_scale: torch.Tensor, hkv: int, d: int, name: str = "channel_scale"
 ) -> torch.Tensor:

@@ -54,6 +54,39 @@ def uses_reduce_gemm(config: LaunchConfig, rows: int, n_row_blocks: int) -> bool
 if HAS_TRITON:
     # finite "no score yet", as in the split kernels: exp2(_NEG_BIG - _NEG_BIG) stays 1, never a NaN
     _NEG_BIG = tl.constexpr(-1.0e30)
+    _LOG2E = tl.constexpr(1.4426950408889634)
+
+    @triton.jit
+    def _kept_mass(denom, m_f, sink):
+        """The share of softmax mass the positions keep next to a learned sink logit (gpt-oss):
+        L / (L + e^s), with L = denom * 2^m_f and `sink` = s log2(e) in the split kernels' base-2
+        units. Multiplying the sink-free output (value offset included: its weights summed to 1)
+        by it is the softmax over cat(scores, s) with the sink's column dropped. denom >= 1 on real
+        rows, so a sink far above the scores gives 0, far below gives 1, never a NaN."""
+        return denom / (denom + tl.exp2(sink - m_f))
+
+    @triton.jit
+    def _sink_logit_row(
+        sink_ptr,
+        q_row,
+        k_offset_ptr,
+        k_offset_stride_h,
+        qk_scale,
+        kv_head,
+        head,
+        D: tl.constexpr,
+        KEY_OFFSET: tl.constexpr,
+    ):
+        """One query row's sink logit in base-2 units. KEY_OFFSET: the keys were stored centred, so
+        the kernels' scores lack qk_scale * q . m_k (a shift softmax over the positions ignores);
+        the sink's logit moves by as much instead. q_row: the row's query pointer."""
+        sink = tl.load(sink_ptr + head).to(tl.float32) * _LOG2E
+        if KEY_OFFSET:
+            d = tl.arange(0, D)
+            q = tl.load(q_row + d).to(tl.float32)
+            m_k = tl.load(k_offset_ptr + kv_head * k_offset_stride_h + d).to(tl.float32)
+            sink -= qk_scale * tl.sum(q * m_k, axis=0)
+        return sink
 
     @triton.jit
     def _reduce_store(
@@ -69,6 +102,7 @@ if HAS_TRITON:
         alpha,
         beta,
         denom,
+        kept,
         out_rows,
         row_ok,
         D: tl.constexpr,
@@ -76,7 +110,8 @@ if HAS_TRITON:
         OFFSET: tl.constexpr,
     ):
         """Columns `cols` of the output: compressed part (channel domain, before s) merged with the
-        exact part under one softmax, plus the value offset."""
+        exact part under one softmax, plus the value offset, times `kept` (the mass a learned sink
+        logit leaves the positions: 1 without one)."""
         local = tl.arange(0, BLOCK_M)
         values = (
             values * tl.load(v_channel_scale_ptr + kv_head * v_scale_stride_h + cols).to(tl.float32)[None, :]
@@ -89,6 +124,7 @@ if HAS_TRITON:
         o = (values * alpha[:, None] + acc_e * beta[:, None]) / denom[:, None]
         if OFFSET:
             o = o + tl.load(v_offset_ptr + kv_head * v_offset_stride_h + cols).to(tl.float32)[None, :]
+        o = o * kept[:, None]
         tl.store(out_rows[:, None] + cols[None, :], o.to(out_rows.dtype.element_ty), mask=row_ok[:, None])
 
     @triton.jit
@@ -193,6 +229,14 @@ if HAS_TRITON:
         out_stride_b,
         out_stride_h,
         out_stride_t,
+        sink_ptr,  # learned sink logits [Hq] (natural units), read with SINK_LOGITS
+        q_ptr,  # the query, for q . m_k with SINK_KEY_OFFSET
+        q_stride_b,
+        q_stride_h,
+        q_stride_t,
+        k_offset_ptr,  # the keys' offset m_k [Hkv, D] rows, with SINK_KEY_OFFSET
+        k_offset_stride_h,
+        qk_scale,  # sm_scale * log2(e): the split kernels' score scale
         n_kv_heads,
         group,
         n_new,
@@ -205,6 +249,8 @@ if HAS_TRITON:
         OFFSET: tl.constexpr,
         SPLIT_CHUNK: tl.constexpr = 8,
         PDL: tl.constexpr = False,  # launched with programmatic dependent launch (see _pdl)
+        SINK_LOGITS: tl.constexpr = False,  # scale each row by _kept_mass (a sink logit per query head)
+        SINK_KEY_OFFSET: tl.constexpr = False,  # the keys are stored centred: see _sink_logit_row
     ):
         """Merge the compressed splits, inverse-transform once (x - m = (R^T W^T c) * s), merge the
         exact part (stored centred), add the value offset m, write out. transform_ptr: [D, D], or
@@ -255,6 +301,23 @@ if HAS_TRITON:
         denom = tl.where(denom > 0, denom, 1.0)  # padding rows only; every real row sees >= 1 position
         head = kv_head * group + rows // n_new
         token = rows % n_new
+        if SINK_LOGITS:  # the sink's share scales every term the store adds up
+            sink = tl.load(sink_ptr + head, mask=row_ok, other=0.0).to(tl.float32) * _LOG2E
+            if SINK_KEY_OFFSET:  # (_sink_logit_row, for the block's rows at once)
+                q = tl.load(
+                    q_ptr
+                    + batch * q_stride_b
+                    + head[:, None] * q_stride_h
+                    + token[:, None] * q_stride_t
+                    + d[None, :],
+                    mask=row_ok[:, None],
+                    other=0.0,
+                ).to(tl.float32)
+                m_k = tl.load(k_offset_ptr + kv_head * k_offset_stride_h + d).to(tl.float32)
+                sink -= qk_scale * tl.sum(q * m_k[None, :], axis=1)
+            kept = _kept_mass(denom, m_f, sink)
+        else:
+            kept = tl.full([BLOCK_M], 1.0, tl.float32)
         out_rows = out_ptr + batch * out_stride_b + head * out_stride_h + token * out_stride_t
         # the composite W R s (or W) maps coefficient sums to channels, D_CHUNK channels at a time
         for chunk in tl.static_range(D // D_CHUNK):
@@ -276,6 +339,7 @@ if HAS_TRITON:
                 alpha,
                 beta,
                 denom,
+                kept,
                 out_rows,
                 row_ok,
                 D,
@@ -298,6 +362,14 @@ if HAS_TRITON:
         out_stride_b,
         out_stride_h,
         out_stride_t,
+        sink_ptr,  # learned sink logits [Hq] (natural units), read with SINK_LOGITS
+        q_ptr,  # the query, for q . m_k with SINK_KEY_OFFSET
+        q_stride_b,
+        q_stride_h,
+        q_stride_t,
+        k_offset_ptr,  # the keys' offset m_k [Hkv, D] rows, with SINK_KEY_OFFSET
+        k_offset_stride_h,
+        qk_scale,  # sm_scale * log2(e): the split kernels' score scale
         n_kv_heads,
         group,
         n_new,
@@ -309,6 +381,8 @@ if HAS_TRITON:
         SPLIT_CHUNK: tl.constexpr,
         OFFSET: tl.constexpr,
         PDL: tl.constexpr = False,  # launched with programmatic dependent launch (see _pdl)
+        SINK_LOGITS: tl.constexpr = False,  # scale each row by _kept_mass (a sink logit per query head)
+        SINK_KEY_OFFSET: tl.constexpr = False,  # the keys are stored centred: see _sink_logit_row
         MERGE_ONLY: tl.constexpr = False,  # leave the transform to _transform_heads_kernel
         # load the transform before merging (it depends on nothing the merge computes), so the
         # two loads' latencies overlap instead of adding up
@@ -366,9 +440,32 @@ if HAS_TRITON:
             alpha = tl.exp2(m_i - m_f)
             beta = tl.exp2(m_e - m_f)
             denom = l_i * alpha + l_e * beta
+            head = kv_head * group + row // n_new
+            token = row % n_new
+            kept = 1.0
+            if SINK_LOGITS:
+                q_row = q_ptr + batch * q_stride_b + head * q_stride_h + token * q_stride_t
+                sink = _sink_logit_row(
+                    sink_ptr,
+                    q_row,
+                    k_offset_ptr,
+                    k_offset_stride_h,
+                    qk_scale,
+                    kv_head,
+                    head,
+                    D,
+                    SINK_KEY_OFFSET,
+                )
+                kept = _kept_mass(denom, m_f, sink)
             if MERGE_ONLY:
-                tl.store(acc_ptr + (base * BLOCK_M + row_local) * D + d, acc * (alpha / denom))
-                tl.store(acc_ptr + exact * D + d, acc_e * (beta / denom))
+                tl.store(acc_ptr + (base * BLOCK_M + row_local) * D + d, acc * (alpha / denom * kept))
+                exact_part = acc_e * (beta / denom * kept)
+                if SINK_LOGITS and OFFSET:
+                    # the offset's weight is `kept`, not 1, which _transform_heads_kernel (launched
+                    # without OFFSET here) does not know: it goes in with the exact part
+                    offset = tl.load(v_offset_ptr + kv_head * v_offset_stride_h + d).to(tl.float32)
+                    exact_part += kept * offset
+                tl.store(acc_ptr + exact * D + d, exact_part)
             else:  # (not after a return: Triton would still compile this, with d a slice of D)
                 if not TRANSFORM_FIRST:
                     w_t = tl.load(
@@ -379,8 +476,7 @@ if HAS_TRITON:
                 o = (values * alpha + acc_e * beta) / denom
                 if OFFSET:
                     o = o + tl.load(v_offset_ptr + kv_head * v_offset_stride_h + d).to(tl.float32)
-                head = kv_head * group + row // n_new
-                token = row % n_new
+                o = o * kept
                 out_row = out_ptr + batch * out_stride_b + head * out_stride_h + token * out_stride_t
                 tl.store(out_row + d, o.to(out_ptr.dtype.element_ty))
 
@@ -457,6 +553,14 @@ if HAS_TRITON:
         out_stride_b,
         out_stride_h,
         out_stride_t,
+        sink_ptr,  # learned sink logits [Hq] (natural units), read with SINK_LOGITS
+        q_ptr,  # the query, for q . m_k with SINK_KEY_OFFSET
+        q_stride_b,
+        q_stride_h,
+        q_stride_t,
+        k_offset_ptr,  # the keys' offset m_k [Hkv, D] rows, with SINK_KEY_OFFSET
+        k_offset_stride_h,
+        qk_scale,  # sm_scale * log2(e): the split kernels' score scale
         n_kv_heads,
         group,
         n_new,
@@ -468,6 +572,8 @@ if HAS_TRITON:
         CHANNELS: tl.constexpr,  # a row's channels per program: grid (query rows, D / CHANNELS)
         OFFSET: tl.constexpr,
         PDL: tl.constexpr = False,  # launched with programmatic dependent launch (see _pdl)
+        SINK_LOGITS: tl.constexpr = False,  # scale each row by _kept_mass (a sink logit per query head)
+        SINK_KEY_OFFSET: tl.constexpr = False,  # the keys are stored centred: see _sink_logit_row
     ):
         """The reduce after a split kernel that wrote channel-domain partials
         (LaunchConfig.transform_in_split): each program merges CHANNELS of one query row's sums
@@ -506,5 +612,19 @@ if HAS_TRITON:
                 o = o + tl.load(v_offset_ptr + kv_head * v_offset_stride_h + d).to(tl.float32)
             head = kv_head * group + row // n_new
             token = row % n_new
+            if SINK_LOGITS:
+                q_row = q_ptr + batch * q_stride_b + head * q_stride_h + token * q_stride_t
+                sink = _sink_logit_row(
+                    sink_ptr,
+                    q_row,
+                    k_offset_ptr,
+                    k_offset_stride_h,
+                    qk_scale,
+                    kv_head,
+                    head,
+                    D,
+                    SINK_KEY_OFFSET,
+                )
+                o = o * _kept_mass(l_i, m_i, sink)
             out_row = out_ptr + batch * out_stride_b + head * out_stride_h + token * out_stride_t
             tl.store(out_row + d, o.to(out_ptr.dtype.element_ty))

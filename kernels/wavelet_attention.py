@@ -115,6 +115,7 @@ from .attention_layout import (  # noqa: E402
     attention_channel_params,
     channel_scale_2d,
     check_attention_inputs,
+    check_sink_logits,
 )
 
 # ------------------------------------------------------------------------------------------------
@@ -173,8 +174,13 @@ def wavelet_attention_reference(
     v_channel_scale: torch.Tensor,
     layout: CompressedLayout,
     sm_scale: float,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Decompress each sequence's valid positions and attend in fp32 (causal over the Tq new tokens).
+
+    ``sinks``: a learned logit per query head [Hq] (gpt-oss), in the scaled scores' units: the
+    softmax runs over the scores and that logit, whose weight is then dropped (it attends to
+    nothing), so a row's weights sum to less than 1.
 
     Materialises one sequence's K/V at a time; meant for CPU, tests and unsupported layouts.
     """
@@ -183,9 +189,11 @@ def wavelet_attention_reference(
     group = hq // hkv
     k_params = attention_channel_params(k_channel_scale, hkv, d, "k_channel_scale")
     v_params = attention_channel_params(v_channel_scale, hkv, d, "v_channel_scale")
+    sink_rows = None if sinks is None else sink_logit_rows(q, sinks, k_params, sm_scale)
     out = torch.empty_like(q)
     for b, seq_len in enumerate(seq_lens.tolist()):
         # centred keys shift each query's scores by the constant q . m_k, which softmax ignores
+        # (sink_logit_rows moves a sink logit by the same constant)
         k = _gather_cache(k_codes[b], k_scales[b], k_exact[b], k_params, seq_len, layout)
         v = _gather_cache(v_codes[b], v_scales[b], v_exact[b], v_params, seq_len, layout)
         k = k.repeat_interleave(group, dim=0)
@@ -194,11 +202,34 @@ def wavelet_attention_reference(
         limits = seq_len - tq + 1 + torch.arange(tq, device=q.device)
         allowed = torch.arange(seq_len, device=q.device)[None, :] < limits[:, None]
         scores = scores.masked_fill(~allowed, float("-inf"))
-        o = torch.softmax(scores, dim=-1) @ v
-        if v_params.offset is not None:  # the weights sum to 1: add the value offset once
-            o = o + v_params.offset.to(o.device).repeat_interleave(group, dim=0)[:, None, :]
+        if sink_rows is None:
+            weights = torch.softmax(scores, dim=-1)
+        else:  # the sink's column joins the softmax, then is dropped
+            logits = torch.cat([scores, sink_rows[b].expand(hq, tq)[..., None]], dim=-1)
+            weights = torch.softmax(logits, dim=-1)[..., :-1]
+        o = weights @ v
+        if v_params.offset is not None:  # the values are centred: add the offset at the weights' sum
+            offset = v_params.offset.to(o.device).repeat_interleave(group, dim=0)[:, None, :]
+            o = o + (offset if sink_rows is None else offset * weights.sum(-1, keepdim=True))
         out[b] = o.to(q.dtype)
     return out
+
+
+def sink_logit_rows(
+    q: torch.Tensor, sinks: torch.Tensor, k_params: ChannelParams, sm_scale: float
+) -> torch.Tensor:
+    """The reference's fp32 sink logits per (sequence, query head, new token) [B, Hq, Tq] (a
+    broadcast view without a key offset): scores from centred keys lack each query's
+    sm_scale * q . m_k, a constant softmax over the positions ignores but the sink's logit does
+    not, so it moves by the same amount (the reduce kernels do the same per row in-kernel:
+    attention_reduce._sink_logit_row)."""
+    batch, hq, tq, _ = q.shape
+    logits = sinks.to(torch.float32)[None, :, None]
+    if k_params.offset is not None:
+        group = hq // k_params.offset.shape[0]
+        offset = k_params.offset.to(device=q.device, dtype=torch.float32).repeat_interleave(group, dim=0)
+        logits = logits - float(sm_scale) * torch.einsum("bhtd,hd->bht", q.float(), offset)
+    return logits.expand(batch, hq, tq)
 
 
 # the host plans of the split kernels (slot orders, factors, constexprs): kernels/attention_plans.py
@@ -951,12 +982,14 @@ def wavelet_attention_triton(
     config: LaunchConfig | None = None,
     num_splits: int | SplitPlan | None = None,
     validate: bool = True,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The fused kernel (CUDA tensors, or CPU tensors under TRITON_INTERPRET=1).
 
     Raises ValueError on bad input and UnsupportedLayout when the layout is outside the kernel.
     ``config``/``num_splits`` override the tuned launch parameters (benchmarks and tests):
-    ``num_splits`` an int for that many equal splits, or a SplitPlan.
+    ``num_splits`` an int for that many equal splits, or a SplitPlan. ``sinks``: a learned sink
+    logit per query head (gpt-oss), as in wavelet_attention_reference.
     """
     if not HAS_TRITON:
         raise UnsupportedLayout("triton is not installed")
@@ -974,6 +1007,7 @@ def wavelet_attention_triton(
             v_channel_scale,
             layout,
         )
+        check_sink_logits(sinks, q)
     reason = triton_support(layout)
     if reason is not None:
         raise UnsupportedLayout(f"wavelet_attention Triton kernel: unsupported {reason}")
@@ -1245,6 +1279,7 @@ def wavelet_attention_triton(
                 v1_fallback(config, _block_m(rows)),
                 plan,
                 validate=False,
+                sinks=sinks,
             )
     else:
         # what the v1 and v2 split kernels take alike; they differ in their slot tables (v1: the
@@ -1313,8 +1348,33 @@ def wavelet_attention_triton(
         out.stride(1),
         out.stride(2),
     )
-    reduce_args = (m_part, l_part, acc_part, *output_args, hkv, group, tq, n_row_blocks, num_splits, n_parts)
+    # learned sink logits (natural units) per query head: the reduces scale each row by the mass
+    # the positions keep next to it (attention_reduce._kept_mass), moving the logit by q . m_k
+    # where the keys are stored centred; unread placeholders without
+    k_offset = None if sinks is None or k_params.offset is None else _on(k_params.offset, device)
+    sink_args = (
+        out if sinks is None else sinks.contiguous(),
+        q,
+        *q.stride()[:3],
+        out if k_offset is None else k_offset,
+        0 if k_offset is None else k_offset.stride(0),
+        qk_scale,
+    )
+    reduce_args = (
+        m_part,
+        l_part,
+        acc_part,
+        *output_args,
+        *sink_args,
+        hkv,
+        group,
+        tq,
+        n_row_blocks,
+        num_splits,
+        n_parts,
+    )
     channel_flags = dict(OFFSET=v_offset is not None)
+    sink_flags = {} if sinks is None else {"SINK_LOGITS": True, "SINK_KEY_OFFSET": k_offset is not None}
     # the reduce waits in-kernel for the split kernel (PDL) unless a stream join comes between them
     if value_channels is not None:
         # every partial in the channel domain: one merge, no transform (LaunchConfig.transform_in_split)
@@ -1326,6 +1386,7 @@ def wavelet_attention_triton(
             l_part,
             acc_part,
             *output_args[4:],
+            *sink_args,
             hkv,
             group,
             tq,
@@ -1337,6 +1398,7 @@ def wavelet_attention_triton(
             CHANNELS=channels,
             num_warps=config.channel_merge_warps,
             **channel_flags,
+            **sink_flags,
             **_dependent(pdl and side is None),
         )
     elif programs * block_m <= config.row_reduce_max_programs * _sm_count(device):
@@ -1355,6 +1417,7 @@ def wavelet_attention_triton(
             num_warps=merge_warps,
             **({"TRANSFORM_FIRST": True} if config.reduce_transform_first else {}),
             **channel_flags,
+            **sink_flags,
             **_dependent(pdl and side is None),
             **({"MERGE_ONLY": True} if gemm else {}),
             **({"CHANNELS": channels} if channels else {}),
@@ -1377,7 +1440,8 @@ def wavelet_attention_triton(
                 TILE=tile,
                 D_CHUNK=min(d, config.transform_channels),
                 num_warps=config.transform_warps,
-                **channel_flags,
+                # with sink logits the merge weighted the offset into the exact part already
+                OFFSET=v_offset is not None and sinks is None,
                 **_dependent(pdl),
             )
     else:
@@ -1390,6 +1454,7 @@ def wavelet_attention_triton(
             D_CHUNK=min(d, 32),
             num_warps=4,
             **channel_flags,
+            **sink_flags,
             **_dependent(pdl and side is None),
         )
     return out

@@ -115,6 +115,7 @@ class AttentionSite:
     scale: float | None = None
     n_rep: int = 1
     blocker: str | None = None  # why the attention swap cannot apply
+    sinks: fx.Node | None = None  # learned sink logits [Hq] (gpt-oss), joining the softmax
 
 
 @dataclass(frozen=True)
@@ -357,7 +358,8 @@ def _match_sdpa(gm: fx.GraphModule, node: fx.Node) -> AttentionSite:
 def _match_eager(gm: fx.GraphModule, pv: fx.Node) -> AttentionSite | None:
     """matmul(softmax(q @ k^T * scale + mask), v) as HF's eager attention writes it; also with the
     softmax's input shifted by its own row max, and with learned sink logits (gpt-oss: the softmax
-    runs over cat(scores, sinks) and the sinks' column is sliced off), which is reported as skipped."""
+    runs over cat(scores, sinks) and the sinks' column is sliced off), whose [Hq] source the site
+    keeps for the op (any other sink column is skipped with the reason)."""
     probs = pv.args[0]
     # softmax -> [slice off the sink column] -> [to] -> [dropout] -> [clone] -> matmul
     while m.is_op(probs, *m.CAST_OPS, aten.dropout, aten.clone, aten.contiguous):
@@ -394,11 +396,9 @@ def _match_eager(gm: fx.GraphModule, pv: fx.Node) -> AttentionSite | None:
     site = AttentionSite(node=pv, variant="eager", report=report, q=q, scale=scale)
     blockers = []
     if sinks is not None:
-        blockers.append(
-            f"learned attention sinks ({m.describe(sinks)}): the softmax runs over the scores and one "
-            "extra logit per head, whose column is then dropped (gpt-oss); wmoe::wavelet_attention "
-            "takes a softmax over the scores alone"
-        )
+        site.sinks, sink_reason = _sink_logit_source(sinks, m.shape(q))
+        if sink_reason:
+            blockers.append(sink_reason)
     if scale is None:
         blockers.append("eager attention without a recognisable constant score scale")
     bool_mask, mask_reason = _bool_mask_from_additive(additive_mask)
@@ -410,6 +410,30 @@ def _match_eager(gm: fx.GraphModule, pv: fx.Node) -> AttentionSite | None:
     if site.blocker:
         report.skip(site.blocker, PASS_NAME)
     return site
+
+
+def _sink_logit_source(column: fx.Node, q_shape: tuple[int, ...] | None) -> tuple[fx.Node | None, str | None]:
+    """The [Hq] tensor of learned logits that the softmax's extra column [B, Hq, Tq, 1] broadcasts,
+    as gpt-oss writes it: sinks.reshape(1, -1, 1, 1).expand(B, -1, Tq, -1), casts anywhere; else
+    (None, why). Any other source could vary along the batch or the new tokens, which the op's one
+    logit per head cannot express."""
+    hq = q_shape[1] if q_shape and len(q_shape) == 4 else None
+    unsupported = (
+        f"learned attention sinks ({m.describe(column)}) not broadcast from one logit per query head "
+        "(expected sinks.reshape(1, Hq, 1, 1).expand(B, Hq, Tq, 1), as gpt-oss)"
+    )
+    if hq is None or m.shape(column) != (q_shape[0], hq, q_shape[2], 1):
+        return None, unsupported
+    node = m.strip_casts(column)
+    if m.is_op(node, aten.expand):
+        node = m.strip_casts(node.args[0])
+    if not (m.is_op(node, aten.view, aten.reshape, aten._unsafe_view) and m.shape(node) == (1, hq, 1, 1)):
+        return None, unsupported
+    source = m.strip_casts(node.args[0])
+    dtype = m.dtype(source)
+    if m.shape(source) != (hq,) or dtype is None or not dtype.is_floating_point:
+        return None, unsupported
+    return source, None
 
 
 def _is_last_dim(node: fx.Node) -> bool:

@@ -13,8 +13,9 @@ For each attention site whose K and V caches were compressed, the pass
   as `arange(T) + cumulative_length`);
 - replaces `scaled_dot_product_attention(q, k_cache, v_cache, mask, scale)` (or the eager
   matmul/softmax/matmul) by `wavelet_attention(q, k_codes, k_scales, v_codes, v_scales, k_exact,
-  v_exact, seq_lens, k_channel_scale, v_channel_scale, codec, scale)`; GQA (`enable_gqa` or HF's
-  repeat_kv) is handled by the op (Hq a multiple of Hkv).
+  v_exact, seq_lens, k_channel_scale, v_channel_scale, codec, scale[, sinks])`; GQA (`enable_gqa` or
+  HF's repeat_kv) is handled by the op (Hq a multiple of Hkv); gpt-oss's learned sink logits (the
+  softmax over cat(scores, sinks), the sinks' column dropped) pass to the op as its `sinks`.
 
 Sites with another mask, no compressed cache, or an unknown variant were skipped by find_sites
 with the reason; here only the switches and op availability add reasons.
@@ -44,7 +45,10 @@ def run(ctx: PassContext) -> PassResult:
             site.report.skip(reason, NAME)
         else:
             _swap(ctx, site)
-            site.report.rewritten(NAME, f"seq_lens from {site.k.index.name}[-1] + 1; GQA x{_gqa(site)}")
+            sinks = f"; learned sink logits {site.sinks.name}" if site.sinks is not None else ""
+            site.report.rewritten(
+                NAME, f"seq_lens from {site.k.index.name}[-1] + 1; GQA x{_gqa(site)}{sinks}"
+            )
             result.changed = True
         result.decided.append(site.report)
     if result.changed:
@@ -114,6 +118,7 @@ def _swap(ctx: PassContext, site: AttentionSite) -> None:
                 v.channel_scale,
                 k.spec,
                 float(scale),
+                *([site.sinks] if site.sinks is not None else []),
             ),
         )
     for node in (last, length, seq_lens.args[0], seq_lens, attention):

@@ -25,7 +25,8 @@ class CachedAttention(nn.Module):
     window of 4 < S) | "wide_window" (a window of S tokens: it masks nothing) |
     "causal_flag" (is_causal=True, no mask) | "eager" (matmul/softmax/matmul) | "shifted" (eager,
     the softmax's input less its row max) | "sinks" (eager with a learned sink logit per head, as
-    gpt-oss: softmax over cat(scores, sinks), the sinks' column sliced off) | "first_column_dropped"
+    gpt-oss: softmax over cat(scores, sinks), the sinks' column sliced off) | "token_sinks" (the
+    same with a sink logit computed per token from q: no per-head constant) | "first_column_dropped"
     (the same, but the slice drops the first column: not a sink pattern) | "einsum" (attention
     written with einsum, not recognised) | "dynamic" (cache passed in and grown with cat).
     """
@@ -67,7 +68,7 @@ class CachedAttention(nn.Module):
             causal = mask
         if self.variant == "causal_flag":
             out = F.scaled_dot_product_attention(q, keys, values, is_causal=True, enable_gqa=True)
-        elif self.variant in ("eager", "shifted", "sinks", "first_column_dropped"):
+        elif self.variant in ("eager", "shifted", "sinks", "token_sinks", "first_column_dropped"):
             rep_k = keys.repeat_interleave(HQ // HKV, dim=1)
             rep_v = values.repeat_interleave(HQ // HKV, dim=1)
             scores = torch.matmul(q, rep_k.transpose(2, 3)) * D**-0.5
@@ -78,10 +79,12 @@ class CachedAttention(nn.Module):
                 probs = torch.softmax(scores - scores.max(dim=-1, keepdim=True).values, dim=-1)
             else:  # gpt-oss: [B, HQ, T, S + 1] logits, the sink last
                 sinks = self.sinks.reshape(1, -1, 1, 1).expand(B, -1, q.shape[2], -1)
+                if self.variant == "token_sinks":
+                    sinks = q.mean(dim=-1, keepdim=True)
                 logits = torch.cat([scores, sinks], dim=-1)
                 logits = logits - logits.max(dim=-1, keepdim=True).values
                 probs = torch.softmax(logits, dim=-1)
-                probs = probs[..., :-1] if self.variant == "sinks" else probs[..., 1:]
+                probs = probs[..., 1:] if self.variant == "first_column_dropped" else probs[..., :-1]
             out = torch.matmul(probs, rep_v)
         elif self.variant == "einsum":
             rep_k = keys.repeat_interleave(HQ // HKV, dim=1)
@@ -139,17 +142,27 @@ def test_static_cache_attention_is_found_by_dataflow(variant):
         assert attention.scale == pytest.approx(D**-0.5)
 
 
-def test_learned_attention_sinks_are_found_and_skipped_with_the_reason():
-    # gpt-oss: the softmax runs over the scores and a learned logit per head; the op has no such
-    # logit, so the attention is reported, not rewritten (its caches are still found)
+def test_learned_attention_sinks_are_found_with_their_per_head_logits():
+    # gpt-oss: the softmax runs over the scores and a learned logit per head, broadcast from the
+    # module's [Hq] parameter; the site keeps that parameter for the op
     sites = sites_of("sinks")
     (attention,) = sites.attention
-    assert attention.variant == "eager" and attention.report.status == "skipped"
-    assert "learned attention sinks" in attention.blocker and "gpt-oss" in attention.blocker
+    assert attention.variant == "eager" and attention.report.status == "found", attention.blocker
+    assert attention.blocker is None
+    assert attention.sinks is not None and m.shape(attention.sinks) == (HQ,)
+    assert "sinks" in str(attention.sinks.target)
     assert attention.scale == pytest.approx(D**-0.5)
     for role in ("K", "V"):
         kv = by_role(sites, role)
         assert kv.cache_kind == "static" and kv.blocker is None and kv.report.status == "found"
+
+
+def test_sink_logits_that_vary_per_token_are_skipped_with_the_reason():
+    # the op takes one logit per query head; a sink column computed from the query is no such thing
+    sites = sites_of("token_sinks")
+    (attention,) = sites.attention
+    assert attention.report.status == "skipped" and attention.sinks is None
+    assert "not broadcast from one logit per query head" in attention.blocker
 
 
 @pytest.mark.parametrize("variant", ["einsum", "first_column_dropped"])

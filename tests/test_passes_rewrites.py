@@ -107,6 +107,25 @@ def test_eager_attention_is_swapped():
     torch.testing.assert_close(run_fresh(rewritten, inputs), run_fresh(gm, inputs), rtol=1e-5, atol=1e-6)
 
 
+def test_eager_attention_with_learned_sinks_is_swapped_with_them():
+    # gpt-oss's sink logits go to the op as its `sinks`: bypassed, the rewrite is exact, and the
+    # sinks are large enough here that dropping them would change the output
+    inputs = attention_inputs("sinks")
+    module = CachedAttention("sinks")
+    with torch.no_grad():
+        module.sinks.copy_(torch.randn(module.sinks.shape) * 2 + 2)
+    gm, rewritten, report = transform_module(module, wc.CompileConfig(bypass_codec=True), inputs)
+    (attention,) = [s for s in report.sites if s.kind == "attention"]
+    assert attention.status == "rewritten" and "learned sink logits" in attention.reason
+    (call,) = [n for n in rewritten.graph.nodes if n.target is torch.ops.wmoe.wavelet_attention.default]
+    assert len(call.args) == 13 and "sinks" in str(call.args[12].target)
+    want = run_fresh(gm, inputs)
+    torch.testing.assert_close(run_fresh(rewritten, inputs), want, rtol=1e-5, atol=1e-6)
+    with torch.no_grad():
+        module.sinks.fill_(-1.0e4)  # (the rewritten module holds the same parameter)
+    assert not torch.allclose(run_fresh(gm, inputs), want, rtol=1e-2, atol=1e-3)
+
+
 @pytest.mark.parametrize("transposed", [False, True])
 def test_stacked_moe_is_replaced_and_its_weights_dropped(transposed):
     module = StackedMoE(transposed=transposed)

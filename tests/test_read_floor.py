@@ -87,15 +87,18 @@ def test_bench_attention_runs_as_the_device_runs_it(tmp_path, heads, smoke_heads
 
 
 def test_bench_attention_times_other_head_dims(tmp_path):
-    # --head-dim 64 (gpt-oss's heads, 64 / 8): caches, queries and SDPA's dense tensors all take
-    # it, the table says so and every row's output agrees with the reference
+    # --head-dim 64 (gpt-oss's heads, 64 / 8) with its learned sink logits (--sinks): caches,
+    # queries and SDPA's dense tensors all take it, the table says so and every row's output
+    # agrees with the reference (which applies the same sinks)
     import json
 
-    run = _run_bench_attention(tmp_path, "--head-dim", "64", "--heads", "64,8")
+    run = _run_bench_attention(tmp_path, "--head-dim", "64", "--heads", "64,8", "--sinks")
     assert run.returncode == 0, run.stderr[-2000:]
-    assert "16 query / 2 kv heads, D 64" in (tmp_path / "attention.md").read_text().splitlines()[0]
+    title = (tmp_path / "attention.md").read_text().splitlines()[0]
+    assert "16 query / 2 kv heads, D 64; learned sink logits in ours" in title
     record = json.loads((tmp_path / "attention.json").read_text())
     assert record["info"]["head_dim"] == 64 and record["info"]["bytes_per_vector"] == 28
+    assert record["info"]["sinks"] is True
     rows = record["codecs"]["default"]["results"]
     assert rows and all(row["rel_err"] < 1e-2 for row in rows)
 

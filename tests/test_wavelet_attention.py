@@ -92,8 +92,10 @@ def make_case(
     return codec, (q, kc, ks, vc, vs, k_exact, v_exact, lens, k_cs, v_cs)
 
 
-def dense_reference(codec, args, sm_scale):
-    """Decompress every valid position with the codec, overlay the exact tokens, attend in float64."""
+def dense_reference(codec, args, sm_scale, sink_logits=None):
+    """Decompress every valid position with the codec, overlay the exact tokens, attend in float64.
+    `sink_logits` [Hq]: learned sink logits as gpt-oss's eager attention applies them (a softmax over
+    cat(scores, sink), the sink's column dropped)."""
     q, kc, ks, vc, vs, k_exact, v_exact, lens, k_cs, v_cs = args
     sinks, window = codec.config.sinks, codec.config.window
     batch, hq, tq, _ = q.shape
@@ -117,7 +119,12 @@ def dense_reference(codec, args, sm_scale):
         scores = scores.masked_fill(
             torch.arange(n, device=q.device)[None, :] >= limit[:, None], float("-inf")
         )
-        out[b] = torch.softmax(scores, dim=-1) @ kv[1]
+        if sink_logits is not None:
+            sink_column = sink_logits.double().to(q.device)[:, None, None].expand(hq, tq, 1)
+            weights = torch.softmax(torch.cat([scores, sink_column], dim=-1), dim=-1)[..., :-1]
+        else:
+            weights = torch.softmax(scores, dim=-1)
+        out[b] = weights @ kv[1]
     return out
 
 

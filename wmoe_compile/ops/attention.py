@@ -4,7 +4,7 @@ Schema (docs/CONTRACTS.md)::
 
     wmoe::wavelet_attention(Tensor q, Tensor k_codes, Tensor k_scales, Tensor v_codes, Tensor v_scales,
         Tensor k_exact, Tensor v_exact, Tensor seq_lens, Tensor k_channel_scale,
-        Tensor v_channel_scale, str codec, float sm_scale) -> Tensor
+        Tensor v_channel_scale, str codec, float sm_scale, Tensor? sinks=None) -> Tensor
 
 q [B, Hq, Tq, D] (Hq a multiple of Hkv; the Tq new tokens are already in the cache); seq_lens [B]
 counts valid positions including them; query t attends positions < seq_lens[b] - Tq + t + 1.
@@ -13,6 +13,8 @@ The channel arguments carry the cache's channel parameters in any form wmoe::kv_
 [Hkv, D + 2, D] (rotation R, s, m). The kernel folds s and R into the query, applies R^T and s to
 the output once, and adds the value offset once (the exact copies are stored centred like the
 codes; key offsets shift every score of a query equally and drop out of the softmax).
+sinks: None, or a learned logit per query head [Hq] in the scaled scores' units (gpt-oss): the
+softmax runs over the scores and that logit, whose weight then attends to nothing.
 
 Backend: the fused Triton kernels (launched by kernels/wavelet_attention.py) on CUDA tensors, the PyTorch
 reference elsewhere. A layout the kernel does not handle (head_dim outside 64/128/256, more than
@@ -112,7 +114,7 @@ def _warn_once(reason: str) -> None:
     schema=(
         "(Tensor q, Tensor k_codes, Tensor k_scales, Tensor v_codes, Tensor v_scales, Tensor k_exact, "
         "Tensor v_exact, Tensor seq_lens, Tensor k_channel_scale, Tensor v_channel_scale, str codec, "
-        "float sm_scale) -> Tensor"
+        "float sm_scale, Tensor? sinks=None) -> Tensor"
     ),
 )
 def wavelet_attention(
@@ -128,6 +130,7 @@ def wavelet_attention(
     v_channel_scale: torch.Tensor,
     codec: str,
     sm_scale: float,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     layout = compressed_layout(codec, int(q.shape[-1]))
     args = (
@@ -143,15 +146,16 @@ def wavelet_attention(
         v_channel_scale,
     )
     _k.check_attention_inputs(*args, layout, check_values=_value_checks)
+    _k.check_sink_logits(sinks, q)
     reason = _k.triton_support(layout) if _use_triton(q) else "the reference backend"
     if reason is None:  # orders itself after deferred cache writes (kernels/side_stream.py)
-        out = _k.wavelet_attention_triton(*args, layout, sm_scale, validate=False)
+        out = _k.wavelet_attention_triton(*args, layout, sm_scale, validate=False, sinks=sinks)
     else:
         if _use_triton(q):
             _warn_once(f"the Triton kernel does not support {reason}")
         if q.is_cuda:  # a cache write deferred to the side stream must land before the reference reads
             _side.join(q.device, args[1:7])
-        out = _k.wavelet_attention_reference(*args, layout, sm_scale)
+        out = _k.wavelet_attention_reference(*args, layout, sm_scale, sinks)
     # The fake impl promises a contiguous [B, Hq, Tq, D]; Inductor asserts the strides.
     return out.contiguous()
 
@@ -170,6 +174,7 @@ def _(
     v_channel_scale: torch.Tensor,
     codec: str,
     sm_scale: float,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     layout = shape_layout(codec, int(q.shape[-1]))  # head_dim is static (int() specialises)
     # Shape checks only, never tensor values. Outside the fake mode, so anything the checks
@@ -190,4 +195,5 @@ def _(
             layout,
             check_values=False,
         )
+        _k.check_sink_logits(sinks, q)
     return q.new_empty(q.shape)
