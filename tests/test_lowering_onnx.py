@@ -183,6 +183,43 @@ def test_wavelet_attention(flavor, new_tokens, k_form, v_form):
     np.testing.assert_allclose(out, want.numpy(), rtol=1e-4, atol=1e-5)
 
 
+class _AttentionSinks(torch.nn.Module):
+    def __init__(self, sinks: torch.Tensor):
+        super().__init__()
+        self.sinks = torch.nn.Parameter(sinks)
+
+    def forward(self, q, k_codes, k_scales, v_codes, v_scales, k_exact, v_exact, seq_lens, k_cs, v_cs):
+        args = (q, k_codes, k_scales, v_codes, v_scales, k_exact, v_exact, seq_lens, k_cs, v_cs)
+        return torch.ops.wmoe.wavelet_attention(*args, CODEC, 0.25, self.sinks)
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+@pytest.mark.parametrize("new_tokens,k_form,v_form", [(1, "s", "none"), (3, "rsm", "sm")])
+def test_wavelet_attention_with_sinks(flavor, new_tokens, k_form, v_form):
+    # gpt-oss's learned sink logits: their own function (an extra input); key offsets ("rsm") move
+    # each query's logit, value offsets ("sm") are weighted by the mass the positions keep
+    batch, hq, hkv, capacity, head_dim = 2, 4, 2, 16, 16
+    caches, params = {}, {}
+    for role, form in (("k", k_form), ("v", v_form)):
+        codes, scales, exact = allocate_cache(CODEC, batch, hkv, capacity, head_dim, torch.float32)
+        x = torch.randn(batch, hkv, 12, head_dim) + torch.randn(head_dim)
+        params[role] = _channel_params(form, hkv, head_dim)
+        torch.ops.wmoe.kv_compress_into_cache(x, codes, scales, exact, torch.arange(12), params[role], CODEC)
+        caches[role] = (codes, scales, exact)
+    q = torch.randn(batch, hq, new_tokens, head_dim)
+    k, v = caches["k"], caches["v"]
+    args = (q, k[0], k[1], v[0], v[1], k[2], v[2], torch.tensor([12, 7]), params["k"], params["v"])
+    module = _AttentionSinks(torch.randn(hq) + 2)
+    with torch.no_grad():
+        want = module(*args)
+        assert not torch.allclose(want, _Attention()(*args), rtol=1e-2, atol=1e-3)  # the sinks matter
+    proto = export_onnx(torch.export.export(module, args), None, flavor)
+    _check_flavor(proto, flavor, {"WaveletAttentionSinks"})
+    (out,) = _run(proto, list(args))
+    assert np.isfinite(out).all()
+    np.testing.assert_allclose(out, want.numpy(), rtol=1e-4, atol=1e-5)
+
+
 class _TiledMoE(torch.nn.Module):
     def __init__(self, w_gate_up, w_down):
         super().__init__()

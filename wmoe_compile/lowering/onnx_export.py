@@ -315,12 +315,14 @@ def _translate_wavelet_attention(
     v_cs,
     codec: str,
     sm_scale: float,
+    sinks=None,
 ):
     head_dim = _static_dim(q, -1, "wavelet_attention q")
     wmoe = _wmoe_opset()
     k_params, k_form = _channel_params(k_cs, head_dim)
     v_params, v_form = _channel_params(v_cs, head_dim)
-    return wmoe.WaveletAttention(
+    function = wmoe.WaveletAttention if sinks is None else wmoe.WaveletAttentionSinks
+    return function(
         q,
         k_codes,
         k_scales,
@@ -331,6 +333,7 @@ def _translate_wavelet_attention(
         seq_lens,
         k_params,
         v_params,
+        *([] if sinks is None else [sinks]),
         codec=_canonical(codec),
         head_dim=head_dim,
         k_channel_params=k_form,

@@ -154,6 +154,38 @@ SCHEMAS: dict[str, defs.OpSchema] = {
             ("I", ["tensor(int64)", "tensor(int32)"]),
         ],
     ),
+    "WaveletAttentionSinks": _schema(
+        "WaveletAttentionSinks",
+        "wmoe::wavelet_attention with learned sink logits (gpt-oss): one logit per query head joins "
+        "the softmax and attends to nothing",
+        [
+            ("q", "T"),
+            ("k_codes", "tensor(uint8)"),
+            ("k_scales", "tensor(float16)"),
+            ("v_codes", "tensor(uint8)"),
+            ("v_scales", "tensor(float16)"),
+            ("k_exact", "E"),
+            ("v_exact", "E"),
+            ("seq_lens", "I"),
+            ("k_channel_scale", "S"),
+            ("v_channel_scale", "S"),
+            ("sinks", "F"),
+        ],
+        [("out", "T")],
+        [
+            *_CODEC_ATTRS,
+            ("k_channel_params", _STR, _CHANNEL_DOC),
+            ("v_channel_params", _STR, _CHANNEL_DOC),
+            ("sm_scale", _FLT, "softmax scale"),
+        ],
+        [
+            ("T", _FLOAT_TYPES),
+            ("E", _FLOAT_TYPES),
+            ("S", _FLOAT_TYPES),
+            ("I", ["tensor(int64)", "tensor(int32)"]),
+            ("F", _FLOAT_TYPES),
+        ],
+    ),
     "TiledMoe": _schema(
         "TiledMoe",
         "wmoe::tiled_moe: top-k SwiGLU experts over packed weights, weighted combine fused",
@@ -524,6 +556,17 @@ def _kv_compress_into_cache(b: _Body, attrs: Mapping[str, Any]) -> tuple[list[ir
 
 
 def _wavelet_attention(b: _Body, attrs: Mapping[str, Any]) -> tuple[list[ir.Value], list[ir.Value]]:
+    return _wavelet_attention_body(b, attrs, with_sinks=False)
+
+
+def _wavelet_attention_sinks(b: _Body, attrs: Mapping[str, Any]) -> tuple[list[ir.Value], list[ir.Value]]:
+    """_wavelet_attention with a sink logit per query head (input `sinks` [Hq]) in the softmax."""
+    return _wavelet_attention_body(b, attrs, with_sinks=True)
+
+
+def _wavelet_attention_body(
+    b: _Body, attrs: Mapping[str, Any], with_sinks: bool
+) -> tuple[list[ir.Value], list[ir.Value]]:
     codec = _codec(attrs["codec"], attrs["head_dim"])
     sinks, window = codec.config.sinks, codec.config.window
     names = (
@@ -537,9 +580,9 @@ def _wavelet_attention(b: _Body, attrs: Mapping[str, Any]) -> tuple[list[ir.Valu
         "seq_lens",
         "k_channel_scale",
         "v_channel_scale",
-    )
+    ) + (("sinks",) if with_sinks else ())
     inputs = [ir.Value(name=n) for n in names]
-    q, k_codes, k_scales, v_codes, v_scales, k_exact, v_exact, seq_lens, k_cs, v_cs = inputs
+    q, k_codes, k_scales, v_codes, v_scales, k_exact, v_exact, seq_lens, k_cs, v_cs = inputs[:10]
     n_slots = b.op("Shape", k_codes, start=2, end=3)  # [1] = S
     slot = b.range_to(n_slots)  # [S]
     lengths = b.op("Reshape", b.op("Cast", seq_lens, to=_INT64), b.i64(-1, 1, 1, 1))  # [B, 1, 1, 1]
@@ -587,12 +630,33 @@ def _wavelet_attention(b: _Body, attrs: Mapping[str, Any]) -> tuple[list[ir.Valu
     relative = b.op("Sub", b.op("Unsqueeze", slot, b.i64(0)), b.op("Unsqueeze", step, b.i64(1)))  # [Tq, S]
     limit = b.op("Add", b.op("Sub", lengths, n_steps), b.i64(1))  # [B, 1, 1, 1]
     visible = b.op("Less", relative, b.op("Unsqueeze", limit, b.i64(-1)))  # [B, 1, 1, Tq, S]
-    scores = b.op("Where", visible, scores, b.f32(-math.inf))
-    probs = b.op("Softmax", scores, axis=-1)
+    scores = b.op("Where", visible, scores, b.f32(-math.inf))  # [B, Hkv, G, Tq, S]
+    if with_sinks:
+        # one column of the head's logit joins the softmax, then is dropped; the scores of centred
+        # keys lack sm_scale * q . m_k, so the logit moves by as much instead
+        sinks = b.op(
+            "Reshape",
+            b.op("Cast", inputs[10], to=_FLOAT),
+            b.op("Concat", b.i64(1), n_kv, b.i64(-1, 1, 1), axis=0),
+        )
+        column = b.op("Concat", b.op("Shape", scores, start=0, end=4), b.i64(1), axis=0)
+        sinks = b.op("Expand", sinks, column)  # [B, Hkv, G, Tq, 1]
+        if k_channel.offset is not None:
+            shift = b.op(
+                "MatMul", grouped, b.op("Transpose", k_channel.offset, perm=[0, 2, 1])
+            )  # [B, Hkv, G*Tq, 1]
+            shift = b.op("Reshape", b.op("Mul", shift, b.f32(attrs["sm_scale"])), column)
+            sinks = b.op("Sub", sinks, shift)
+        probs = b.op("Softmax", b.op("Concat", scores, sinks, axis=-1), axis=-1)
+        probs = b.op("Slice", probs, b.i64(0), n_slots, b.i64(-1))
+    else:
+        probs = b.op("Softmax", scores, axis=-1)
     probs = b.op("Reshape", probs, b.op("Concat", b.i64(0, 0, -1), n_slots, axis=0))
     out = b.op("MatMul", probs, values)  # [B, Hkv, G*Tq, D]
     if v_channel.offset is not None:
-        out = b.op("Add", out, v_channel.offset)  # softmax weights sum to 1: add m once
+        # the values are centred: add m at the weights' sum (1 without sinks)
+        weight = b.op("ReduceSum", probs, b.i64(-1), keepdims=1) if with_sinks else None
+        out = b.op("Add", out, v_channel.offset if weight is None else b.op("Mul", v_channel.offset, weight))
     out = b.op("Reshape", out, q_shape)
     return inputs, [b.op("CastLike", out, q)]
 
@@ -681,6 +745,7 @@ BODIES: dict[str, Callable[[_Body, Mapping[str, Any]], tuple[list[ir.Value], lis
     "KvDecompress": _kv_decompress,
     "KvCompressIntoCache": _kv_compress_into_cache,
     "WaveletAttention": _wavelet_attention,
+    "WaveletAttentionSinks": _wavelet_attention_sinks,
     "TiledMoe": _tiled_moe,
     "TiledMoeBiased": _tiled_moe_biased,
 }
