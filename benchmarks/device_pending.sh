@@ -121,7 +121,8 @@
 #                                                 # SwiGLU: GPU tests, then bench_moe at its shape
 #   bash benchmarks/device_pending.sh sinks       # learned sink logits (gpt-oss, forty-fifth session):
 #                                                 # their GPU tests (every reduce mode, the split
-#                                                 # kernel's channel merge), tiled_moe's biased
+#                                                 # kernel's channel merge) and the ring-window
+#                                                 # kernel's (sliding layers), tiled_moe's biased
 #                                                 # compiled launch, then bench_attention --sinks at
 #                                                 # the heads and at gpt-oss's 64 / 8, D 64
 #   bash benchmarks/device_pending.sh head_dim_grid    # Triton-kernel configs at head_dim 64
@@ -502,8 +503,9 @@ gpt_oss_moe)
     ;;
 sinks)
     # forty-fifth session: wmoe::wavelet_attention's learned sink logits (never run on a GPU)
-    run 240 python3 -P -m pytest -q -m gpu tests/test_attention_sinks.py tests/test_tiled_moe_gpt_oss.py \
-        -p no:benchmark -k "sinks or compiled_launches"
+    # and its sliding windows over the exact ring (kernels/window_attention.py)
+    run 240 python3 -P -m pytest -q -m gpu tests/test_attention_sinks.py tests/test_window_attention.py \
+        tests/test_tiled_moe_gpt_oss.py -p no:benchmark -k "sinks or window or compiled_launches"
     run 150 python3 -P benchmarks/bench_attention.py --out "$OUT/sinks" --codec default --sinks
     run 150 python3 -P benchmarks/bench_attention.py --out "$OUT/sinks_d64" --codec default --sinks \
         --heads 64,8 --head-dim 64

@@ -175,12 +175,14 @@ def wavelet_attention_reference(
     layout: CompressedLayout,
     sm_scale: float,
     sinks: torch.Tensor | None = None,
+    window: int = 0,
 ) -> torch.Tensor:
     """Decompress each sequence's valid positions and attend in fp32 (causal over the Tq new tokens).
 
     ``sinks``: a learned logit per query head [Hq] (gpt-oss), in the scaled scores' units: the
     softmax runs over the scores and that logit, whose weight is then dropped (it attends to
-    nothing), so a row's weights sum to less than 1.
+    nothing), so a row's weights sum to less than 1. ``window`` > 0: a sliding window, query t
+    (position P_t = seq_len - Tq + t) attends positions P_t - window < p <= P_t only.
 
     Materialises one sequence's K/V at a time; meant for CPU, tests and unsupported layouts.
     """
@@ -200,7 +202,10 @@ def wavelet_attention_reference(
         v = v.repeat_interleave(group, dim=0)
         scores = (q[b].float() @ k.transpose(-1, -2)) * sm_scale  # [Hq, Tq, seq_len]
         limits = seq_len - tq + 1 + torch.arange(tq, device=q.device)
-        allowed = torch.arange(seq_len, device=q.device)[None, :] < limits[:, None]
+        slots = torch.arange(seq_len, device=q.device)[None, :]
+        allowed = slots < limits[:, None]
+        if window > 0:
+            allowed = allowed & (slots >= limits[:, None] - window)
         scores = scores.masked_fill(~allowed, float("-inf"))
         if sink_rows is None:
             weights = torch.softmax(scores, dim=-1)

@@ -92,10 +92,11 @@ def make_case(
     return codec, (q, kc, ks, vc, vs, k_exact, v_exact, lens, k_cs, v_cs)
 
 
-def dense_reference(codec, args, sm_scale, sink_logits=None):
+def dense_reference(codec, args, sm_scale, sink_logits=None, sliding_window=0):
     """Decompress every valid position with the codec, overlay the exact tokens, attend in float64.
     `sink_logits` [Hq]: learned sink logits as gpt-oss's eager attention applies them (a softmax over
-    cat(scores, sink), the sink's column dropped)."""
+    cat(scores, sink), the sink's column dropped). `sliding_window` > 0: query t (position n - tq + t)
+    sees the `sliding_window` positions up to its own only (HF's sliding-window mask)."""
     q, kc, ks, vc, vs, k_exact, v_exact, lens, k_cs, v_cs = args
     sinks, window = codec.config.sinks, codec.config.window
     batch, hq, tq, _ = q.shape
@@ -116,9 +117,10 @@ def dense_reference(codec, args, sm_scale, sink_logits=None):
             kv.append(x.repeat_interleave(group, dim=0))
         scores = q[b].double() @ kv[0].transpose(-1, -2) * sm_scale
         limit = n - tq + 1 + torch.arange(tq, device=q.device)
-        scores = scores.masked_fill(
-            torch.arange(n, device=q.device)[None, :] >= limit[:, None], float("-inf")
-        )
+        slot = torch.arange(n, device=q.device)[None, :]
+        scores = scores.masked_fill(slot >= limit[:, None], float("-inf"))
+        if sliding_window:
+            scores = scores.masked_fill(slot < limit[:, None] - sliding_window, float("-inf"))
         if sink_logits is not None:
             sink_column = sink_logits.double().to(q.device)[:, None, None].expand(hq, tq, 1)
             weights = torch.softmax(torch.cat([scores, sink_column], dim=-1), dim=-1)[..., :-1]

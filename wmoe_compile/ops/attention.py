@@ -4,7 +4,7 @@ Schema (docs/CONTRACTS.md)::
 
     wmoe::wavelet_attention(Tensor q, Tensor k_codes, Tensor k_scales, Tensor v_codes, Tensor v_scales,
         Tensor k_exact, Tensor v_exact, Tensor seq_lens, Tensor k_channel_scale,
-        Tensor v_channel_scale, str codec, float sm_scale, Tensor? sinks=None) -> Tensor
+        Tensor v_channel_scale, str codec, float sm_scale, Tensor? sinks=None, int window=0) -> Tensor
 
 q [B, Hq, Tq, D] (Hq a multiple of Hkv; the Tq new tokens are already in the cache); seq_lens [B]
 counts valid positions including them; query t attends positions < seq_lens[b] - Tq + t + 1.
@@ -15,6 +15,10 @@ the output once, and adds the value offset once (the exact copies are stored cen
 codes; key offsets shift every score of a query equally and drop out of the softmax).
 sinks: None, or a learned logit per query head [Hq] in the scaled scores' units (gpt-oss): the
 softmax runs over the scores and that logit, whose weight then attends to nothing.
+window > 0: a sliding window, query t attends positions > seq_lens[b] - Tq + t - window only (a
+window of at least the capacity masks nothing). Where the codec's exact ring holds every position
+the window reaches (window + Tq - 1 <= the codec's window) the ring-window kernel reads the ring
+alone (kernels/window_attention.py); wider windows take the reference, with a warning.
 
 Backend: the fused Triton kernels (launched by kernels/wavelet_attention.py) on CUDA tensors, the PyTorch
 reference elsewhere. A layout the kernel does not handle (head_dim outside 64/128/256, more than
@@ -38,6 +42,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from ..codec import WaveletKVConfig, codec_layout, get_codec
 from ..kernels import side_stream as _side
 from ..kernels import wavelet_attention as _k
+from ..kernels import window_attention as _w
 
 _BACKENDS = ("auto", "reference", "triton")
 _backend = "auto"
@@ -114,7 +119,7 @@ def _warn_once(reason: str) -> None:
     schema=(
         "(Tensor q, Tensor k_codes, Tensor k_scales, Tensor v_codes, Tensor v_scales, Tensor k_exact, "
         "Tensor v_exact, Tensor seq_lens, Tensor k_channel_scale, Tensor v_channel_scale, str codec, "
-        "float sm_scale, Tensor? sinks=None) -> Tensor"
+        "float sm_scale, Tensor? sinks=None, int window=0) -> Tensor"
     ),
 )
 def wavelet_attention(
@@ -131,6 +136,7 @@ def wavelet_attention(
     codec: str,
     sm_scale: float,
     sinks: torch.Tensor | None = None,
+    window: int = 0,
 ) -> torch.Tensor:
     layout = compressed_layout(codec, int(q.shape[-1]))
     args = (
@@ -147,6 +153,9 @@ def wavelet_attention(
     )
     _k.check_attention_inputs(*args, layout, check_values=_value_checks)
     _k.check_sink_logits(sinks, q)
+    window = _sliding_window(window, k_codes.shape[2])
+    if window:
+        return _window_attention(args, layout, sm_scale, sinks, window)
     reason = _k.triton_support(layout) if _use_triton(q) else "the reference backend"
     if reason is None:  # orders itself after deferred cache writes (kernels/side_stream.py)
         out = _k.wavelet_attention_triton(*args, layout, sm_scale, validate=False, sinks=sinks)
@@ -157,6 +166,33 @@ def wavelet_attention(
             _side.join(q.device, args[1:7])
         out = _k.wavelet_attention_reference(*args, layout, sm_scale, sinks)
     # The fake impl promises a contiguous [B, Hq, Tq, D]; Inductor asserts the strides.
+    return out.contiguous()
+
+
+def _sliding_window(window: int, capacity: int) -> int:
+    """The window the op applies: 0 for none and for one of at least the capacity (positions are
+    below the capacity, so it masks nothing)."""
+    if isinstance(window, bool) or not isinstance(window, int) or window < 0:
+        raise ValueError(f"window must be an int >= 0 (0: no sliding window), got {window!r}")
+    return 0 if window >= capacity else window
+
+
+def _window_attention(
+    args: tuple, layout: _k.CompressedLayout, sm_scale: float, sinks: torch.Tensor | None, window: int
+) -> torch.Tensor:
+    q = args[0]
+    reason = _w.ring_window_reason(layout, window, int(q.shape[2]))
+    if q.is_cuda:  # a cache write deferred to the side stream must land before either path reads
+        _side.join(q.device, args[1:7])
+    if reason is None and _use_triton(q):
+        q, _, _, _, _, k_exact, v_exact, seq_lens, k_cs, v_cs = args
+        out = _w.window_attention_triton(
+            q, k_exact, v_exact, seq_lens, k_cs, v_cs, layout, sm_scale, window, sinks
+        )
+    else:
+        if _use_triton(q):
+            _warn_once(f"the ring-window kernel does not cover it: {reason}")
+        out = _k.wavelet_attention_reference(*args, layout, sm_scale, sinks, window)
     return out.contiguous()
 
 
@@ -175,6 +211,7 @@ def _(
     codec: str,
     sm_scale: float,
     sinks: torch.Tensor | None = None,
+    window: int = 0,
 ) -> torch.Tensor:
     layout = shape_layout(codec, int(q.shape[-1]))  # head_dim is static (int() specialises)
     # Shape checks only, never tensor values. Outside the fake mode, so anything the checks
@@ -196,4 +233,5 @@ def _(
             check_values=False,
         )
         _k.check_sink_logits(sinks, q)
+        _sliding_window(window, 1)
     return q.new_empty(q.shape)
