@@ -116,6 +116,7 @@ class AttentionSite:
     n_rep: int = 1
     blocker: str | None = None  # why the attention swap cannot apply
     sinks: fx.Node | None = None  # learned sink logits [Hq] (gpt-oss), joining the softmax
+    window: int = 0  # a sliding window shorter than the cache (0: none, or one that masks nothing)
 
 
 @dataclass(frozen=True)
@@ -519,7 +520,7 @@ def _attach_kv(
         if not m.structurally_equal(m.strip_views(k.index), m.strip_views(v.index)):
             blockers.append("K and V caches are written at different positions")
     if site.mask is not None and k is not None and k.cache_kind == "static" and k.index is not None:
-        reason = _check_causal_mask(site.mask, k)
+        reason, site.window = _check_causal_mask(site.mask, k)
         if reason:
             blockers.append(reason)
 
@@ -718,24 +719,32 @@ def _sliding_window(term: object, k: KVWriteSite) -> int | float | None:
     return None
 
 
-def _check_causal_mask(mask: fx.Node, k: KVWriteSite) -> str | None:
+def _check_causal_mask(mask: fx.Node, k: KVWriteSite) -> tuple[str | None, int]:
     """The mask must be `slot <= position` over the cache slots, with the positions the cache
     write uses (so seq_lens = last position + 1 describes it exactly). ANDed with it may be an
-    all-true padding mask, and a sliding window at least as long as the cache (which masks nothing:
-    Mistral-style configs whose window exceeds max_cache_len)."""
+    all-true padding mask and one sliding window `slot > position - W` (W returned when shorter
+    than the cache; one at least as long masks nothing: Mistral-style configs whose window exceeds
+    max_cache_len). Returns (why the mask is not that, or None; W or 0)."""
     capacity = m.shape(k.buffer)[2]
     terms = [t for t in _mask_conjuncts(mask) if not _is_all_true(t)]
+    window = 0
     if len(terms) > 1:
         windows = [(t, _sliding_window(t, k)) for t in terms]
         short = [w for _, w in windows if w is not None and w < capacity]
-        if short:
+        short = [int(w) if isinstance(w, float) and w.is_integer() else w for w in short]
+        if len(short) > 1 or any(not isinstance(w, int) or w < 1 for w in short):
             return (
-                f"sliding-window mask: a window of {short[0]} tokens, shorter than the cache's "
-                f"{capacity} slots (the fused attention reads every slot below the length; a window "
-                "at least max_cache_len masks nothing and is accepted)"
+                f"sliding-window mask: windows {short} (one window of a whole number of tokens expected)",
+                0,
             )
+        window = short[0] if short else 0
         # (positions < capacity <= W: such a window term lets through every slot the causal one does)
         terms = [t for t, w in windows if w is None]
+    return _check_causal_term(mask, terms, k, capacity), window
+
+
+def _check_causal_term(mask: fx.Node, terms: list, k: KVWriteSite, capacity: int) -> str | None:
+    """Why the mask's remaining term is not `slot <= position` over the cache's slots, or None."""
     node = m.strip_views(terms[0] if len(terms) == 1 and isinstance(terms[0], fx.Node) else mask)
     if m.is_op(node, aten.le):
         slots, positions = node.args[0], node.args[1]

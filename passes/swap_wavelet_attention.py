@@ -15,7 +15,9 @@ For each attention site whose K and V caches were compressed, the pass
   matmul/softmax/matmul) by `wavelet_attention(q, k_codes, k_scales, v_codes, v_scales, k_exact,
   v_exact, seq_lens, k_channel_scale, v_channel_scale, codec, scale[, sinks])`; GQA (`enable_gqa` or
   HF's repeat_kv) is handled by the op (Hq a multiple of Hkv); gpt-oss's learned sink logits (the
-  softmax over cat(scores, sinks), the sinks' column dropped) pass to the op as its `sinks`.
+  softmax over cat(scores, sinks), the sinks' column dropped) pass to the op as its `sinks`, and a
+  sliding window shorter than the cache as its `window` where the codec's exact ring holds it
+  (a longer one is skipped: the op would decompress the cache through its reference).
 
 Sites with another mask, no compressed cache, or an unknown variant were skipped by find_sites
 with the reason; here only the switches and op availability add reasons.
@@ -46,8 +48,9 @@ def run(ctx: PassContext) -> PassResult:
         else:
             _swap(ctx, site)
             sinks = f"; learned sink logits {site.sinks.name}" if site.sinks is not None else ""
+            window = f"; sliding window of {site.window} over the exact ring" if site.window else ""
             site.report.rewritten(
-                NAME, f"seq_lens from {site.k.index.name}[-1] + 1; GQA x{_gqa(site)}{sinks}"
+                NAME, f"seq_lens from {site.k.index.name}[-1] + 1; GQA x{_gqa(site)}{sinks}{window}"
             )
             result.changed = True
         result.decided.append(site.report)
@@ -76,6 +79,17 @@ def _reason_to_skip(ctx: PassContext, site: AttentionSite) -> str | None:
         return "K and V were compressed with different codecs; the op takes one codec"
     if not op_available("wavelet_attention"):
         return "op not registered (wmoe::wavelet_attention)"
+    if site.window:
+        from wmoe_compile.codec import WaveletKVConfig
+
+        ring = WaveletKVConfig.from_spec(site.k.compressed.spec).window
+        if site.window > ring:
+            # the op would attend through its PyTorch reference (decompressing the whole cache)
+            return (
+                f"sliding-window mask: a window of {site.window} tokens, longer than the codec's exact "
+                f"window of {ring} (the ring-window kernel reads the exact ring only); the cache is read "
+                "back through wmoe::kv_decompress"
+            )
     return None
 
 
@@ -118,7 +132,8 @@ def _swap(ctx: PassContext, site: AttentionSite) -> None:
                 v.channel_scale,
                 k.spec,
                 float(scale),
-                *([site.sinks] if site.sinks is not None else []),
+                *([site.sinks] if site.sinks is not None or site.window else []),
+                *([site.window] if site.window else []),
             ),
         )
     for node in (last, length, seq_lens.args[0], seq_lens, attention):

@@ -200,11 +200,18 @@ def test_unusual_cache_layout_is_skipped_with_the_layout():
     assert "unusual cache layout" in k.report.reason and "dim 1" in k.report.reason
 
 
+def test_a_sliding_window_shorter_than_the_cache_is_found_with_its_length():
+    # slot > position - 4 ANDed with the causal mask: the site carries W = 4 for the op's window
+    (attention,) = sites_of("window").attention
+    assert attention.blocker is None and attention.window == 4
+    (wide,) = sites_of("wide_window").attention  # a window of the whole cache masks nothing
+    assert wide.blocker is None and wide.window == 0
+
+
 @pytest.mark.parametrize(
     ("variant", "reason"),
     [
         ("mask_input", "not a plain causal mask"),
-        ("window", "sliding-window mask: a window of 4 tokens, shorter than the cache's 16 slots"),
         ("causal_flag", "no attention mask"),
     ],
 )

@@ -83,7 +83,7 @@ def test_second_reader_of_the_cache_keeps_that_cache_dense():
     assert torch.equal(k_sum_new, k_sum_old)
 
 
-@pytest.mark.parametrize("variant", ["bshd", "window", "mask_input"])
+@pytest.mark.parametrize("variant", ["bshd", "mask_input"])
 def test_patterns_not_understood_are_left_as_they_were(variant):
     inputs = attention_inputs(variant)
     config = wc.CompileConfig(compress_kv=True)
@@ -105,6 +105,27 @@ def test_eager_attention_is_swapped():
     assert attention.status == "rewritten" and attention.detail == "eager"
     assert "aten.softmax.int" not in targets(rewritten)
     torch.testing.assert_close(run_fresh(rewritten, inputs), run_fresh(gm, inputs), rtol=1e-5, atol=1e-6)
+
+
+def test_sliding_window_attention_is_swapped_where_the_exact_ring_holds_it():
+    # a window of 4 < the cache's 16 slots: the op takes window=4 and reads the exact ring (bypassed
+    # here: exact); a codec keeping only 2 exact recent tokens cannot serve it, so the attention
+    # stays on the decompressed cache with the reason
+    inputs = attention_inputs("window")
+    gm, rewritten, report = transform_module(
+        CachedAttention("window"), wc.CompileConfig(bypass_codec=True), inputs
+    )
+    (attention,) = [s for s in report.sites if s.kind == "attention"]
+    assert attention.status == "rewritten" and "sliding window of 4 over the exact ring" in attention.reason
+    (call,) = [n for n in rewritten.graph.nodes if n.target is torch.ops.wmoe.wavelet_attention.default]
+    assert call.args[12:] == (None, 4)
+    torch.testing.assert_close(run_fresh(rewritten, inputs), run_fresh(gm, inputs), rtol=1e-5, atol=1e-6)
+    config = wc.CompileConfig(codec="default;window=2;sinks=1")
+    _, narrow, report = transform_module(CachedAttention("window"), config, inputs)
+    (attention,) = [s for s in report.sites if s.kind == "attention"]
+    assert attention.status == "skipped"
+    assert "a window of 4 tokens, longer than the codec's exact window of 2" in attention.reason
+    assert "wmoe.wavelet_attention.default" not in targets(narrow)
 
 
 def test_eager_attention_with_learned_sinks_is_swapped_with_them():

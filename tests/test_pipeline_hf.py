@@ -206,38 +206,37 @@ def test_sliding_window_layers_are_exact_past_the_window(window):
     program = decode_program(model)
     report = program.wmoe_report
     assert report.counts()["kv_write"] == {"rewritten": 4}, report
-    if window < CAPACITY:  # the window masks slots: the fused attention cannot read the cache so
-        assert report.counts()["attention"] == {"skipped": 2}, report
-        reason = (
-            f"sliding-window mask: a window of {window} tokens, shorter than the cache's {CAPACITY} slots"
-        )
-        assert all(reason in s.reason for s in report.sites if s.kind == "attention"), report
-    else:  # a window covering the cache masks nothing: the attention is rewritten
-        assert report.counts()["attention"] == {"rewritten": 2}, report
+    # the window masks slots (4): the op takes it and reads the exact ring; one covering the cache
+    # masks nothing (32): the plain op
+    assert report.counts()["attention"] == {"rewritten": 2}, report
+    reasons = [s.reason for s in report.sites if s.kind == "attention"]
+    ring = f"sliding window of {window} over the exact ring"
+    assert all((ring in reason) == (window < CAPACITY) for reason in reasons), reasons
     assert_decode_exact(program, model, torch.randint(1, 256, (1, 11)))
 
 
 def test_gpt_oss_experts_and_full_attention_with_sinks_are_rewritten_exact():
     # gpt-oss: learned sink logits in every attention's softmax, sliding-window and full layers in
     # turn, experts with biases and a clamped SwiGLU. The caches are found and compressed (here
-    # bypassed, so the program is exact); the full layer's attention becomes wmoe::wavelet_attention
-    # with the layer's sink logits, the sliding layer's (a window shorter than the cache) is
-    # reported; the experts become wmoe::tiled_moe with their biases and activation.
+    # bypassed, so the program is exact); both layers' attention becomes wmoe::wavelet_attention
+    # with the layer's sink logits, the sliding layer's with its window of 8 (shorter than the
+    # cache) too; the experts become wmoe::tiled_moe with their biases and activation.
     model = tiny_hf_model("gpt-oss", num_layers=2)
     assert model.config._attn_implementation == "eager"  # (transformers has no SDPA path for it)
     program = decode_program(model, batch=BATCH)
     report = program.wmoe_report
     counts = report.counts()
     assert counts["kv_write"] == {"rewritten": 4}, report
-    assert counts["attention"] == {"skipped": 1, "rewritten": 1}, report
-    assert counts["moe"] == {"rewritten": 2}, report
-    attention = {s.layer: (s.status, s.reason) for s in report.sites if s.kind == "attention"}
-    assert attention[0][0] == "skipped" and "sliding-window mask: a window of 8 tokens" in attention[0][1]
-    assert attention[1][0] == "rewritten" and "learned sink logits" in attention[1][1], attention
-    (call,) = [
+    assert counts["attention"] == {"rewritten": 2} and counts["moe"] == {"rewritten": 2}, report
+    attention = {s.layer: s.reason for s in report.sites if s.kind == "attention"}
+    assert all("learned sink logits" in reason for reason in attention.values()), attention
+    assert "sliding window of 8 over the exact ring" in attention[0], attention
+    assert "sliding window" not in attention[1], attention
+    calls = [
         n for n in program.graph_module.graph.nodes if n.target is torch.ops.wmoe.wavelet_attention.default
     ]
-    assert len(call.args) == 13 and "sinks" in str(call.args[12].target), call.args
+    assert [len(n.args) for n in calls] == [14, 13], calls
+    assert all("sinks" in str(n.args[12].target) for n in calls) and calls[0].args[13] == 8
     moe = [s.reason for s in report.sites if s.kind == "moe"]
     form = "biases b_gate_up, b_down; gate * sigmoid(1.702 gate) * (up + 1), clamped to 7"
     assert all(form in reason for reason in moe), moe
