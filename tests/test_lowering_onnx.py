@@ -184,20 +184,24 @@ def test_wavelet_attention(flavor, new_tokens, k_form, v_form):
 
 
 class _AttentionSinks(torch.nn.Module):
-    def __init__(self, sinks: torch.Tensor):
+    def __init__(self, sinks: torch.Tensor, window: int = 0):
         super().__init__()
         self.sinks = torch.nn.Parameter(sinks)
+        self.window = window
 
     def forward(self, q, k_codes, k_scales, v_codes, v_scales, k_exact, v_exact, seq_lens, k_cs, v_cs):
         args = (q, k_codes, k_scales, v_codes, v_scales, k_exact, v_exact, seq_lens, k_cs, v_cs)
-        return torch.ops.wmoe.wavelet_attention(*args, CODEC, 0.25, self.sinks)
+        return torch.ops.wmoe.wavelet_attention(*args, CODEC, 0.25, self.sinks, self.window)
 
 
 @pytest.mark.parametrize("flavor", FLAVORS)
-@pytest.mark.parametrize("new_tokens,k_form,v_form", [(1, "s", "none"), (3, "rsm", "sm")])
-def test_wavelet_attention_with_sinks(flavor, new_tokens, k_form, v_form):
+@pytest.mark.parametrize(
+    "new_tokens,k_form,v_form,window", [(1, "s", "none", 0), (3, "rsm", "sm", 0), (2, "rsm", "sm", 3)]
+)
+def test_wavelet_attention_with_sinks(flavor, new_tokens, k_form, v_form, window):
     # gpt-oss's learned sink logits: their own function (an extra input); key offsets ("rsm") move
-    # each query's logit, value offsets ("sm") are weighted by the mass the positions keep
+    # each query's logit, value offsets ("sm") are weighted by the mass the positions keep; with
+    # its sliding window (3 of the 12 positions: the `window` attribute masks the others)
     batch, hq, hkv, capacity, head_dim = 2, 4, 2, 16, 16
     caches, params = {}, {}
     for role, form in (("k", k_form), ("v", v_form)):
@@ -209,10 +213,12 @@ def test_wavelet_attention_with_sinks(flavor, new_tokens, k_form, v_form):
     q = torch.randn(batch, hq, new_tokens, head_dim)
     k, v = caches["k"], caches["v"]
     args = (q, k[0], k[1], v[0], v[1], k[2], v[2], torch.tensor([12, 7]), params["k"], params["v"])
-    module = _AttentionSinks(torch.randn(hq) + 2)
+    module = _AttentionSinks(torch.randn(hq) + 2, window)
     with torch.no_grad():
         want = module(*args)
         assert not torch.allclose(want, _Attention()(*args), rtol=1e-2, atol=1e-3)  # the sinks matter
+        if window:
+            assert not torch.allclose(want, _AttentionSinks(module.sinks.data)(*args), rtol=1e-2, atol=1e-3)
     proto = export_onnx(torch.export.export(module, args), None, flavor)
     _check_flavor(proto, flavor, {"WaveletAttentionSinks"})
     (out,) = _run(proto, list(args))

@@ -316,6 +316,7 @@ def _translate_wavelet_attention(
     codec: str,
     sm_scale: float,
     sinks=None,
+    window: int = 0,
 ):
     head_dim = _static_dim(q, -1, "wavelet_attention q")
     wmoe = _wmoe_opset()
@@ -339,6 +340,7 @@ def _translate_wavelet_attention(
         k_channel_params=k_form,
         v_channel_params=v_form,
         sm_scale=float(sm_scale),
+        window=int(window),
     )
 
 

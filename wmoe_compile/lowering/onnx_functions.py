@@ -146,6 +146,7 @@ SCHEMAS: dict[str, defs.OpSchema] = {
             ("k_channel_params", _STR, _CHANNEL_DOC),
             ("v_channel_params", _STR, _CHANNEL_DOC),
             ("sm_scale", _FLT, "softmax scale"),
+            ("window", _INT, "sliding window: query t attends positions above its own less window; 0: none"),
         ],
         [
             ("T", _FLOAT_TYPES),
@@ -177,6 +178,7 @@ SCHEMAS: dict[str, defs.OpSchema] = {
             ("k_channel_params", _STR, _CHANNEL_DOC),
             ("v_channel_params", _STR, _CHANNEL_DOC),
             ("sm_scale", _FLT, "softmax scale"),
+            ("window", _INT, "sliding window: query t attends positions above its own less window; 0: none"),
         ],
         [
             ("T", _FLOAT_TYPES),
@@ -630,6 +632,9 @@ def _wavelet_attention_body(
     relative = b.op("Sub", b.op("Unsqueeze", slot, b.i64(0)), b.op("Unsqueeze", step, b.i64(1)))  # [Tq, S]
     limit = b.op("Add", b.op("Sub", lengths, n_steps), b.i64(1))  # [B, 1, 1, 1]
     visible = b.op("Less", relative, b.op("Unsqueeze", limit, b.i64(-1)))  # [B, 1, 1, Tq, S]
+    if attrs.get("window", 0) > 0:  # and slots > the query's position - window
+        first = b.op("Unsqueeze", b.op("Sub", limit, b.i64(attrs["window"])), b.i64(-1))
+        visible = b.op("And", visible, b.op("GreaterOrEqual", relative, first))
     scores = b.op("Where", visible, scores, b.f32(-math.inf))  # [B, Hkv, G, Tq, S]
     if with_sinks:
         # one column of the head's logit joins the softmax, then is dropped; the scores of centred
