@@ -124,7 +124,8 @@
 #                                                 # kernel's channel merge) and the ring-window
 #                                                 # kernel's (sliding layers), tiled_moe's biased
 #                                                 # compiled launch, then bench_attention --sinks at
-#                                                 # the heads and at gpt-oss's 64 / 8, D 64
+#                                                 # the heads and at gpt-oss's 64 / 8, D 64,
+#                                                 # bench_window (its sliding layers)
 #   bash benchmarks/device_pending.sh head_dim_grid    # Triton-kernel configs at head_dim 64
 #                                                 # (64 / 8 heads) and 256 (32 / 8) against the
 #                                                 # untuned default they run (forty-second session)
@@ -509,6 +510,7 @@ sinks)
     run 150 python3 -P benchmarks/bench_attention.py --out "$OUT/sinks" --codec default --sinks
     run 150 python3 -P benchmarks/bench_attention.py --out "$OUT/sinks_d64" --codec default --sinks \
         --heads 64,8 --head-dim 64
+    run 120 python3 -P benchmarks/bench_window.py --out "$OUT/window"
     ;;
 token_sums_rows_gqa8)
     # forty-second session: the group of 8's configs are the group of 4's (thirty-ninth session),

@@ -435,22 +435,24 @@ def test_channel_merge_matches_the_two_group_reduce(split_chunk, channels, offse
     flags = dict(D=d, BLOCK_M=block_m, OFFSET=offset)
     want = torch.full((batch, hkv * group, 1, d), float("nan"))
     output_args = (transform, transform.stride(0), scale, scale.stride(0), v_offset, v_offset.stride(0))
+    # no sink logits: the sink pointer, the query's pointer and strides, the key offset's, qk_scale
+    no_sinks = (v_offset, v_offset, 0, 0, 0, v_offset, 0, 1.0)
     K._reduce_rows_kernel[(programs * block_m,)](
-        m, den, acc, *output_args, want, *want.stride()[:3], hkv, group, 1, 1, num_splits, n_parts,
+        m, den, acc, *output_args, want, *want.stride()[:3], *no_sinks, hkv, group, 1, 1, num_splits, n_parts,
         SPLIT_CHUNK=16, **flags,
     )  # fmt: skip
     got = torch.full_like(want, float("nan"))
     K._merge_channel_rows_kernel[(programs * block_m, d // channels)](
-        m, den, channels_acc, v_offset, v_offset.stride(0), got, *got.stride()[:3], hkv, group, 1, 1, n_parts,
-        SPLIT_CHUNK=split_chunk, CHANNELS=channels, **flags,
+        m, den, channels_acc, v_offset, v_offset.stride(0), got, *got.stride()[:3], *no_sinks, hkv, group, 1,
+        1, n_parts, SPLIT_CHUNK=split_chunk, CHANNELS=channels, **flags,
     )  # fmt: skip
     assert not got.isnan().any() and not want.isnan().any()
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     # the merge sees the partials it is given: drop the exact ones and the result moves
     fewer = torch.full_like(want, float("nan"))
     K._merge_channel_rows_kernel[(programs * block_m, d // channels)](
-        m, den, channels_acc, v_offset, v_offset.stride(0), fewer, *fewer.stride()[:3], hkv, group, 1, 1,
-        num_splits, SPLIT_CHUNK=split_chunk, CHANNELS=channels, **flags,
+        m, den, channels_acc, v_offset, v_offset.stride(0), fewer, *fewer.stride()[:3], *no_sinks, hkv, group,
+        1, 1, num_splits, SPLIT_CHUNK=split_chunk, CHANNELS=channels, **flags,
     )  # fmt: skip
     assert (fewer - want).abs().max() > 1e-2
 

@@ -154,3 +154,24 @@ def test_bench_attention_table_reports_the_sustained_figures():
         "Sustained (3 s of each, after the first second): (8, 131072) 0.2620 ms against SDPA 0.9280: 3.54x"
     )
     assert "Sustained" not in ba._table(info, "default", "tuned", [row])
+
+
+def test_bench_window_runs_as_the_device_runs_it(tmp_path):
+    # bench_window (gpt-oss's sliding layers): the smoke run's rows check the op's output against
+    # the reference with the same sinks and window, and time both peers
+    import json
+    import os
+    import subprocess
+
+    run = subprocess.run(
+        [sys.executable, "-P", str(BENCH / "bench_window.py"), "--smoke", "--out", str(tmp_path)],
+        env=dict(os.environ, TRITON_INTERPRET="1"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    rows = json.loads((tmp_path / "window.json").read_text())["results"]
+    assert [r["B"] for r in rows] == [1, 2]
+    assert all(r["rel_err"] < 1e-2 and r["sdpa_window_ms"] > 0 and r["before_ms"] > 0 for r in rows)
+    assert "| B | ms | bytes | floor ms |" in (tmp_path / "window.md").read_text()
