@@ -1548,7 +1548,8 @@ def test_reduces_merge_every_exact_partial(n_exact, split_chunk, reduce):
     want = want.reshape(batch, hkv * group, 1, d)
 
     output_args = (transform, transform.stride(0), scale, scale.stride(0), scale, 0, out, *out.stride()[:3])
-    args = (m, den, acc, *output_args, hkv, group, 1, 1, num_splits, n_parts)
+    no_sinks = (scale, scale, 0, 0, 0, scale, 0, 1.0)  # (tests/test_attention_sinks.py has them)
+    args = (m, den, acc, *output_args, *no_sinks, hkv, group, 1, 1, num_splits, n_parts)
     if reduce == "block":
         K._reduce_kernel[(programs,)](*args, D=d, BLOCK_M=block_m, D_CHUNK=32, OFFSET=False)
     else:
