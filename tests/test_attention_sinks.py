@@ -23,8 +23,11 @@ from wmoe_compile.ops import attention as ops
 
 def sink_logits(hq: int, device="cpu") -> torch.Tensor:
     """Logits around the scores' log-sum-exp in these cases (about 3-8), so the positions keep
-    between most and little of the mass, and far outside it."""
-    return torch.cat([torch.rand(hq - 1, device=device) * 10 - 1, torch.tensor([-30.0], device=device)])
+    between most and little of the mass, and far outside it: the first head's far above (its
+    positions keep almost nothing: the sinks always matter), the last head's far below."""
+    logits = torch.rand(hq, device=device) * 10 - 1
+    logits[0], logits[-1] = 14.0, -30.0
+    return logits
 
 
 def _check_sink_matters(got_with, got_without):
