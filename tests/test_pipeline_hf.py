@@ -128,6 +128,29 @@ def test_compressed_qwen3_moe_stays_within_the_codec_bound():
     assert 0 < err <= bound, (err, bound)
 
 
+def test_compressed_gpt_oss_stays_within_the_codec_bound():
+    # every attention rewritten (sink logits; the sliding layer's window of 8 inside the codec's
+    # exact window of 8), the caches compressed for real: the program's error stays within the
+    # codec's measured error, as for the models without sinks or windows
+    model = tiny_hf_model("gpt-oss", num_layers=2)
+    wrapped = wc.prepare(model, batch_size=BATCH, max_cache_len=CAPACITY)
+    args, _ = example_inputs_for(wrapped, tokens=12)
+    config = wc.CompileConfig(codec="default;window=8;sinks=1")
+    program = wc.export(wrapped, args, config=config)
+    report = program.wmoe_report
+    assert report.counts()["attention"] == {"rewritten": 2}, report
+    errors = [
+        float(s.reason.split("measured relative error ")[1].split()[0]) for s in report.rewritten("kv_write")
+    ]
+    assert len(errors) == 4
+    bound = config.codec_error_gain * max(errors) * math.sqrt(2)
+    reset_cache(wrapped)
+    tokens = torch.randint(1, 256, (BATCH, 12))
+    with torch.no_grad():
+        err = relative_error(program.module()(tokens, torch.arange(12)), wrapped(tokens, torch.arange(12)))
+    assert 0 < err <= bound, (err, bound)
+
+
 def test_dynamic_cache_is_found_reported_and_left_dense():
     from transformers import DynamicCache
     from transformers.integrations.executorch import register_dynamic_cache_export_support
