@@ -16,6 +16,9 @@ kernels/wavelet_attention.py:
   (``LaunchConfig.transform_in_split``), every partial is in the channel domain: one softmax over
   all of them, a slice of a row's channels per program, and no transform.
 
+Each also applies learned sink logits (gpt-oss; ``SINK_LOGITS``): the row's output times the share
+of the softmax mass its positions keep next to the sink (``_kept_mass``).
+
 The math is ``wavelet_attention_reference``'s (kernels/wavelet_attention.py); the tests compare every
 mode with it and with fp32 SDPA. Measurements that chose between them: benchmarks/RESULTS.md.
 """
