@@ -17,7 +17,7 @@ kernels/wavelet_attention.py:
   all of them, a slice of a row's channels per program, and no transform.
 
 Each also applies learned sink logits (gpt-oss; ``SINK_LOGITS``): the row's output times the share
-of the softmax mass its positions keep next to the sink (``_kept_mass``).
+of the softmax mass its positions keep next to the sink (``kept_mass``).
 
 The math is ``wavelet_attention_reference``'s (kernels/wavelet_attention.py); the tests compare every
 mode with it and with fp32 SDPA. Measurements that chose between them: benchmarks/RESULTS.md.
@@ -60,7 +60,7 @@ if HAS_TRITON:
     _LOG2E = tl.constexpr(1.4426950408889634)
 
     @triton.jit
-    def _kept_mass(denom, m_f, sink):
+    def kept_mass(denom, m_f, sink):
         """The share of softmax mass the positions keep next to a learned sink logit (gpt-oss):
         L / (L + e^s), with L = denom * 2^m_f and `sink` = s log2(e) in the split kernels' base-2
         units. Multiplying the sink-free output (value offset included: its weights summed to 1)
@@ -89,6 +89,29 @@ if HAS_TRITON:
             q = tl.load(q_row + d).to(tl.float32)
             m_k = tl.load(k_offset_ptr + kv_head * k_offset_stride_h + d).to(tl.float32)
             sink -= qk_scale * tl.sum(q * m_k, axis=0)
+        return sink
+
+    @triton.jit
+    def sink_logits_of_rows(
+        sink_ptr,
+        head,
+        row_ok,
+        q_rows,
+        k_offset_ptr,
+        k_offset_stride_h,
+        qk_scale,
+        kv_head,
+        D: tl.constexpr,
+        KEY_OFFSET: tl.constexpr,
+    ):
+        """_sink_logit_row for a block of query rows: `head` their query heads, `q_rows` pointers
+        to their queries (read with KEY_OFFSET), `row_ok` the real ones. [BLOCK_M] fp32."""
+        sink = tl.load(sink_ptr + head, mask=row_ok, other=0.0).to(tl.float32) * _LOG2E
+        if KEY_OFFSET:
+            d = tl.arange(0, D)
+            q = tl.load(q_rows[:, None] + d[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
+            m_k = tl.load(k_offset_ptr + kv_head * k_offset_stride_h + d).to(tl.float32)
+            sink -= qk_scale * tl.sum(q * m_k[None, :], axis=1)
         return sink
 
     @triton.jit
@@ -252,7 +275,7 @@ if HAS_TRITON:
         OFFSET: tl.constexpr,
         SPLIT_CHUNK: tl.constexpr = 8,
         PDL: tl.constexpr = False,  # launched with programmatic dependent launch (see _pdl)
-        SINK_LOGITS: tl.constexpr = False,  # scale each row by _kept_mass (a sink logit per query head)
+        SINK_LOGITS: tl.constexpr = False,  # scale each row by kept_mass (a sink logit per query head)
         SINK_KEY_OFFSET: tl.constexpr = False,  # the keys are stored centred: see _sink_logit_row
     ):
         """Merge the compressed splits, inverse-transform once (x - m = (R^T W^T c) * s), merge the
@@ -305,20 +328,20 @@ if HAS_TRITON:
         head = kv_head * group + rows // n_new
         token = rows % n_new
         if SINK_LOGITS:  # the sink's share scales every term the store adds up
-            sink = tl.load(sink_ptr + head, mask=row_ok, other=0.0).to(tl.float32) * _LOG2E
-            if SINK_KEY_OFFSET:  # (_sink_logit_row, for the block's rows at once)
-                q = tl.load(
-                    q_ptr
-                    + batch * q_stride_b
-                    + head[:, None] * q_stride_h
-                    + token[:, None] * q_stride_t
-                    + d[None, :],
-                    mask=row_ok[:, None],
-                    other=0.0,
-                ).to(tl.float32)
-                m_k = tl.load(k_offset_ptr + kv_head * k_offset_stride_h + d).to(tl.float32)
-                sink -= qk_scale * tl.sum(q * m_k[None, :], axis=1)
-            kept = _kept_mass(denom, m_f, sink)
+            q_rows = q_ptr + batch * q_stride_b + head * q_stride_h + token * q_stride_t
+            sink = sink_logits_of_rows(
+                sink_ptr,
+                head,
+                row_ok,
+                q_rows,
+                k_offset_ptr,
+                k_offset_stride_h,
+                qk_scale,
+                kv_head,
+                D,
+                SINK_KEY_OFFSET,
+            )
+            kept = kept_mass(denom, m_f, sink)
         else:
             kept = tl.full([BLOCK_M], 1.0, tl.float32)
         out_rows = out_ptr + batch * out_stride_b + head * out_stride_h + token * out_stride_t
@@ -384,7 +407,7 @@ if HAS_TRITON:
         SPLIT_CHUNK: tl.constexpr,
         OFFSET: tl.constexpr,
         PDL: tl.constexpr = False,  # launched with programmatic dependent launch (see _pdl)
-        SINK_LOGITS: tl.constexpr = False,  # scale each row by _kept_mass (a sink logit per query head)
+        SINK_LOGITS: tl.constexpr = False,  # scale each row by kept_mass (a sink logit per query head)
         SINK_KEY_OFFSET: tl.constexpr = False,  # the keys are stored centred: see _sink_logit_row
         MERGE_ONLY: tl.constexpr = False,  # leave the transform to _transform_heads_kernel
         # load the transform before merging (it depends on nothing the merge computes), so the
@@ -459,7 +482,7 @@ if HAS_TRITON:
                     D,
                     SINK_KEY_OFFSET,
                 )
-                kept = _kept_mass(denom, m_f, sink)
+                kept = kept_mass(denom, m_f, sink)
             if MERGE_ONLY:
                 tl.store(acc_ptr + (base * BLOCK_M + row_local) * D + d, acc * (alpha / denom * kept))
                 exact_part = acc_e * (beta / denom * kept)
@@ -575,7 +598,7 @@ if HAS_TRITON:
         CHANNELS: tl.constexpr,  # a row's channels per program: grid (query rows, D / CHANNELS)
         OFFSET: tl.constexpr,
         PDL: tl.constexpr = False,  # launched with programmatic dependent launch (see _pdl)
-        SINK_LOGITS: tl.constexpr = False,  # scale each row by _kept_mass (a sink logit per query head)
+        SINK_LOGITS: tl.constexpr = False,  # scale each row by kept_mass (a sink logit per query head)
         SINK_KEY_OFFSET: tl.constexpr = False,  # the keys are stored centred: see _sink_logit_row
     ):
         """The reduce after a split kernel that wrote channel-domain partials
@@ -628,6 +651,6 @@ if HAS_TRITON:
                     D,
                     SINK_KEY_OFFSET,
                 )
-                o = o * _kept_mass(l_i, m_i, sink)
+                o = o * kept_mass(l_i, m_i, sink)
             out_row = out_ptr + batch * out_stride_b + head * out_stride_h + token * out_stride_t
             tl.store(out_row + d, o.to(out_ptr.dtype.element_ty))

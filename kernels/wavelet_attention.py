@@ -1354,7 +1354,7 @@ def wavelet_attention_triton(
         out.stride(2),
     )
     # learned sink logits (natural units) per query head: the reduces scale each row by the mass
-    # the positions keep next to it (attention_reduce._kept_mass), moving the logit by q . m_k
+    # the positions keep next to it (attention_reduce.kept_mass), moving the logit by q . m_k
     # where the keys are stored centred; unread placeholders without
     k_offset = None if sinks is None or k_params.offset is None else _on(k_params.offset, device)
     sink_args = (

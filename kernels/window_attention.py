@@ -12,7 +12,7 @@ and a ring of R (negative: never written). Query t (of Tq new tokens; its positi
 attends p_j when P_t - W < p_j <= P_t. The exact copies are stored centred (x - m): the scores lack
 sm_scale q . m_k, which softmax ignores (a learned sink's logit moves by it instead), and the value
 offset is added at the weights' sum. Learned sink logits (gpt-oss) join the softmax as in
-attention_reduce._kept_mass.
+attention_reduce.kept_mass.
 
 `ring_window_reason` says when the ring does not cover the window; `window_attention_triton` is the
 kernel (CUDA, or the CPU under TRITON_INTERPRET=1). Its reference is wavelet_attention_reference
@@ -55,7 +55,7 @@ def ring_window_reason(layout: CompressedLayout, window: int, tq: int) -> str | 
 
 
 if HAS_TRITON:
-    _LOG2E_C = tl.constexpr(LOG2E)
+    from .attention_reduce import kept_mass, sink_logits_of_rows
 
     @triton.jit
     def _ring_window_kernel(
@@ -148,12 +148,21 @@ if HAS_TRITON:
         o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # every real row sees its own position
         if OFFSET:
             o = o + tl.load(v_offset_ptr + kv_head * v_offset_stride_h + d).to(tl.float32)[None, :]
-        if SINK_LOGITS:  # the positions keep L / (L + e^s) of the mass (attention_reduce._kept_mass)
-            sink = tl.load(sink_ptr + head, mask=row_ok, other=0.0).to(tl.float32) * _LOG2E_C
-            if SINK_KEY_OFFSET:
-                m_k = tl.load(k_offset_ptr + kv_head * k_offset_stride_h + d).to(tl.float32)
-                sink -= qk_scale * tl.sum(q * m_k[None, :], axis=1)
-            o = o * (l_i / (l_i + tl.exp2(sink - m_i)))[:, None]
+        if SINK_LOGITS:  # the positions keep L / (L + e^s) of the mass, as in the reduces
+            q_rows = q_ptr + batch * q_stride_b + head * q_stride_h + token * q_stride_t
+            sink = sink_logits_of_rows(
+                sink_ptr,
+                head,
+                row_ok,
+                q_rows,
+                k_offset_ptr,
+                k_offset_stride_h,
+                qk_scale,
+                kv_head,
+                D,
+                SINK_KEY_OFFSET,
+            )
+            o = o * kept_mass(l_i, m_i, sink)[:, None]
         out = out_ptr + batch * out_stride_b + head[:, None] * out_stride_h + token[:, None] * out_stride_t
         tl.store(out + d[None, :], o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
 

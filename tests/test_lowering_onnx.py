@@ -148,10 +148,9 @@ class _Attention(torch.nn.Module):
         )
 
 
-@pytest.mark.parametrize("flavor", FLAVORS)
-@pytest.mark.parametrize("new_tokens,k_form,v_form", [(1, "s", "none"), (3, "rsm", "sm")])
-def test_wavelet_attention(flavor, new_tokens, k_form, v_form):
-    batch, hq, hkv, capacity, head_dim = 2, 4, 2, 16, 16
+def _attention_case(new_tokens: int, k_form: str, v_form: str, hq: int = 4) -> tuple:
+    """The op's arguments over caches of 12 written positions (two sequences: 12 and 7 valid)."""
+    batch, hkv, capacity, head_dim = 2, 2, 16, 16
     caches, params = {}, {}
     for role, form in (("k", k_form), ("v", v_form)):
         codes, scales, exact = allocate_cache(CODEC, batch, hkv, capacity, head_dim, torch.float32)
@@ -160,20 +159,15 @@ def test_wavelet_attention(flavor, new_tokens, k_form, v_form):
         torch.ops.wmoe.kv_compress_into_cache(x, codes, scales, exact, torch.arange(12), params[role], CODEC)
         caches[role] = (codes, scales, exact)
     q = torch.randn(batch, hq, new_tokens, head_dim)
-    seq_lens = torch.tensor([12, 7])  # ragged: sequence 1 holds fewer positions
-    k_cs, v_cs = params["k"], params["v"]
-    args = (
-        q,
-        caches["k"][0],
-        caches["k"][1],
-        caches["v"][0],
-        caches["v"][1],
-        caches["k"][2],
-        caches["v"][2],
-        seq_lens,
-        k_cs,
-        v_cs,
-    )
+    k, v = caches["k"], caches["v"]
+    # ragged: sequence 1 holds fewer positions
+    return (q, k[0], k[1], v[0], v[1], k[2], v[2], torch.tensor([12, 7]), params["k"], params["v"])
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+@pytest.mark.parametrize("new_tokens,k_form,v_form", [(1, "s", "none"), (3, "rsm", "sm")])
+def test_wavelet_attention(flavor, new_tokens, k_form, v_form):
+    args = _attention_case(new_tokens, k_form, v_form)
     want = _Attention()(*args)
     program = torch.export.export(_Attention(), args)
     proto = export_onnx(program, None, flavor)
@@ -202,17 +196,8 @@ def test_wavelet_attention_with_sinks(flavor, new_tokens, k_form, v_form, window
     # gpt-oss's learned sink logits: their own function (an extra input); key offsets ("rsm") move
     # each query's logit, value offsets ("sm") are weighted by the mass the positions keep; with
     # its sliding window (3 of the 12 positions: the `window` attribute masks the others)
-    batch, hq, hkv, capacity, head_dim = 2, 4, 2, 16, 16
-    caches, params = {}, {}
-    for role, form in (("k", k_form), ("v", v_form)):
-        codes, scales, exact = allocate_cache(CODEC, batch, hkv, capacity, head_dim, torch.float32)
-        x = torch.randn(batch, hkv, 12, head_dim) + torch.randn(head_dim)
-        params[role] = _channel_params(form, hkv, head_dim)
-        torch.ops.wmoe.kv_compress_into_cache(x, codes, scales, exact, torch.arange(12), params[role], CODEC)
-        caches[role] = (codes, scales, exact)
-    q = torch.randn(batch, hq, new_tokens, head_dim)
-    k, v = caches["k"], caches["v"]
-    args = (q, k[0], k[1], v[0], v[1], k[2], v[2], torch.tensor([12, 7]), params["k"], params["v"])
+    hq = 4
+    args = _attention_case(new_tokens, k_form, v_form, hq)
     module = _AttentionSinks(torch.randn(hq) + 2, window)
     with torch.no_grad():
         want = module(*args)

@@ -14,6 +14,7 @@ import math
 
 import pytest
 import torch
+from torch.export import ExportedProgram
 
 import wmoe_compile as wc
 from wmoe_compile.pipeline import HFStaticCacheLM, example_inputs_for, tiny_hf_model
@@ -109,46 +110,38 @@ def test_deepseek_v3_routed_experts_are_rewritten_and_its_latent_attention_skipp
     assert relative_error(got, want) < 1e-5
 
 
-def test_compressed_qwen3_moe_stays_within_the_codec_bound():
-    model = tiny_hf_model("qwen3-moe", num_layers=2)
+def export_compressed_and_check_the_bound(kind: str, codec: str, tokens: int) -> ExportedProgram:
+    """Export a 2-layer model's program of `tokens` tokens with `codec` (caches compressed for real)
+    and check its output against the model's stays within the codec's measured error."""
+    model = tiny_hf_model(kind, num_layers=2)
     wrapped = wc.prepare(model, batch_size=BATCH, max_cache_len=CAPACITY)
-    args, _ = example_inputs_for(wrapped, tokens=8)
-    config = wc.CompileConfig(codec="default;window=0;sinks=0")
+    args, _ = example_inputs_for(wrapped, tokens=tokens)
+    config = wc.CompileConfig(codec=codec)
     program = wc.export(wrapped, args, config=config)
-    report = program.wmoe_report
     errors = [
-        float(s.reason.split("measured relative error ")[1].split()[0]) for s in report.rewritten("kv_write")
+        float(s.reason.split("measured relative error ")[1].split()[0])
+        for s in program.wmoe_report.rewritten("kv_write")
     ]
     assert len(errors) == 4
     bound = config.codec_error_gain * max(errors) * math.sqrt(2)
     reset_cache(wrapped)
-    tokens = torch.randint(1, 256, (BATCH, 8))
+    ids = torch.randint(1, 256, (BATCH, tokens))
     with torch.no_grad():
-        err = relative_error(program.module()(tokens, torch.arange(8)), wrapped(tokens, torch.arange(8)))
+        err = relative_error(program.module()(ids, torch.arange(tokens)), wrapped(ids, torch.arange(tokens)))
     assert 0 < err <= bound, (err, bound)
+    return program
+
+
+def test_compressed_qwen3_moe_stays_within_the_codec_bound():
+    export_compressed_and_check_the_bound("qwen3-moe", "default;window=0;sinks=0", 8)
 
 
 def test_compressed_gpt_oss_stays_within_the_codec_bound():
     # every attention rewritten (sink logits; the sliding layer's window of 8 inside the codec's
     # exact window of 8), the caches compressed for real: the program's error stays within the
     # codec's measured error, as for the models without sinks or windows
-    model = tiny_hf_model("gpt-oss", num_layers=2)
-    wrapped = wc.prepare(model, batch_size=BATCH, max_cache_len=CAPACITY)
-    args, _ = example_inputs_for(wrapped, tokens=12)
-    config = wc.CompileConfig(codec="default;window=8;sinks=1")
-    program = wc.export(wrapped, args, config=config)
-    report = program.wmoe_report
-    assert report.counts()["attention"] == {"rewritten": 2}, report
-    errors = [
-        float(s.reason.split("measured relative error ")[1].split()[0]) for s in report.rewritten("kv_write")
-    ]
-    assert len(errors) == 4
-    bound = config.codec_error_gain * max(errors) * math.sqrt(2)
-    reset_cache(wrapped)
-    tokens = torch.randint(1, 256, (BATCH, 12))
-    with torch.no_grad():
-        err = relative_error(program.module()(tokens, torch.arange(12)), wrapped(tokens, torch.arange(12)))
-    assert 0 < err <= bound, (err, bound)
+    program = export_compressed_and_check_the_bound("gpt-oss", "default;window=8;sinks=1", 12)
+    assert program.wmoe_report.counts()["attention"] == {"rewritten": 2}, program.wmoe_report
 
 
 def test_dynamic_cache_is_found_reported_and_left_dense():

@@ -78,6 +78,33 @@ _CHANNEL_DOC = (
     "sm ([2, Hkv|1, D] smoothing and offset), rsm ([Hkv|1, D + 2, D] rotation, smoothing, offset)"
 )
 
+# wmoe::wavelet_attention's inputs, attributes and type constraints (both of its functions)
+_ATTENTION_INPUTS = [
+    ("q", "T"),
+    ("k_codes", "tensor(uint8)"),
+    ("k_scales", "tensor(float16)"),
+    ("v_codes", "tensor(uint8)"),
+    ("v_scales", "tensor(float16)"),
+    ("k_exact", "E"),
+    ("v_exact", "E"),
+    ("seq_lens", "I"),
+    ("k_channel_scale", "S"),
+    ("v_channel_scale", "S"),
+]
+_ATTENTION_ATTRS = [
+    *_CODEC_ATTRS,
+    ("k_channel_params", _STR, _CHANNEL_DOC),
+    ("v_channel_params", _STR, _CHANNEL_DOC),
+    ("sm_scale", _FLT, "softmax scale"),
+    ("window", _INT, "sliding window: query t attends positions above its own less window; 0: none"),
+]
+_ATTENTION_TYPES = [
+    ("T", _FLOAT_TYPES),
+    ("E", _FLOAT_TYPES),
+    ("S", _FLOAT_TYPES),
+    ("I", ["tensor(int64)", "tensor(int32)"]),
+]
+
 SCHEMAS: dict[str, defs.OpSchema] = {
     "KvCompress": _schema(
         "KvCompress",
@@ -128,65 +155,19 @@ SCHEMAS: dict[str, defs.OpSchema] = {
         "WaveletAttention",
         "wmoe::wavelet_attention: causal GQA attention of q over the compressed cache plus the exact "
         "sink/window tokens",
-        [
-            ("q", "T"),
-            ("k_codes", "tensor(uint8)"),
-            ("k_scales", "tensor(float16)"),
-            ("v_codes", "tensor(uint8)"),
-            ("v_scales", "tensor(float16)"),
-            ("k_exact", "E"),
-            ("v_exact", "E"),
-            ("seq_lens", "I"),
-            ("k_channel_scale", "S"),
-            ("v_channel_scale", "S"),
-        ],
+        _ATTENTION_INPUTS,
         [("out", "T")],
-        [
-            *_CODEC_ATTRS,
-            ("k_channel_params", _STR, _CHANNEL_DOC),
-            ("v_channel_params", _STR, _CHANNEL_DOC),
-            ("sm_scale", _FLT, "softmax scale"),
-            ("window", _INT, "sliding window: query t attends positions above its own less window; 0: none"),
-        ],
-        [
-            ("T", _FLOAT_TYPES),
-            ("E", _FLOAT_TYPES),
-            ("S", _FLOAT_TYPES),
-            ("I", ["tensor(int64)", "tensor(int32)"]),
-        ],
+        _ATTENTION_ATTRS,
+        _ATTENTION_TYPES,
     ),
     "WaveletAttentionSinks": _schema(
         "WaveletAttentionSinks",
         "wmoe::wavelet_attention with learned sink logits (gpt-oss): one logit per query head joins "
         "the softmax and attends to nothing",
-        [
-            ("q", "T"),
-            ("k_codes", "tensor(uint8)"),
-            ("k_scales", "tensor(float16)"),
-            ("v_codes", "tensor(uint8)"),
-            ("v_scales", "tensor(float16)"),
-            ("k_exact", "E"),
-            ("v_exact", "E"),
-            ("seq_lens", "I"),
-            ("k_channel_scale", "S"),
-            ("v_channel_scale", "S"),
-            ("sinks", "F"),
-        ],
+        [*_ATTENTION_INPUTS, ("sinks", "F")],
         [("out", "T")],
-        [
-            *_CODEC_ATTRS,
-            ("k_channel_params", _STR, _CHANNEL_DOC),
-            ("v_channel_params", _STR, _CHANNEL_DOC),
-            ("sm_scale", _FLT, "softmax scale"),
-            ("window", _INT, "sliding window: query t attends positions above its own less window; 0: none"),
-        ],
-        [
-            ("T", _FLOAT_TYPES),
-            ("E", _FLOAT_TYPES),
-            ("S", _FLOAT_TYPES),
-            ("I", ["tensor(int64)", "tensor(int32)"]),
-            ("F", _FLOAT_TYPES),
-        ],
+        _ATTENTION_ATTRS,
+        [*_ATTENTION_TYPES, ("F", _FLOAT_TYPES)],
     ),
     "TiledMoe": _schema(
         "TiledMoe",
