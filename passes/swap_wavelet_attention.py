@@ -13,7 +13,7 @@ For each attention site whose K and V caches were compressed, the pass
   as `arange(T) + cumulative_length`);
 - replaces `scaled_dot_product_attention(q, k_cache, v_cache, mask, scale)` (or the eager
   matmul/softmax/matmul) by `wavelet_attention(q, k_codes, k_scales, v_codes, v_scales, k_exact,
-  v_exact, seq_lens, k_channel_scale, v_channel_scale, codec, scale[, sinks])`; GQA (`enable_gqa` or
+  v_exact, seq_lens, k_channel_scale, v_channel_scale, codec, scale[, sinks, window])`; GQA (`enable_gqa` or
   HF's repeat_kv) is handled by the op (Hq a multiple of Hkv); gpt-oss's learned sink logits (the
   softmax over cat(scores, sinks), the sinks' column dropped) pass to the op as its `sinks`, and a
   sliding window shorter than the cache as its `window` where the codec's exact ring holds it
