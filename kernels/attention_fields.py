@@ -40,6 +40,36 @@ def field_layout(bits: int, field_index: int) -> tuple[int, int]:
     return 8, offset - 8
 
 
+def stacked_shift(bits: int, first_field: int, count: int) -> int | None:
+    """The shift shared by fields [first_field, first_field + count) of an int16 element when one
+    MMA operand stacks them (each in its own rows or columns, so only a per-row mask differs), or
+    None where no one shift keeps them all inside the mantissa (an 8-bit band's two fields). For
+    one field it is field_layout's shift."""
+    offsets = [f * bits for f in range(first_field, first_field + count)]
+    if all(offset + bits <= 10 for offset in offsets):
+        return 0
+    if all(offset >= 8 for offset in offsets):
+        return 8
+    return None
+
+
+def stack_count(bits: int, elements: int, fields: int, shifted: bool) -> int:
+    """How many bit fields one 16-row MMA operand stacks for a chunk of `elements` code words (int16
+    elements, or bytes for `shifted` False): as many as fill its 16 rows, halved until every group
+    of consecutive fields shares one shift. A narrow chunk without stacking pads each field's
+    operand with zero rows, so the MMAs and dequantisation run 2-4x the work its bytes need."""
+    if elements >= 16:
+        return 1
+    count = min(16 // elements, fields)
+    while (
+        count > 1
+        and shifted
+        and any(stacked_shift(bits, first, count) is None for first in range(0, fields, count))
+    ):
+        count //= 2
+    return count
+
+
 def field_centre(bits: int, field_index: int) -> float:
     """1024 + mid of a magic value field at its fp16 position (what centring subtracts; the plan's
     v_shift adds mid back, see attention_plans._plan_v3)."""
@@ -76,6 +106,46 @@ def field_asm(mode: int, bits: int, field_index: int) -> str:
 FIELD_ASMS = tuple(
     field_asm(mode, bits, f) for mode in range(3) for bits in FIELD_BITS for f in range(16 // bits)
 )
+
+
+def stacked_field_asm(mode: int, shift: int) -> str:
+    """PTX for a stacked operand (stacked_shift): two packed int16 elements -> two fp16, the field
+    mask a second operand ($2, one per row: the rows of an operand hold different fields) and, for
+    centred values, the fp16 centres a third ($3)."""
+    src, pre = "$1", ""
+    if shift:
+        pre, src = f"shr.u32 s, $1, {shift}; ", "s"
+    if mode == MODE_SUBNORMAL:
+        body = f"and.b32 $0, {src}, $2;"
+    elif mode == MODE_MAGIC:
+        body = f"lop3.b32 $0, {src}, $2, 0x64006400, 0xEA;"
+    else:
+        body = f"lop3.b32 t, {src}, $2, 0x64006400, 0xEA; sub.f16x2 $0, t, $3;"
+    return "{ .reg .b32 s, t; " + pre + body + " }"
+
+
+# a stacked operand's PTX per (mode, shift 0 / 8): entry MODE * 2 + shift // 8
+STACKED_FIELD_ASMS = tuple(stacked_field_asm(mode, shift) for mode in range(3) for shift in (0, 8))
+
+
+def stacked_byte_field_asm(mode: int) -> str:
+    """PTX for four packed code bytes of a stacked key operand -> four fp16, the 16-bit field masks
+    of the four columns in $3 and $4 (spread like the bytes: column pairs 0-1, 2-3)."""
+    op = (
+        "and.b32 {out}, {src}, {mask};"
+        if mode == MODE_SUBNORMAL
+        else ("lop3.b32 {out}, {src}, {mask}, 0x64006400, 0xEA;")
+    )
+    return (
+        "{ .reg .b32 t0, t1, z; mov.b32 z, 0; prmt.b32 t0, $2, z, 0x4140; prmt.b32 t1, $2, z, 0x4342; "
+        + op.format(out="$0", src="t0", mask="$3")
+        + " "
+        + op.format(out="$1", src="t1", mask="$4")
+        + " }"
+    )
+
+
+STACKED_BYTE_FIELD_ASMS = tuple(stacked_byte_field_asm(mode) for mode in range(2))
 
 
 def byte_field_asm(mode: int, bits: int, field_index: int) -> str:

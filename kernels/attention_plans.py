@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .attention_fields import MAGIC_OFFSET, SUBNORMAL_UNIT, field_layout
+from .attention_fields import MAGIC_OFFSET, SUBNORMAL_UNIT, field_layout, stack_count, stacked_shift
 from .attention_layout import SUPPORTED_HEAD_DIMS, CompressedLayout
 
 MAX_KERNEL_BANDS = 4
@@ -174,10 +174,12 @@ def _plan(layout: CompressedLayout, device: torch.device) -> _Plan:
 
 @dataclass(frozen=True)
 class _FieldChunk:
-    """A power-of-two run of int16 code elements of one band. Values: each bit field of the int16
-    elements is one MMA operand of max(n_elems, 16) slots (narrow chunks zero-padded to the MMA's
-    16). Keys: the same for chunks of >= 16 elements; narrower chunks are read as bytes instead
-    (one operand per field of the 2 * n_elems bytes), which fills the MMA without padding."""
+    """A power-of-two run of int16 code elements of one band. Values: an MMA operand of
+    max(n_elems, 16) slot rows per bit field of the int16 elements; a narrow chunk stacks
+    `v_stack` fields in one operand (rows r: element r % n_elems, field r // n_elems of the
+    operand's group), so its rows are not zero padding. Keys: the same for chunks of >= 16
+    elements; narrower chunks are read as bytes (one operand per field of the 2 * n_elems bytes,
+    `k_stack` fields stacked in its 16 columns where the bytes are fewer)."""
 
     elem_offset: int  # first int16 element of the chunk in the code row
     n_elems: int
@@ -194,6 +196,14 @@ class _FieldChunk:
         return 16 // self.bits
 
     @property
+    def v_stack(self) -> int:
+        return stack_count(self.bits, self.n_elems, self.v_fields, shifted=True)
+
+    @property
+    def v_operands(self) -> int:
+        return self.v_fields // self.v_stack
+
+    @property
     def v_padded(self) -> int:
         return max(self.n_elems, 16)
 
@@ -206,6 +216,14 @@ class _FieldChunk:
         return 8 // self.bits if self.k_bytes else 16 // self.bits
 
     @property
+    def k_stack(self) -> int:
+        return stack_count(self.bits, 2 * self.n_elems, self.k_fields, shifted=False) if self.k_bytes else 1
+
+    @property
+    def k_operands(self) -> int:
+        return self.k_fields // self.k_stack
+
+    @property
     def k_padded(self) -> int:
         return max(2 * self.n_elems, 16) if self.k_bytes else self.n_elems
 
@@ -213,13 +231,16 @@ class _FieldChunk:
         return self.coef_start + byte * (8 // self.bits) + bit_offset // self.bits
 
     def v_slots(self):
-        """(slot, coefficient, pos) of each value slot: field f of int16 element e."""
-        for f in range(self.v_fields):
-            _, pos = field_layout(self.bits, f)
-            offset = f * self.bits
-            for e in range(self.n_elems):
-                coef = self.coef_of_byte_field(2 * e + offset // 8, offset % 8)
-                yield self.v_slot0 + f * self.v_padded + e, coef, pos
+        """(slot, coefficient, pos) of each value slot: row r of operand o holds field
+        o * v_stack + r // n_elems of int16 element r % n_elems, at the operand's shift."""
+        stack = self.v_stack
+        for operand in range(self.v_operands):
+            shift = stacked_shift(self.bits, operand * stack, stack)
+            for row in range(self.n_elems * stack):
+                element, f = row % self.n_elems, operand * stack + row // self.n_elems
+                offset = f * self.bits
+                coef = self.coef_of_byte_field(2 * element + offset // 8, offset % 8)
+                yield self.v_slot0 + operand * self.v_padded + row, coef, offset - shift
 
     def k_slots(self):
         """(slot, coefficient, pos) of each key slot."""
@@ -227,10 +248,12 @@ class _FieldChunk:
             for slot, coef, pos in self.v_slots():
                 yield slot - self.v_slot0 + self.k_slot0, coef, pos
             return
-        for f in range(self.k_fields):
-            for byte in range(2 * self.n_elems):
-                pos = f * self.bits
-                yield self.k_slot0 + f * self.k_padded + byte, self.coef_of_byte_field(byte, pos), pos
+        n_bytes, stack = 2 * self.n_elems, self.k_stack
+        for operand in range(self.k_operands):
+            for column in range(n_bytes * stack):
+                pos = (operand * stack + column // n_bytes) * self.bits
+                slot = self.k_slot0 + operand * self.k_padded + column
+                yield slot, self.coef_of_byte_field(column % n_bytes, pos), pos
 
 
 def _field_chunks(layout: CompressedLayout) -> list[_FieldChunk]:
@@ -255,8 +278,8 @@ def _field_chunks(layout: CompressedLayout) -> list[_FieldChunk]:
             n = 1 << (remaining.bit_length() - 1)
             chunk = _FieldChunk(elem, n, bits, index, k_slot, v_slot, coef, step, grid_offset)
             chunks.append(chunk)
-            k_slot += chunk.k_fields * chunk.k_padded
-            v_slot += chunk.v_fields * chunk.v_padded
+            k_slot += chunk.k_operands * chunk.k_padded
+            v_slot += chunk.v_operands * chunk.v_padded
             remaining -= n
             elem += n
             coef += 2 * n * (8 // bits)
@@ -335,15 +358,15 @@ def _plan_v2(layout: CompressedLayout, device: torch.device, subnormal: bool) ->
     if plan is not None:
         return plan
     chunks = _field_chunks(layout)
-    k_slots = sum(c.k_fields * c.k_padded for c in chunks)
-    v_slots = sum(c.v_fields * c.v_padded for c in chunks)
+    k_slots = sum(c.k_operands * c.k_padded for c in chunks)
+    v_slots = sum(c.v_operands * c.v_padded for c in chunks)
     transform = layout.transform.to(torch.float64)
     t = _SlotTables.zeros(k_slots, v_slots, layout.head_dim)
     # the MMA sees unit * code * 2**pos (subnormal), or 1024 + code * 2**pos (keys) and
     # code * 2**pos - mid (values) in magic mode; coefficient = scale * (offset + step * code)
     unit = SUBNORMAL_UNIT if subnormal else 1.0
     for ci, c in enumerate(chunks):
-        t.slot_chunk[c.k_slot0 : c.k_slot0 + c.k_fields * c.k_padded] = ci
+        t.slot_chunk[c.k_slot0 : c.k_slot0 + c.k_operands * c.k_padded] = ci
         for slot, coef, pos in c.k_slots():
             t.rows[slot] = transform[coef]
             t.k_factor[slot] = c.grid_step / 2**pos
@@ -370,6 +393,8 @@ def _plan_v2(layout: CompressedLayout, device: torch.device, subnormal: bool) ->
             c.v_padded,
             int(c.k_bytes),
             c.k_padded,
+            c.v_stack,
+            c.k_stack,
         )
         for c in chunks
     )

@@ -9,7 +9,14 @@ the host folds into constexprs and small tables is wavelet_attention's plans (_p
 
 from __future__ import annotations
 
-from .attention_fields import BYTE_FIELD_ASMS, FIELD_ASMS, MAGIC_OFFSET, magic_asm
+from .attention_fields import (
+    BYTE_FIELD_ASMS,
+    FIELD_ASMS,
+    MAGIC_OFFSET,
+    STACKED_BYTE_FIELD_ASMS,
+    STACKED_FIELD_ASMS,
+    magic_asm,
+)
 
 try:  # Triton is optional: without it the package runs the reference
     import triton
@@ -1149,6 +1156,100 @@ if HAS_TRITON:
             acc_fields = acc_fields + (tl.zeros([NEP, BLOCK_M], tl.float32),)
         return q_fields, acc_fields
 
+    _STACKED_ASM_TABLE = tl.constexpr(STACKED_FIELD_ASMS)
+    _STACKED_BYTE_ASM_TABLE = tl.constexpr(STACKED_BYTE_FIELD_ASMS)
+
+    @triton.jit
+    def _stacked_positions(
+        N: tl.constexpr, NW: tl.constexpr, G: tl.constexpr, OP: tl.constexpr, BITS: tl.constexpr
+    ):
+        """Bit offset in its code word of the field each of the N rows (or columns) of stacked
+        operand OP holds: field OP * G + r // NW of word r % NW (rows past NW * G are padding and
+        repeat the group's first field; their slots are zero in the plan)."""
+        r = tl.arange(0, N)
+        return (OP * G + tl.where(r < NW * G, r // NW, 0)) * BITS
+
+    @triton.jit
+    def _stacked_value_operand(
+        raw,
+        NE: tl.constexpr,
+        G: tl.constexpr,
+        OP: tl.constexpr,
+        BITS: tl.constexpr,
+        MODE: tl.constexpr,
+        USE_ASM: tl.constexpr,
+    ):
+        """fp16 MMA operand OP of a stacked value chunk (attention_plans._FieldChunk.v_slots): raw
+        [NEP, tokens] int16 words, row r word r % NE; one shift for the operand's group of G fields
+        (stacked_shift), a mask and (centred) a centre per row."""
+        if (OP * G + G) * BITS <= 10:
+            SHIFT: tl.constexpr = 0
+        else:
+            SHIFT: tl.constexpr = 8
+        pos = _stacked_positions(raw.shape[0], NE, G, OP, BITS) - SHIFT
+        # (shifts of a tensor: a constexpr on the left would stay a constexpr)
+        mask = tl.full(pos.shape, (1 << BITS) - 1, tl.int32) << pos
+        mask = tl.broadcast_to(mask.to(tl.int16)[:, None], raw.shape)
+        mid = tl.full(pos.shape, 1, tl.int32) << (pos + BITS - 1)
+        centre = tl.broadcast_to((mid.to(tl.float32) + _MAGIC).to(tl.float16)[:, None], raw.shape)
+        if USE_ASM:
+            ASM: tl.constexpr = _STACKED_ASM_TABLE[MODE * 2 + SHIFT // 8]
+            if MODE == 2:
+                vals = tl.inline_asm_elementwise(
+                    asm=ASM,
+                    constraints="=r,r,r,r",
+                    args=[raw, mask, centre],
+                    dtype=tl.float16,
+                    is_pure=True,
+                    pack=2,
+                )
+            else:
+                vals = tl.inline_asm_elementwise(
+                    asm=ASM, constraints="=r,r,r", args=[raw, mask], dtype=tl.float16, is_pure=True, pack=2
+                )
+        else:
+            x = (raw >> SHIFT) & mask
+            if MODE == 0:
+                vals = x.to(tl.float16, bitcast=True)
+            elif MODE == 1:
+                vals = (x | 0x6400).to(tl.float16, bitcast=True)
+            else:
+                vals = (x | 0x6400).to(tl.float16, bitcast=True) - centre
+        return vals
+
+    @triton.jit
+    def _stacked_key_operand(
+        raw,
+        NB: tl.constexpr,
+        G: tl.constexpr,
+        OP: tl.constexpr,
+        BITS: tl.constexpr,
+        MODE: tl.constexpr,
+        USE_ASM: tl.constexpr,
+    ):
+        """fp16 MMA operand OP of a stacked narrow key chunk (attention_plans._FieldChunk.k_slots):
+        raw [tokens, KNP] code bytes, column c byte c % NB; a mask per column (byte fields need no
+        shift)."""
+        pos = _stacked_positions(raw.shape[1], NB, G, OP, BITS)
+        mask = tl.full(pos.shape, (1 << BITS) - 1, tl.int32) << pos
+        if USE_ASM:
+            ASM: tl.constexpr = _STACKED_BYTE_ASM_TABLE[MODE]
+            vals = tl.inline_asm_elementwise(
+                asm=ASM,
+                constraints="=r,=r,r,r,r",
+                args=[raw, tl.broadcast_to(mask.to(tl.int16)[None, :], raw.shape)],
+                dtype=tl.float16,
+                is_pure=True,
+                pack=4,
+            )
+        else:
+            x = (raw & mask.to(tl.uint8)[None, :]).to(tl.int16)
+            if MODE == 0:
+                vals = x.to(tl.float16, bitcast=True)
+            else:
+                vals = (x | 0x6400).to(tl.float16, bitcast=True)
+        return vals
+
     @triton.jit
     def _chunk_scores(
         rows_ptr,
@@ -1161,11 +1262,24 @@ if HAS_TRITON:
         KNP: tl.constexpr,
         MODE: tl.constexpr,
         USE_ASM: tl.constexpr,
+        STACK: tl.constexpr = 1,
     ):
-        """sum over fields of field[token, slot] @ q[slot, row]: [BLOCK_N, BLOCK_M] (tokens on M).
-        rows_ptr: uint8 pointers to the tokens' code rows."""
+        """sum over operands of operand[token, slot] @ q[slot, row]: [BLOCK_N, BLOCK_M] (tokens on
+        M). rows_ptr: uint8 pointers to the tokens' code rows. STACK > 1: narrow byte chunks stack
+        that many fields in each operand's KNP columns."""
         e = tl.arange(0, KNP)[None, :]
-        if K_BYTES:
+        if K_BYTES and STACK > 1:
+            ptrs = rows_ptr[:, None] + 2 * E0 + e % (2 * NE)
+            if KNP == 2 * NE * STACK:
+                raw = tl.load(ptrs, mask=n_ok[:, None], other=0)
+            else:
+                raw = tl.load(ptrs, mask=n_ok[:, None] & (e < 2 * NE * STACK), other=0)
+            dots = tl.dot(_stacked_key_operand(raw, 2 * NE, STACK, 0, BITS, MODE, USE_ASM), q_fields[0])
+            for o in tl.static_range(1, 8 // BITS // STACK):
+                dots = tl.dot(
+                    _stacked_key_operand(raw, 2 * NE, STACK, o, BITS, MODE, USE_ASM), q_fields[o], dots
+                )
+        elif K_BYTES:
             ptrs = rows_ptr[:, None] + 2 * E0 + e
             if KNP == 2 * NE:
                 raw = tl.load(ptrs, mask=n_ok[:, None], other=0)
@@ -1194,10 +1308,23 @@ if HAS_TRITON:
         BITS: tl.constexpr,
         MODE: tl.constexpr,
         USE_ASM: tl.constexpr,
+        STACK: tl.constexpr = 1,
     ):
-        """acc_f[slot, row] += field_f[slot, token] @ ps[token, row] (slots on M, tokens on K).
-        rows_ptr: uint8 pointers to the tokens' code rows, read as int16 elements."""
+        """acc_o[slot, row] += operand_o[slot, token] @ ps[token, row] (slots on M, tokens on K).
+        rows_ptr: uint8 pointers to the tokens' code rows, read as int16 elements. STACK > 1: a
+        narrow chunk's operands stack that many fields (row r: element r % NE)."""
         e = tl.arange(0, NEP)[:, None]
+        if STACK > 1:
+            ptrs = rows_ptr.to(tl.pointer_type(tl.int16), bitcast=True)[None, :] + E0 + e % NE
+            if NE * STACK >= NEP:
+                raw = tl.load(ptrs, mask=n_ok[None, :], other=0)
+            else:
+                raw = tl.load(ptrs, mask=n_ok[None, :] & (e < NE * STACK), other=0)
+            out = ()
+            for o in tl.static_range(16 // BITS // STACK):
+                operand = _stacked_value_operand(raw, NE, STACK, o, BITS, MODE, USE_ASM)
+                out = out + (tl.dot(operand, ps, acc_fields[o]),)
+            return out
         ptrs = rows_ptr.to(tl.pointer_type(tl.int16), bitcast=True)[None, :] + E0 + e
         if NE >= 16:
             raw = tl.load(ptrs, mask=n_ok[None, :], other=0)
@@ -1219,14 +1346,34 @@ if HAS_TRITON:
         return _MAGIC + (1 << (POS + BITS - 1))
 
     @triton.jit
-    def _centre_inputs(acc_fields, step_sum, BITS: tl.constexpr):
+    def _stacked_centres(
+        N: tl.constexpr, NE: tl.constexpr, G: tl.constexpr, OP: tl.constexpr, BITS: tl.constexpr
+    ):
+        """[N, 1] fp32: 1024 + mid of each row's field of stacked value operand OP (what
+        _stacked_value_operand's centred mode subtracts)."""
+        if (OP * G + G) * BITS <= 10:
+            SHIFT: tl.constexpr = 0
+        else:
+            SHIFT: tl.constexpr = 8
+        pos = _stacked_positions(N, NE, G, OP, BITS) - SHIFT
+        mid = tl.full(pos.shape, 1, tl.int32) << (pos + BITS - 1)
+        return (mid.to(tl.float32) + _MAGIC)[:, None]
+
+    @triton.jit
+    def _centre_inputs(
+        acc_fields, step_sum, BITS: tl.constexpr, NE: tl.constexpr = 16, STACK: tl.constexpr = 1
+    ):
         """Accumulator inputs that centre magic value fields inside the MMA: acc - (1024 + mid_f) *
         sum_n ps per field f (mid_f: half the field's range at its fp16 position, as _field_operand's
-        MODE 2 subtracts), so the operands need no per-pair subtract. step_sum: the step's token
-        sums of ps in the accumulators' layout."""
+        MODE 2 subtracts; per row for stacked operands), so the operands need no per-pair subtract.
+        step_sum: the step's token sums of ps in the accumulators' layout."""
         out = ()
         for f in tl.static_range(len(acc_fields)):
-            out = out + (acc_fields[f] - _field_centre(BITS, f) * step_sum,)
+            if STACK > 1:
+                centre = _stacked_centres(acc_fields[f].shape[0], NE, STACK, f, BITS)
+            else:
+                centre = _field_centre(BITS, f)
+            out = out + (acc_fields[f] - centre * step_sum,)
         return out
 
     @triton.jit
@@ -1393,9 +1540,10 @@ if HAS_TRITON:
             ks_base = ks_ptr + batch * ks_stride_b + kv_head * ks_stride_h
             vc_base = vc_ptr + batch * vc_stride_b + kv_head * vc_stride_h
             vs_base = vs_ptr + batch * vs_stride_b + kv_head * vs_stride_h
-            # CHUNKS[c] = (E0, NE, BITS, SCALE, K_SLOT0, V_SLOT0, NEP, K_BYTES, KNP): first int16
-            # element, int16 elements, bits, scale index, first key / value slot, value slots per
-            # operand, keys read as bytes, key slots per operand.
+            # CHUNKS[c] = (E0, NE, BITS, SCALE, K_SLOT0, V_SLOT0, NEP, K_BYTES, KNP, V_STACK,
+            # K_STACK): first int16 element, int16 elements, bits, scale index, first key / value
+            # slot, value slots per operand, keys read as bytes, key slots per operand, bit fields
+            # per value / key operand (attention_plans._FieldChunk).
             qs = ()
             accs = ()
             qcs = ()
@@ -1404,9 +1552,9 @@ if HAS_TRITON:
                 q_fields, acc_fields = _chunk_init(
                     qw_rows,
                     CHUNKS[c][4],
-                    (8 if CHUNKS[c][7] else 16) // CHUNKS[c][2],
+                    (8 if CHUNKS[c][7] else 16) // CHUNKS[c][2] // CHUNKS[c][10],
                     CHUNKS[c][8],
-                    16 // CHUNKS[c][2],
+                    16 // CHUNKS[c][2] // CHUNKS[c][9],
                     CHUNKS[c][6],
                     BLOCK_M,
                 )
@@ -1438,6 +1586,7 @@ if HAS_TRITON:
                         CHUNKS[c][8],
                         K_MODE,
                         USE_ASM,
+                        CHUNKS[c][10],
                     )
                     scale = _pick(ks0, ks1, ks2, ks3, CHUNKS[c][3]) * K_MUL
                     s += (dots + qcs[c][None, :]) * scale[:, None]
@@ -1470,7 +1619,7 @@ if HAS_TRITON:
                             step_wide = step_sum
                         else:  # wider value operands (head_dim 256): the sums in their shape
                             step_wide = tl.dot(tl.full([CHUNKS[c][6], BLOCK_N], 1.0, tl.float16), ps)
-                        acc_in = _centre_inputs(accs[c], step_wide, CHUNKS[c][2])
+                        acc_in = _centre_inputs(accs[c], step_wide, CHUNKS[c][2], CHUNKS[c][1], CHUNKS[c][9])
                     else:
                         acc_in = accs[c]
                     new_accs = new_accs + (
@@ -1485,6 +1634,7 @@ if HAS_TRITON:
                             CHUNKS[c][2],
                             V_MODE,
                             USE_ASM,
+                            CHUNKS[c][9],
                         ),
                     )
                     if CENTRE_IN_MMA:
