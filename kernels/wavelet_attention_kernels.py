@@ -1324,15 +1324,15 @@ if HAS_TRITON:
             for o in tl.static_range(16 // BITS // STACK):
                 operand = _stacked_value_operand(raw, NE, STACK, o, BITS, MODE, USE_ASM)
                 out = out + (tl.dot(operand, ps, acc_fields[o]),)
-            return out
-        ptrs = rows_ptr.to(tl.pointer_type(tl.int16), bitcast=True)[None, :] + E0 + e
-        if NE >= 16:
-            raw = tl.load(ptrs, mask=n_ok[None, :], other=0)
-        else:
-            raw = tl.load(ptrs, mask=n_ok[None, :] & (e < NE), other=0)
-        out = ()
-        for f in tl.static_range(16 // BITS):
-            out = out + (tl.dot(_field_operand(raw, BITS, f, MODE, USE_ASM), ps, acc_fields[f]),)
+        else:  # (no early return: Triton compiles the code after a constexpr branch's return)
+            ptrs = rows_ptr.to(tl.pointer_type(tl.int16), bitcast=True)[None, :] + E0 + e
+            if NE >= 16:
+                raw = tl.load(ptrs, mask=n_ok[None, :], other=0)
+            else:
+                raw = tl.load(ptrs, mask=n_ok[None, :] & (e < NE), other=0)
+            out = ()
+            for f in tl.static_range(16 // BITS):
+                out = out + (tl.dot(_field_operand(raw, BITS, f, MODE, USE_ASM), ps, acc_fields[f]),)
         return out
 
     @triton.jit
