@@ -1496,8 +1496,8 @@ layout = ops.compressed_layout("default", 64)
 common.update(CODE_STRIDE=24, D=64, BLOCK_M=8, N_QC=2)
 for subnormal, centre in ((False, False), (True, False), (False, True)):
     plan2 = wa._plan_v2(layout, torch.device("cpu"), subnormal)
-    v2 = dict(S=plan2.k_slots, SUBNORMAL=subnormal, LAZY_RESCALE=True, CHUNKS=plan2.chunk_constexpr, EXACT_SPLIT=True)
-    build(wa._split_kernel_v2, dict(common, **v2, CENTRE_IN_MMA=centre))
+    v2 = dict(S=plan2.k_slots, SUBNORMAL=subnormal, LAZY_RESCALE=True, CHUNKS=plan2.chunk_constexpr)
+    build(wa._split_kernel_v2, dict(common, **v2, EXACT_SPLIT=True, CENTRE_IN_MMA=centre))
 """
 
 

@@ -478,6 +478,47 @@ def test_v2_slot_maps_cover_every_coefficient():
         assert int((plan.slot_coef >= 0).sum()) == head_dim
 
 
+@pytest.mark.parametrize(
+    "spec,head_dim,operands",
+    [
+        # (key operands, value operands) per chunk
+        ("default", 64, [(2, 2), (2, 2)]),  # 4-bit: 8 elements x 2 fields; 2-bit: 4 x 4, bytes 8 x 2
+        ("default", 128, [(4, 4), (4, 4)]),  # the 2-bit band's 8 elements stack 2 value fields
+        ("default", 256, [(4, 4), (8, 8)]),  # wide chunks: one field an operand, as before
+        # an 8-bit band of 8 elements: its two fields need different shifts, so they do not stack
+        ("default;bands=1/4:8:uniform:mse,3/4:2:uniform:mse", 64, [(1, 2), (2, 2), (1, 2)]),
+    ],
+)
+def test_v2_narrow_chunks_stack_fields_instead_of_padding(spec, head_dim, operands):
+    # a chunk narrower than the MMA's 16 rows stacks fields in each operand (what cut head_dim 64's
+    # MMAs per step from 18 to 8): the slots hold every coefficient once and, where every group of
+    # fields shares a shift, no padding
+    layout = ops.compressed_layout(spec, head_dim)
+    chunks = K._field_chunks(layout)
+    assert [(c.k_operands, c.v_operands) for c in chunks] == operands
+    for c in chunks:
+        for slots in (c.k_slots(), c.v_slots()):
+            for _, _, pos in slots:
+                assert 0 <= pos and pos + c.bits <= 10  # inside the fp16 mantissa
+    plan = K._plan_v2(layout, torch.device("cpu"), subnormal=False)
+    assert plan.v_slots == sum(c.v_operands * c.v_padded for c in chunks)
+    assert plan.k_slots == sum(c.k_operands * c.k_padded for c in chunks)
+    if spec == "default":
+        assert plan.k_slots == plan.v_slots == head_dim and int((plan.slot_coef >= 0).sum()) == head_dim
+
+
+@pytest.mark.parametrize(
+    "bits,first,count,shift",
+    [(2, 0, 4, 0), (2, 4, 4, 8), (2, 4, 2, 8), (2, 2, 4, None), (4, 2, 2, 8), (8, 0, 2, None)],
+)
+def test_stacked_fields_share_one_shift_or_none(bits, first, count, shift):
+    from wmoe_compile.kernels.attention_fields import field_layout, stacked_shift
+
+    assert stacked_shift(bits, first, count) == shift
+    for f in range(16 // bits):  # one field: field_layout's shift
+        assert stacked_shift(bits, f, 1) == field_layout(bits, f)[0]
+
+
 def test_splits_and_blocks_agree():
     capacity = 90
     codec, args = make_case(SMALL_SPEC, 2, 1, 4, 1, 64, [capacity, 57], capacity, torch.float16)
