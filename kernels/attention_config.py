@@ -988,6 +988,24 @@ SMALL_LAUNCH_V1_CONFIGS[(128, 8, "affine")] = SMALL_LAUNCH_V1_CONFIGS[(128, 4, "
 TUNED_CONFIGS[(128, 16, "affine")] = TUNED_CONFIGS[(128, 8, "affine")]
 SMALL_LAUNCH_CONFIGS[(128, 16, "affine")] = SMALL_LAUNCH_CONFIGS[(128, 8, "affine")]
 
+# head_dim 64 with a GQA group of 5-8 rows (gpt-oss's 64 query / 8 kv heads: the Gluon v3 kernel takes
+# head_dim 128 only, so v2). Measured (forty-sixth session, 2026-12-05 15:10-15:11 UTC, an H100:
+# no H200 came; probe_attention.py grid, 2 rounds each, with v2's stacked field operands) against
+# default_config at (8, 131072) / (32, 32768) / (1, 32768) / (8, 32768): 32 programs an SM -16.5 /
+# -14.8 / -9.2 / -20.8%, + 3 stages -18.2 / -17.8 / -11.4 / -19.3%, + the every-step rescale -20.7 /
+# -20.5 / -15.0 / -21.1% (second grid: -20.2 / -20.0 / -10.6 / -20.6%); 64 programs an SM, 4 stages,
+# 32- or 128-token steps and 2 warps were no better.
+TUNED_CONFIGS[(64, 8, "affine")] = LaunchConfig(
+    ctas_per_sm=32.0,
+    num_stages=3,
+    lazy_rescale=False,
+    pdl=True,
+    row_reduce_max_programs=64.0,
+    reduce_split_chunk=64,
+    reduce_gemm_min_rows=512,
+    reduce_merge_warps=1,
+)
+
 
 def v1_fallback(config: LaunchConfig, block_m: int = V3_MAX_ROWS) -> LaunchConfig:
     """What runs where `config` asks for v3 and v3 cannot run: for a small-launch config, the v1
