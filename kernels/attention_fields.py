@@ -82,23 +82,30 @@ def _fp16_bits(value: float) -> int:
     return int.from_bytes(struct.pack("<e", value), "little")
 
 
-def field_asm(mode: int, bits: int, field_index: int) -> str:
-    """PTX for one field of two packed int16 elements -> two fp16 (one or two ALU ops)."""
-    shift, pos = field_layout(bits, field_index)
-    pair_mask = (((1 << bits) - 1) << pos) * 0x10001
+def _field_ptx(mode: int, shift: int, mask: str, centre: str) -> str:
+    """PTX turning two packed int16 elements ($1) into two fp16 ($0): shift, mask (an immediate or
+    an operand) and the encoding; centred mode subtracts `centre` (an fp16 pair register)."""
     src, pre = "$1", ""
     if shift:
         pre, src = f"shr.u32 s, $1, {shift}; ", "s"
     if mode == MODE_SUBNORMAL:
-        body = f"and.b32 $0, {src}, {pair_mask:#x};"
+        body = f"and.b32 $0, {src}, {mask};"
     elif mode == MODE_MAGIC:
-        body = f"lop3.b32 $0, {src}, {pair_mask:#x}, 0x64006400, 0xEA;"
+        body = f"lop3.b32 $0, {src}, {mask}, 0x64006400, 0xEA;"
     else:
-        pair = _fp16_bits(field_centre(bits, field_index)) * 0x10001
-        body = (
-            f"lop3.b32 t, {src}, {pair_mask:#x}, 0x64006400, 0xEA; mov.b32 c, {pair:#x}; sub.f16x2 $0, t, c;"
-        )
+        body = f"lop3.b32 t, {src}, {mask}, 0x64006400, 0xEA; sub.f16x2 $0, t, {centre};"
     return "{ .reg .b32 s, t, c; " + pre + body + " }"
+
+
+def field_asm(mode: int, bits: int, field_index: int) -> str:
+    """PTX for one field of two packed int16 elements -> two fp16 (one or two ALU ops)."""
+    shift, pos = field_layout(bits, field_index)
+    pair_mask = (((1 << bits) - 1) << pos) * 0x10001
+    ptx = _field_ptx(mode, shift, f"{pair_mask:#x}", "c")
+    if mode == MODE_MAGIC_CENTRED:  # the centre pair as an immediate moved into c
+        pair = _fp16_bits(field_centre(bits, field_index)) * 0x10001
+        ptx = ptx.replace(" sub.f16x2", f" mov.b32 c, {pair:#x}; sub.f16x2")
+    return ptx
 
 
 # every mode's fields of an int16 element, rows of 14 (2-bit fields 0-7, 4-bit 8-11, 8-bit 12-13):
@@ -112,16 +119,7 @@ def stacked_field_asm(mode: int, shift: int) -> str:
     """PTX for a stacked operand (stacked_shift): two packed int16 elements -> two fp16, the field
     mask a second operand ($2, one per row: the rows of an operand hold different fields) and, for
     centred values, the fp16 centres a third ($3)."""
-    src, pre = "$1", ""
-    if shift:
-        pre, src = f"shr.u32 s, $1, {shift}; ", "s"
-    if mode == MODE_SUBNORMAL:
-        body = f"and.b32 $0, {src}, $2;"
-    elif mode == MODE_MAGIC:
-        body = f"lop3.b32 $0, {src}, $2, 0x64006400, 0xEA;"
-    else:
-        body = f"lop3.b32 t, {src}, $2, 0x64006400, 0xEA; sub.f16x2 $0, t, $3;"
-    return "{ .reg .b32 s, t; " + pre + body + " }"
+    return _field_ptx(mode, shift, "$2", "$3")
 
 
 # a stacked operand's PTX per (mode, shift 0 / 8): entry MODE * 2 + shift // 8

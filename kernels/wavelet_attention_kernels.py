@@ -1104,6 +1104,18 @@ if HAS_TRITON:
         return vals
 
     @triton.jit
+    def _fp16_of_field(x, MODE: tl.constexpr, centre):
+        """The fp16 operand of masked int16 fields x (attention_fields: subnormal, magic, or magic
+        minus `centre`) where no PTX builds it (the interpreter, use_asm=False)."""
+        if MODE == 0:
+            vals = x.to(tl.float16, bitcast=True)
+        elif MODE == 1:
+            vals = (x | 0x6400).to(tl.float16, bitcast=True)
+        else:
+            vals = (x | 0x6400).to(tl.float16, bitcast=True) - centre
+        return vals
+
+    @triton.jit
     def _field_operand(R, BITS: tl.constexpr, F: tl.constexpr, MODE: tl.constexpr, USE_ASM: tl.constexpr):
         """fp16 MMA operand of bit field F of every int16 code element in R (see field_layout)."""
         OFFSET: tl.constexpr = F * BITS
@@ -1125,14 +1137,8 @@ if HAS_TRITON:
                 asm=ASM, constraints="=r,r", args=[R], dtype=tl.float16, is_pure=True, pack=2
             )
         else:
-            x = (R >> SHIFT) & MASK
-            if MODE == 0:
-                vals = x.to(tl.float16, bitcast=True)
-            elif MODE == 1:
-                vals = (x | 0x6400).to(tl.float16, bitcast=True)
-            else:
-                MID: tl.constexpr = 1 << (POS + BITS - 1)
-                vals = (x | 0x6400).to(tl.float16, bitcast=True) - (_MAGIC + MID)
+            MID: tl.constexpr = 1 << (POS + BITS - 1)
+            vals = _fp16_of_field((R >> SHIFT) & MASK, MODE, _MAGIC + MID)
         return vals
 
     @triton.jit
@@ -1208,13 +1214,7 @@ if HAS_TRITON:
                     asm=ASM, constraints="=r,r,r", args=[raw, mask], dtype=tl.float16, is_pure=True, pack=2
                 )
         else:
-            x = (raw >> SHIFT) & mask
-            if MODE == 0:
-                vals = x.to(tl.float16, bitcast=True)
-            elif MODE == 1:
-                vals = (x | 0x6400).to(tl.float16, bitcast=True)
-            else:
-                vals = (x | 0x6400).to(tl.float16, bitcast=True) - centre
+            vals = _fp16_of_field((raw >> SHIFT) & mask, MODE, centre)
         return vals
 
     @triton.jit
