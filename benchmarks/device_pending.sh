@@ -561,6 +561,7 @@ final46)
     # memory allow 12): caps of 96-160 (offline: 128 spills 9 words, 96 36) at 2 and 3 stages
     run 150 python3 -P benchmarks/probe_attention.py grid --configs benchmarks/configs/probe_head_dim64_regs.json \
         --head-dim 64 --heads 64,8 --shapes "8,131072;32,32768;1,32768;8,32768" --out "$OUT/regs" | grep -v "^\["
+    attention_tests "real_shapes or other_layouts" 120
     ;;
 token_sums_rows_gqa8)
     # forty-second session: the group of 8's configs are the group of 4's (thirty-ninth session),
