@@ -78,6 +78,11 @@ class LaunchConfig:
     # affine value fields centred through the MMA's accumulator input (see _band_values) instead of
     # one packed subtract per operand pair
     centre_in_mma: bool = False
+    # v2: a stacked value chunk's int16 words loaded once ([n_elems, tokens]) and repeated for its
+    # stacked fields by a reshape (through shared memory) instead of loaded once per field group
+    # (offline, head_dim 64: 158 registers instead of 185, 102 cp.async instead of 132; 66 more
+    # shared-memory stores)
+    value_words_once: bool = False
     keys_via_smem: bool = False  # v3: key code tiles through the cp.async ring (else loaded per step)
     # v3: the next step's key words are loaded into registers (as int32 words) as soon as this step's
     # scores have used theirs, so their latency overlaps this step's value work (24 more live
@@ -469,6 +474,11 @@ class LaunchConfig:
             )
         if self.kernel not in ("v1", "v2", "v3"):
             raise ValueError(f"LaunchConfig.kernel must be 'v1', 'v2' or 'v3', got {self.kernel!r}")
+        if self.value_words_once and self.kernel != "v2":
+            raise ValueError(
+                "LaunchConfig.value_words_once is a v2 option (its stacked value operands), "
+                f"got kernel={self.kernel!r}"
+            )
         if self.keys_ahead and (self.kernel != "v3" or self.keys_via_smem):
             raise ValueError(
                 "LaunchConfig.keys_ahead is a v3 option for keys loaded straight into registers: it "

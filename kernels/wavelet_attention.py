@@ -1318,6 +1318,7 @@ def wavelet_attention_triton(
                 CHUNKS=plan2.chunk_constexpr,
                 EXACT_SPLIT=k_exact.dtype in (torch.float16, torch.bfloat16) and not interpreting,
                 CENTRE_IN_MMA=config.centre_in_mma and not config.subnormal,
+                VALUE_WORDS_ONCE=config.value_words_once,
             )
         else:
             slot_tables = (plan.lut, plan.col_step, plan.col_vshift)

@@ -1309,17 +1309,23 @@ if HAS_TRITON:
         MODE: tl.constexpr,
         USE_ASM: tl.constexpr,
         STACK: tl.constexpr = 1,
+        WORDS_ONCE: tl.constexpr = False,
     ):
         """acc_o[slot, row] += operand_o[slot, token] @ ps[token, row] (slots on M, tokens on K).
         rows_ptr: uint8 pointers to the tokens' code rows, read as int16 elements. STACK > 1: a
-        narrow chunk's operands stack that many fields (row r: element r % NE)."""
+        narrow chunk's operands stack that many fields (row r: element r % NE); WORDS_ONCE: its
+        words loaded once and repeated (LaunchConfig.value_words_once)."""
         e = tl.arange(0, NEP)[:, None]
         if STACK > 1:
-            ptrs = rows_ptr.to(tl.pointer_type(tl.int16), bitcast=True)[None, :] + E0 + e % NE
-            if NE * STACK >= NEP:
-                raw = tl.load(ptrs, mask=n_ok[None, :], other=0)
+            words = rows_ptr.to(tl.pointer_type(tl.int16), bitcast=True)[None, :] + E0
+            if WORDS_ONCE and NE * STACK == NEP:  # each word loaded once, repeated per field group
+                small = tl.load(words + tl.arange(0, NE)[:, None], mask=n_ok[None, :], other=0)
+                tokens: tl.constexpr = small.shape[1]
+                raw = tl.reshape(tl.broadcast_to(small[None, :, :], (STACK, NE, tokens)), (NEP, tokens))
+            elif NE * STACK >= NEP:
+                raw = tl.load(words + e % NE, mask=n_ok[None, :], other=0)
             else:
-                raw = tl.load(ptrs, mask=n_ok[None, :] & (e < NE * STACK), other=0)
+                raw = tl.load(words + e % NE, mask=n_ok[None, :] & (e < NE * STACK), other=0)
             out = ()
             for o in tl.static_range(16 // BITS // STACK):
                 operand = _stacked_value_operand(raw, NE, STACK, o, BITS, MODE, USE_ASM)
@@ -1472,6 +1478,7 @@ if HAS_TRITON:
         CHUNKS: tl.constexpr,
         EXACT_SPLIT: tl.constexpr,
         CENTRE_IN_MMA: tl.constexpr = False,  # magic value fields centred via the MMA's C input
+        VALUE_WORDS_ONCE: tl.constexpr = False,  # LaunchConfig.value_words_once
     ):
         """One (split, sequence, kv head, row block) of the v2 kernel: code rows read as int16
         elements (narrow key chunks as bytes), one MMA per bit field; keys put tokens on the MMA's
@@ -1635,6 +1642,7 @@ if HAS_TRITON:
                             V_MODE,
                             USE_ASM,
                             CHUNKS[c][9],
+                            VALUE_WORDS_ONCE,
                         ),
                     )
                     if CENTRE_IN_MMA:

@@ -1492,12 +1492,15 @@ plan2 = wa._plan_v2(layout, torch.device("cpu"), False)
 v2 = dict(S=plan2.k_slots, SUBNORMAL=False, LAZY_RESCALE=True, CHUNKS=plan2.chunk_constexpr, EXACT_SPLIT=True)
 build(wa._split_kernel_v2, dict(common, **v2))
 # head_dim 64: both chunks stack fields (keys: the 2-bit bytes; values: both), in every operand mode
+# and with the value words loaded once (value_words_once)
 layout = ops.compressed_layout("default", 64)
 common.update(CODE_STRIDE=24, D=64, BLOCK_M=8, N_QC=2)
-for subnormal, centre in ((False, False), (True, False), (False, True)):
+modes = ((False, False, False), (True, False, False), (False, True, False), (False, False, True))
+for subnormal, centre, once in modes:
     plan2 = wa._plan_v2(layout, torch.device("cpu"), subnormal)
     v2 = dict(S=plan2.k_slots, SUBNORMAL=subnormal, LAZY_RESCALE=True, CHUNKS=plan2.chunk_constexpr)
-    build(wa._split_kernel_v2, dict(common, **v2, EXACT_SPLIT=True, CENTRE_IN_MMA=centre))
+    v2.update(EXACT_SPLIT=True, CENTRE_IN_MMA=centre, VALUE_WORDS_ONCE=once)
+    build(wa._split_kernel_v2, dict(common, **v2))
 """
 
 
@@ -1514,7 +1517,7 @@ def test_v1_and_v2_split_kernels_compile_for_sm90():
         [sys.executable, "-c", _COMPILE_SPLIT_V1_V2], env=env, capture_output=True, text=True, timeout=600
     )
     assert run.returncode == 0, run.stderr[-3000:]
-    assert run.stdout.split()[1::2] == ["_split_kernel"] + ["_split_kernel_v2"] * 4, run.stdout
+    assert run.stdout.split()[1::2] == ["_split_kernel"] + ["_split_kernel_v2"] * 5, run.stdout
 
 
 @pytest.mark.parametrize("n_exact,split_chunk", [(1, 4), (3, 4), (3, 128)])

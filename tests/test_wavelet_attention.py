@@ -453,6 +453,7 @@ def test_gqa_groups_of_8_and_16_take_the_group_of_4s_configs():
         (dict(kernel="v3", num_warps=1, p_movmatrix=True), "p_movmatrix"),  # no p_once
         (dict(kernel="v1", score_offset_in_mma=True), "score_offset_in_mma"),
         (dict(kernel="v2", step_row_base=True), "step_row_base"),
+        (dict(kernel="v1", value_words_once=True), "value_words_once"),
         # the exact kernel is either on the side stream or in the PDL chain, and the chain needs PDL
         (dict(kernel="v3", num_warps=1, pdl=True, overlap_exact=True, exact_in_chain=True), "exact_in_chain"),
         (dict(kernel="v3", num_warps=1, exact_in_chain=True), "exact_in_chain"),
@@ -505,6 +506,21 @@ def test_v2_narrow_chunks_stack_fields_instead_of_padding(spec, head_dim, operan
     assert plan.k_slots == sum(c.k_operands * c.k_padded for c in chunks)
     if spec == "default":
         assert plan.k_slots == plan.v_slots == head_dim and int((plan.slot_coef >= 0).sum()) == head_dim
+
+
+@pytest.mark.parametrize("group,tq,dtype", [(8, 1, torch.bfloat16), (2, 3, torch.float16)])
+def test_v2_value_words_once_changes_no_result(group, tq, dtype):
+    # LaunchConfig.value_words_once loads a stacked value chunk's words once and repeats them by a
+    # reshape: the operands hold the same values in the same rows, so the output is bit-identical
+    # (and matches decompress + attention), at gpt-oss's group of 8 and with several new tokens
+    capacity = 90
+    codec, args = make_case("default;window=8;sinks=2", 2, 2, group, tq, 64, [capacity, 37], capacity, dtype)
+    base = K.LaunchConfig(block_n=16, kernel="v2")
+    got = _run_triton(
+        args, codec, 0.125, config=dataclasses.replace(base, value_words_once=True), num_splits=3
+    )
+    assert torch.equal(got, _run_triton(args, codec, 0.125, config=base, num_splits=3))
+    assert rel_err(got, dense_reference(codec, args, 0.125)) <= 1e-2
 
 
 @pytest.mark.parametrize(
