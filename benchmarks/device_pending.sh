@@ -558,7 +558,8 @@ final46)
     run 150 python3 -P benchmarks/bench_attention.py --out "$OUT/d64" --codec default --heads 64,8 --head-dim 64 --sinks
     run 100 python3 -P benchmarks/bench_window.py --out "$OUT/window"
     # v2 at head_dim 64 holds 185 registers (10 one-warp programs an SM; 3 stages' 18 KB of shared
-    # memory allow 12): caps of 96-160 (offline: 128 spills 9 words, 96 36) at 2 and 3 stages
+    # memory allow 12): caps of 96-160 (offline: 128 spills 9 words, 96 36) at 2 and 3 stages, and
+    # value_words_once (158 registers offline)
     run 150 python3 -P benchmarks/probe_attention.py grid --configs benchmarks/configs/probe_head_dim64_regs.json \
         --head-dim 64 --heads 64,8 --shapes "8,131072;32,32768;1,32768;8,32768" --out "$OUT/regs" | grep -v "^\["
     attention_tests "real_shapes or other_layouts" 120
