@@ -1002,8 +1002,11 @@ def test_gpu_v3_tma_rows_change_no_result(spec, group, tq, stages, variant, monk
     # for ragged lengths (1, off the step), empty splits (70) and every stage of the ring; with
     # tma_rows_unfenced and tma_rows_early (with scale_pairs_two_ahead or not) too (were a copy to
     # overwrite a stage before that stage's ldmatrix reads had returned, the result would differ)
-    tuned = K.TUNED_CONFIGS[(128, 4, "affine")]
-    plain = dataclasses.replace(tuned, num_stages=stages, keys_ahead=False, key_word_pairs=False)
+    # (the tuned config without the forty-fourth session's step options: value_band2_half does not
+    # combine with tma_rows)
+    plain = dataclasses.replace(
+        TUNED_V3_PLAIN_STEP, num_stages=stages, keys_ahead=False, key_word_pairs=False
+    )
     unfenced = variant == "unfenced"
     config = dataclasses.replace(
         plain,
@@ -1289,12 +1292,11 @@ def test_gpu_v3_layout_options_leave_the_result_bit_identical():
     # value_scales_staged changes only how the value scales reach the B layout (two adjacent
     # tokens' scales a lane, through shared memory in the lanes' order): the same values, uncentred
     # and centred, with splits of one full step and of many, the masked tail after them
-    tuned = K.TUNED_CONFIGS[(128, 4, "affine")]
+    # (from the tuned config without token_sums_rows, which needs the staged scales)
+    tuned = TUNED_V3_PLAIN_STEP
     assert tuned.value_scales_staged
     for sub in (False, True):
-        staged = dataclasses.replace(
-            tuned, value_subnormals=sub, token_sums_rows=tuned.token_sums_rows and sub
-        )
+        staged = dataclasses.replace(tuned, value_subnormals=sub)
         two = dataclasses.replace(staged, value_scales_staged=False)
         for splits in (7, 70):
             want = _run_triton(args, codec, 128**-0.5, config=two, num_splits=splits)
@@ -1599,8 +1601,10 @@ def test_gpu_split_carveout_is_set_on_the_split_kernel_and_changes_no_value(tma_
     from wmoe_compile.kernels.wavelet_attention_gluon import split_kernel_v3
 
     tuned = K.TUNED_CONFIGS[(128, 4, "affine")]
-    base = (
-        dataclasses.replace(tuned, num_stages=2, keys_ahead=False, key_word_pairs=False, tma_rows=True)
+    base = (  # (tma_rows does not combine with the tuned value_band2_half)
+        dataclasses.replace(
+            TUNED_V3_PLAIN_STEP, num_stages=2, keys_ahead=False, key_word_pairs=False, tma_rows=True
+        )
         if tma_rows
         else tuned
     )
