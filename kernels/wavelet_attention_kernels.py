@@ -1176,6 +1176,20 @@ if HAS_TRITON:
         return (OP * G + tl.where(r < NW * G, r // NW, 0)) * BITS
 
     @triton.jit
+    def _stacked_centres(
+        N: tl.constexpr, NE: tl.constexpr, G: tl.constexpr, OP: tl.constexpr, BITS: tl.constexpr
+    ):
+        """[N, 1] fp32: 1024 + mid of each row's field of stacked value operand OP (what
+        _stacked_value_operand's centred mode subtracts)."""
+        if (OP * G + G) * BITS <= 10:
+            SHIFT: tl.constexpr = 0
+        else:
+            SHIFT: tl.constexpr = 8
+        pos = _stacked_positions(N, NE, G, OP, BITS) - SHIFT
+        mid = tl.full(pos.shape, 1, tl.int32) << (pos + BITS - 1)
+        return (mid.to(tl.float32) + _MAGIC)[:, None]
+
+    @triton.jit
     def _stacked_value_operand(
         raw,
         NE: tl.constexpr,
@@ -1196,8 +1210,7 @@ if HAS_TRITON:
         # (shifts of a tensor: a constexpr on the left would stay a constexpr)
         mask = tl.full(pos.shape, (1 << BITS) - 1, tl.int32) << pos
         mask = tl.broadcast_to(mask.to(tl.int16)[:, None], raw.shape)
-        mid = tl.full(pos.shape, 1, tl.int32) << (pos + BITS - 1)
-        centre = tl.broadcast_to((mid.to(tl.float32) + _MAGIC).to(tl.float16)[:, None], raw.shape)
+        centre = tl.broadcast_to(_stacked_centres(raw.shape[0], NE, G, OP, BITS).to(tl.float16), raw.shape)
         if USE_ASM:
             ASM: tl.constexpr = _STACKED_ASM_TABLE[MODE * 2 + SHIFT // 8]
             if MODE == 2:
@@ -1350,20 +1363,6 @@ if HAS_TRITON:
         else:
             POS: tl.constexpr = OFFSET - 8
         return _MAGIC + (1 << (POS + BITS - 1))
-
-    @triton.jit
-    def _stacked_centres(
-        N: tl.constexpr, NE: tl.constexpr, G: tl.constexpr, OP: tl.constexpr, BITS: tl.constexpr
-    ):
-        """[N, 1] fp32: 1024 + mid of each row's field of stacked value operand OP (what
-        _stacked_value_operand's centred mode subtracts)."""
-        if (OP * G + G) * BITS <= 10:
-            SHIFT: tl.constexpr = 0
-        else:
-            SHIFT: tl.constexpr = 8
-        pos = _stacked_positions(N, NE, G, OP, BITS) - SHIFT
-        mid = tl.full(pos.shape, 1, tl.int32) << (pos + BITS - 1)
-        return (mid.to(tl.float32) + _MAGIC)[:, None]
 
     @triton.jit
     def _centre_inputs(
