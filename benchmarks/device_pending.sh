@@ -140,6 +140,11 @@
 #   bash benchmarks/device_pending.sh final46     # the issue's bench twice (sustained), then
 #                                                 # gpt-oss's heads (64 / 8, D 64, sinks) at the
 #                                                 # head_dim 64 config tuned this session, bench_window
+#   bash benchmarks/device_pending.sh close3      # what issue 3 still waits on, in one call (about
+#                                                 # 9 minutes): the bench twice on the H200, gpt-oss's
+#                                                 # heads, then the attention suite with the tuned
+#                                                 # config (its first run stopped on test configs,
+#                                                 # mended in the forty-sixth session)
 #   bash benchmarks/device_pending.sh head_dim_grid    # Triton-kernel configs at head_dim 64
 #                                                 # (64 / 8 heads) and 256 (32 / 8) against the
 #                                                 # untuned default they run (forty-second session)
@@ -149,7 +154,7 @@
 #                                                 # kernel's full carveout against the tuned config
 set -u
 case "${1:-}" in
-tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce | exact_remainder | key_word_pairs | clocks | zero_padding_p | value_subnormals | value_subnormals_sustained | band_columns | value_scales_staged | counted_steps | transform_in_split | one_sequence_merge | query_in_split | one_wave | merge_pass | final26 | small_bench | exact_tail_prologue | prologue_tiles | two_wave_tail | one_sequence_l2 | phases | one_sequence_28 | split_major_grid | tma_spike | tma_rows | tma_phases | l2_compare | gqa8 | gqa | split_carveout | head_dims | value_band2_half | token_sums_rows | token_sums_rows_gqa8 | head_dim_grid | gpt_oss_moe | sinks | window_suite | bench_rounds | stacked | final46) ;;
+tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce | exact_remainder | key_word_pairs | clocks | zero_padding_p | value_subnormals | value_subnormals_sustained | band_columns | value_scales_staged | counted_steps | transform_in_split | one_sequence_merge | query_in_split | one_wave | merge_pass | final26 | small_bench | exact_tail_prologue | prologue_tiles | two_wave_tail | one_sequence_l2 | phases | one_sequence_28 | split_major_grid | tma_spike | tma_rows | tma_phases | l2_compare | gqa8 | gqa | split_carveout | head_dims | value_band2_half | token_sums_rows | token_sums_rows_gqa8 | head_dim_grid | gpt_oss_moe | sinks | window_suite | bench_rounds | stacked | final46 | close3) ;;
 grid | timeline | sustained)
     if [ ! -f "${2:-}" ]; then
         echo "$1 needs a JSON file of LaunchConfig dicts (e.g. benchmarks/configs/probe_one_block_step.json), got '${2:-}'" >&2
@@ -157,7 +162,7 @@ grid | timeline | sustained)
     fi
     ;;
 *)
-    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|reduce|remainder|small_reduce|exact_remainder|key_word_pairs|clocks|zero_padding_p|value_subnormals|value_subnormals_sustained|band_columns|value_scales_staged|counted_steps|transform_in_split|one_sequence_merge|query_in_split|one_wave|merge_pass|final26|small_bench|exact_tail_prologue|prologue_tiles|two_wave_tail|one_sequence_l2|phases|one_sequence_28|split_major_grid|tma_spike|tma_rows|tma_phases|l2_compare|gqa8|gqa|split_carveout|head_dims|value_band2_half|token_sums_rows|token_sums_rows_gqa8|head_dim_grid|gpt_oss_moe|sinks|window_suite|bench_rounds|stacked|final46|grid FILE.json|timeline FILE.json|sustained FILE.json|stalls [tuned|keys_in_step]" >&2
+    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|reduce|remainder|small_reduce|exact_remainder|key_word_pairs|clocks|zero_padding_p|value_subnormals|value_subnormals_sustained|band_columns|value_scales_staged|counted_steps|transform_in_split|one_sequence_merge|query_in_split|one_wave|merge_pass|final26|small_bench|exact_tail_prologue|prologue_tiles|two_wave_tail|one_sequence_l2|phases|one_sequence_28|split_major_grid|tma_spike|tma_rows|tma_phases|l2_compare|gqa8|gqa|split_carveout|head_dims|value_band2_half|token_sums_rows|token_sums_rows_gqa8|head_dim_grid|gpt_oss_moe|sinks|window_suite|bench_rounds|stacked|final46|close3|grid FILE.json|timeline FILE.json|sustained FILE.json|stalls [tuned|keys_in_step]" >&2
     exit 2
     ;;
 esac
@@ -563,6 +568,13 @@ final46)
     run 150 python3 -P benchmarks/probe_attention.py grid --configs benchmarks/configs/probe_head_dim64_regs.json \
         --head-dim 64 --heads 64,8 --shapes "8,131072;32,32768;1,32768;8,32768" --out "$OUT/regs" | grep -v "^\["
     attention_tests "real_shapes or other_layouts" 120
+    ;;
+close3)
+    # forty-seventh session on: run on an H200 (the reply's device must say so)
+    run 150 python3 -P benchmarks/bench_attention.py --out "$OUT/round1" --codec default --sustained 3
+    run 120 python3 -P benchmarks/bench_attention.py --out "$OUT/round2" --codec default --sustained 3
+    run 80 python3 -P benchmarks/bench_attention.py --out "$OUT/d64" --codec default --heads 64,8 --head-dim 64 --sinks
+    attention_tests "real_shapes or v3 or kv_head or side_stream or long_split or repeated or layouts" 330
     ;;
 token_sums_rows_gqa8)
     # forty-second session: the group of 8's configs are the group of 4's (thirty-ninth session),
