@@ -963,6 +963,19 @@ def test_band_warps_spike_compiles_for_sm90(tmp_path):
     assert int(re.search(r"(\d+)\s+MOVM", out).group(1)) == 16, out  # p and p * scale
 
 
+def test_head_dim64_spike_compiles_for_sm90(tmp_path):
+    # benchmarks/spike_head_dim64.py counts a head_dim-64 Gluon step offline (its register field
+    # masks, 4-byte key words and scale pairs); its figures are in docs/ATTENTION.md, so it must keep
+    # compiling, with the operands it was written for: 4 key, 4 value and 3 token-sum MMAs of
+    # m16n8k16 tiles over 64 tokens (44 HMMA), no spill
+    import re
+
+    out = _run_sm90_tool("spike_head_dim64.py", tmp_path)
+    assert "STACK:0" in out, out
+    assert int(re.search(r"(\d+)\s+HMMA", out).group(1)) == 44, out
+    assert 500 < int(re.search(r"loop: (\d+) instructions", out).group(1)) < 900, out
+
+
 def test_tma_rows_split_kernel_compiles_without_spills_and_leaves_the_tuned_kernel(tmp_path):
     # LaunchConfig.tma_rows in the split kernel (prepared in the thirty-seventh session, not yet run
     # on a GPU): offline its loop takes 2 TMA copies and no cp.async or global code loads, no
