@@ -219,6 +219,37 @@ def disassemble(kernel, out: pathlib.Path, name: str) -> tuple[str, str]:
     return usage.strip().splitlines()[-1].strip(), sass
 
 
+def compile_spike(
+    fn,
+    pointers: dict[str, str],
+    constexprs: dict[str, object],
+    num_warps: int,
+    maxnreg: int,
+    out: str,
+    name: str,
+) -> tuple[str, collections.Counter]:
+    """Compile a compile-only Gluon spike kernel for sm_90 (pointer arguments typed by `pointers`,
+    else fp32; other runtime arguments i32; pointers 16-byte aligned as the launches specialise
+    them), write its files under `out` as name.* and return (ptxas resource line, loop mix)."""
+    signature = {
+        n: "constexpr" if n in constexprs else pointers.get(n, "*fp32" if n.endswith("_ptr") else "i32")
+        for n in fn.arg_names
+    }
+    aligned = {
+        (i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if signature[n].startswith("*")
+    }
+    source = GluonASTSource(
+        fn=fn,
+        signature=signature,
+        constexprs={(fn.arg_names.index(n),): v for n, v in constexprs.items()},
+        attrs=aligned,
+    )
+    options = dict(num_warps=num_warps, **({"maxnreg": maxnreg} if maxnreg else {}))
+    kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+    usage, sass = disassemble(kernel, pathlib.Path(out), name)
+    return usage, loop_mix(sass)
+
+
 def apply_tuned(args: argparse.Namespace) -> None:
     """Set the kernel flags from TUNED_CONFIGS' decode entry, so this count cannot drift from what
     the package launches."""

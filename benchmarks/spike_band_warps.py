@@ -22,16 +22,13 @@ per-(band, row half) mask in a register serves both warps.
 from __future__ import annotations
 
 import argparse
-import pathlib
 
 import triton
 
 # the v3 kernel's SASS tool, beside this script (run as a script, its folder is on sys.path)
-from sass_attention_v3 import disassemble, loop_mix
-from triton.backends.compiler import GPUTarget
+from sass_attention_v3 import compile_spike
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon._runtime import GluonASTSource
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
 _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
@@ -217,24 +214,12 @@ def main() -> None:
     p.add_argument("--maxnreg", type=int, default=0, help="0: no cap")
     p.add_argument("--out", default="build/spike_band_warps")
     args = p.parse_args()
-    fn = spike_kernel
     pointers = dict(
         qw_ptr="*fp16", qc_ptr="*fp32", kc_ptr="*i16", vc_ptr="*i16", ks_ptr="*fp16", vs_ptr="*fp16"
     )
-    signature = {
-        n: ("constexpr" if n == "BLOCK_N" else pointers.get(n, "*fp32" if n.endswith("_ptr") else "i32"))
-        for n in fn.arg_names
-    }
-    aligned = {
-        (i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if signature[n].startswith("*")
-    }
-    source = GluonASTSource(
-        fn=fn, signature=signature, constexprs={(fn.arg_names.index("BLOCK_N"),): 64}, attrs=aligned
+    usage, mix = compile_spike(
+        spike_kernel, pointers, {"BLOCK_N": 64}, 2, args.maxnreg, args.out, "spike_band_warps"
     )
-    options = dict(num_warps=2, **({"maxnreg": args.maxnreg} if args.maxnreg else {}))
-    kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
-    usage, sass = disassemble(kernel, pathlib.Path(args.out), "spike_band_warps")
-    mix = loop_mix(sass)
     print(f"triton {triton.__version__}, sm_90, 2 warps: {usage}")
     print(f"loop: {sum(mix.values())} instructions per warp per 64-token step")
     for op, n in mix.most_common():
