@@ -219,18 +219,9 @@ def disassemble(kernel, out: pathlib.Path, name: str) -> tuple[str, str]:
     return usage.strip().splitlines()[-1].strip(), sass
 
 
-def compile_spike(
-    fn,
-    pointers: dict[str, str],
-    constexprs: dict[str, object],
-    num_warps: int,
-    maxnreg: int,
-    out: str,
-    name: str,
-) -> tuple[str, collections.Counter]:
-    """Compile a compile-only Gluon spike kernel for sm_90 (pointer arguments typed by `pointers`,
-    else fp32; other runtime arguments i32; pointers 16-byte aligned as the launches specialise
-    them), write its files under `out` as name.* and return (ptxas resource line, loop mix)."""
+def compile_gluon_sm90(fn, pointers: dict[str, str], constexprs: dict[str, object], options: dict):
+    """A Gluon kernel compiled for sm_90: pointer arguments typed by `pointers` (else fp32) and
+    16-byte aligned as the launches specialise them, other runtime arguments i32."""
     signature = {
         n: "constexpr" if n in constexprs else pointers.get(n, "*fp32" if n.endswith("_ptr") else "i32")
         for n in fn.arg_names
@@ -244,10 +235,24 @@ def compile_spike(
         constexprs={(fn.arg_names.index(n),): v for n, v in constexprs.items()},
         attrs=aligned,
     )
-    options = dict(num_warps=num_warps, **({"maxnreg": maxnreg} if maxnreg else {}))
-    kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
-    usage, sass = disassemble(kernel, pathlib.Path(out), name)
-    return usage, loop_mix(sass)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+
+
+def spike_main(fn, pointers: dict[str, str], num_warps: int, name: str, description: str) -> None:
+    """The command line of a compile-only spike (--maxnreg, --out): compile `fn` with BLOCK_N 64
+    on `num_warps` warps, write its files under build/<name>, print its resources and loop mix."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--maxnreg", type=int, default=0, help="0: no cap")
+    p.add_argument("--out", default=f"build/{name}")
+    args = p.parse_args()
+    options = dict(num_warps=num_warps, **({"maxnreg": args.maxnreg} if args.maxnreg else {}))
+    kernel = compile_gluon_sm90(fn, pointers, {"BLOCK_N": 64}, options)
+    usage, sass = disassemble(kernel, pathlib.Path(args.out), name)
+    mix = loop_mix(sass)
+    print(f"triton {triton.__version__}, sm_90, {num_warps} warp(s): {usage}")
+    print(f"loop: {sum(mix.values())} instructions per warp per 64-token step")
+    for op, n in mix.most_common():
+        print(f"  {n:5d}  {op}")
 
 
 def apply_tuned(args: argparse.Namespace) -> None:

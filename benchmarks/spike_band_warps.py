@@ -21,12 +21,8 @@ per-(band, row half) mask in a register serves both warps.
 
 from __future__ import annotations
 
-import argparse
-
-import triton
-
 # the v3 kernel's SASS tool, beside this script (run as a script, its folder is on sys.path)
-from sass_attention_v3 import compile_spike
+from sass_attention_v3 import spike_main
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
@@ -210,20 +206,10 @@ def spike_kernel(
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--maxnreg", type=int, default=0, help="0: no cap")
-    p.add_argument("--out", default="build/spike_band_warps")
-    args = p.parse_args()
     pointers = dict(
         qw_ptr="*fp16", qc_ptr="*fp32", kc_ptr="*i16", vc_ptr="*i16", ks_ptr="*fp16", vs_ptr="*fp16"
     )
-    usage, mix = compile_spike(
-        spike_kernel, pointers, {"BLOCK_N": 64}, 2, args.maxnreg, args.out, "spike_band_warps"
-    )
-    print(f"triton {triton.__version__}, sm_90, 2 warps: {usage}")
-    print(f"loop: {sum(mix.values())} instructions per warp per 64-token step")
-    for op, n in mix.most_common():
-        print(f"  {n:5d}  {op}")
+    spike_main(spike_kernel, pointers, 2, "spike_band_warps", __doc__.splitlines()[0])
 
 
 if __name__ == "__main__":

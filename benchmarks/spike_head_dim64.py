@@ -32,12 +32,8 @@ loads and addresses) does not, so such a kernel would be issue-bound at about v3
 
 from __future__ import annotations
 
-import argparse
-
-import triton
-
 # the v3 kernel's SASS tool, beside this script (run as a script, its folder is on sys.path)
-from sass_attention_v3 import compile_spike
+from sass_attention_v3 import spike_main
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
@@ -231,20 +227,10 @@ def spike_kernel(
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--maxnreg", type=int, default=0, help="0: no cap")
-    p.add_argument("--out", default="build/spike_head_dim64")
-    args = p.parse_args()
     pointers = dict(
         qw_ptr="*fp16", qc_ptr="*fp32", kc_ptr="*i16", vc_ptr="*i16", ks_ptr="*fp16", vs_ptr="*fp16"
     )
-    usage, mix = compile_spike(
-        spike_kernel, pointers, {"BLOCK_N": 64}, 1, args.maxnreg, args.out, "spike_head_dim64"
-    )
-    print(f"triton {triton.__version__}, sm_90, 1 warp: {usage}")
-    print(f"loop: {sum(mix.values())} instructions per 64-token step")
-    for op, n in mix.most_common():
-        print(f"  {n:5d}  {op}")
+    spike_main(spike_kernel, pointers, 1, "spike_head_dim64", __doc__.splitlines()[0])
 
 
 if __name__ == "__main__":

@@ -34,11 +34,9 @@ import pathlib
 import triton
 
 # the v3 kernel's SASS tool, beside this script (run as a script, its folder is on sys.path)
-from sass_attention_v3 import disassemble, loop_mix
-from triton.backends.compiler import GPUTarget
+from sass_attention_v3 import compile_gluon_sm90, disassemble, loop_mix
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon._runtime import GluonASTSource
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 from wmoe_compile.kernels import wavelet_attention_gluon as v3
@@ -451,20 +449,7 @@ def _compile_sm90(fn, constexprs: dict, options: dict):
     """fn compiled for sm_90: its pointers typed by name (int16 code rows, fp16 queries and scales,
     fp32 otherwise), 16-byte aligned as the JIT specialises them, other arguments i32."""
     pointers = dict(qw_ptr="*fp16", kc_ptr="*i16", vc_ptr="*i16", ks_ptr="*fp16", vs_ptr="*fp16")
-    signature = {
-        n: "constexpr" if n in constexprs else pointers.get(n, "*fp32" if n.endswith("_ptr") else "i32")
-        for n in fn.arg_names
-    }
-    aligned = {
-        (i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if signature[n].startswith("*")
-    }
-    source = GluonASTSource(
-        fn=fn,
-        signature=signature,
-        constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()},
-        attrs=aligned,
-    )
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+    return compile_gluon_sm90(fn, pointers, constexprs, options)
 
 
 def compile_specialized(out: pathlib.Path, value_regs: int, maxnreg: int) -> tuple[str, int, int]:
