@@ -37,6 +37,7 @@ from sass_attention_v3 import spike_main
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
+from wmoe_compile.kernels.attention_fields import MODE_MAGIC, stacked_field_asm
 
 _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
 
@@ -49,18 +50,15 @@ _B = gl.constexpr(gl.DotOperandLayout(operand_index=1, parent=_MMA.value, k_widt
 _COPY = gl.constexpr(gl.BlockedLayout([1, 4], [8, 4], [1, 1], [1, 0]))
 _TILE = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0]))
 _MOVM = gl.constexpr("movmatrix.sync.aligned.m8n8.trans.b16 $0, $1;")
-# (x >> shift) & mask | 0x6400 on two packed int16 elements, the mask a register
-_FIELD = gl.constexpr("lop3.b32 $0, $1, $2, 0x64006400, 0xEA;")
-_FIELD_HI = gl.constexpr("{ .reg .b32 s; shr.u32 s, $1, 8; lop3.b32 $0, s, $2, 0x64006400, 0xEA; }")
+# (x >> shift) & mask | 0x6400 on two packed int16 elements, the mask a register: the package's
+# stacked-operand PTX (v2's)
+_FIELDS = gl.constexpr((stacked_field_asm(MODE_MAGIC, 0), stacked_field_asm(MODE_MAGIC, 8)))
 
 
 @gluon.jit
 def _field(raw, mask, HI: gl.constexpr):
-    if HI:
-        return gl.inline_asm_elementwise(
-            _FIELD_HI, "=r,r,r", [raw, mask], dtype=gl.float16, is_pure=True, pack=2
-        )
-    return gl.inline_asm_elementwise(_FIELD, "=r,r,r", [raw, mask], dtype=gl.float16, is_pure=True, pack=2)
+    asm: gl.constexpr = _FIELDS[1 if HI else 0]
+    return gl.inline_asm_elementwise(asm, "=r,r,r", [raw, mask], dtype=gl.float16, is_pure=True, pack=2)
 
 
 @gluon.jit
