@@ -541,7 +541,8 @@ window_suite)
     ;;
 bench_rounds)
     # forty-sixth session: the target met in one H200 run (forty-fourth session); two more
-    # rounds of the bench, then the ring-window kernel (second version, untimed)
+    # rounds of the bench, then the ring-window kernel's second version (both ran on an H100 at
+    # 15:05-15:07: RESULTS.md, forty-sixth session)
     run 170 python3 -P benchmarks/bench_attention.py --out "$OUT/round1" --codec default --sustained 3
     run 150 python3 -P benchmarks/bench_attention.py --out "$OUT/round2" --codec default --sustained 3
     run 120 python3 -P -m pytest -q -m gpu tests/test_window_attention.py -p no:benchmark
