@@ -145,6 +145,8 @@
 #                                                 # heads, then the attention suite with the tuned
 #                                                 # config (its first run stopped on test configs,
 #                                                 # mended in the forty-sixth session)
+#   bash benchmarks/device_pending.sh suite47     # head_dim 256's bench, then every GPU test on
+#                                                 # eight workers (junit XML under $OUT)
 #   bash benchmarks/device_pending.sh head_dim_grid    # Triton-kernel configs at head_dim 64
 #                                                 # (64 / 8 heads) and 256 (32 / 8) against the
 #                                                 # untuned default they run (forty-second session)
@@ -154,7 +156,7 @@
 #                                                 # kernel's full carveout against the tuned config
 set -u
 case "${1:-}" in
-tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce | exact_remainder | key_word_pairs | clocks | zero_padding_p | value_subnormals | value_subnormals_sustained | band_columns | value_scales_staged | counted_steps | transform_in_split | one_sequence_merge | query_in_split | one_wave | merge_pass | final26 | small_bench | exact_tail_prologue | prologue_tiles | two_wave_tail | one_sequence_l2 | phases | one_sequence_28 | split_major_grid | tma_spike | tma_rows | tma_phases | l2_compare | gqa8 | gqa | split_carveout | head_dims | value_band2_half | token_sums_rows | token_sums_rows_gqa8 | head_dim_grid | gpt_oss_moe | sinks | window_suite | bench_rounds | stacked | final46 | close3) ;;
+tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce | exact_remainder | key_word_pairs | clocks | zero_padding_p | value_subnormals | value_subnormals_sustained | band_columns | value_scales_staged | counted_steps | transform_in_split | one_sequence_merge | query_in_split | one_wave | merge_pass | final26 | small_bench | exact_tail_prologue | prologue_tiles | two_wave_tail | one_sequence_l2 | phases | one_sequence_28 | split_major_grid | tma_spike | tma_rows | tma_phases | l2_compare | gqa8 | gqa | split_carveout | head_dims | value_band2_half | token_sums_rows | token_sums_rows_gqa8 | head_dim_grid | gpt_oss_moe | sinks | window_suite | bench_rounds | stacked | final46 | close3 | suite47) ;;
 grid | timeline | sustained)
     if [ ! -f "${2:-}" ]; then
         echo "$1 needs a JSON file of LaunchConfig dicts (e.g. benchmarks/configs/probe_one_block_step.json), got '${2:-}'" >&2
@@ -162,7 +164,7 @@ grid | timeline | sustained)
     fi
     ;;
 *)
-    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|reduce|remainder|small_reduce|exact_remainder|key_word_pairs|clocks|zero_padding_p|value_subnormals|value_subnormals_sustained|band_columns|value_scales_staged|counted_steps|transform_in_split|one_sequence_merge|query_in_split|one_wave|merge_pass|final26|small_bench|exact_tail_prologue|prologue_tiles|two_wave_tail|one_sequence_l2|phases|one_sequence_28|split_major_grid|tma_spike|tma_rows|tma_phases|l2_compare|gqa8|gqa|split_carveout|head_dims|value_band2_half|token_sums_rows|token_sums_rows_gqa8|head_dim_grid|gpt_oss_moe|sinks|window_suite|bench_rounds|stacked|final46|close3|grid FILE.json|timeline FILE.json|sustained FILE.json|stalls [tuned|keys_in_step]" >&2
+    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|reduce|remainder|small_reduce|exact_remainder|key_word_pairs|clocks|zero_padding_p|value_subnormals|value_subnormals_sustained|band_columns|value_scales_staged|counted_steps|transform_in_split|one_sequence_merge|query_in_split|one_wave|merge_pass|final26|small_bench|exact_tail_prologue|prologue_tiles|two_wave_tail|one_sequence_l2|phases|one_sequence_28|split_major_grid|tma_spike|tma_rows|tma_phases|l2_compare|gqa8|gqa|split_carveout|head_dims|value_band2_half|token_sums_rows|token_sums_rows_gqa8|head_dim_grid|gpt_oss_moe|sinks|window_suite|bench_rounds|stacked|final46|close3|suite47|grid FILE.json|timeline FILE.json|sustained FILE.json|stalls [tuned|keys_in_step]" >&2
     exit 2
     ;;
 esac
@@ -576,6 +578,13 @@ close3)
     run 120 python3 -P benchmarks/bench_attention.py --out "$OUT/round2" --codec default --sustained 3
     run 80 python3 -P benchmarks/bench_attention.py --out "$OUT/d64" --codec default --heads 64,8 --head-dim 64 --sinks
     attention_tests "real_shapes or v3 or kv_head or side_stream or long_split or repeated or layouts" 330
+    ;;
+suite47)
+    # forty-seventh session: close3's suite stopped at its 330 s limit after 323 of 326 tests (all
+    # passed): head_dim 256's first timing, then every GPU test of the package on eight workers,
+    # each test's result in $OUT/gpu_suite.xml
+    run 80 python3 -P benchmarks/bench_attention.py --out "$OUT/d256" --codec default --head-dim 256
+    run 500 python3 -P -m pytest -q -m gpu -p no:benchmark -n 8 --junitxml "$OUT/gpu_suite.xml"
     ;;
 token_sums_rows_gqa8)
     # forty-second session: the group of 8's configs are the group of 4's (thirty-ninth session),
