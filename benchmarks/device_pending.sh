@@ -145,6 +145,8 @@
 #                                                 # heads, then the attention suite with the tuned
 #                                                 # config (its first run stopped on test configs,
 #                                                 # mended in the forty-sixth session)
+#   bash benchmarks/device_pending.sh one_sequence_d64   # gpt-oss's heads at one sequence:
+#                                                 # a config grid; the carveout tests
 #   bash benchmarks/device_pending.sh suite47     # head_dim 256's bench, then every GPU test on
 #                                                 # eight workers (junit XML under $OUT)
 #   bash benchmarks/device_pending.sh head_dim_grid    # Triton-kernel configs at head_dim 64
@@ -156,7 +158,7 @@
 #                                                 # kernel's full carveout against the tuned config
 set -u
 case "${1:-}" in
-tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce | exact_remainder | key_word_pairs | clocks | zero_padding_p | value_subnormals | value_subnormals_sustained | band_columns | value_scales_staged | counted_steps | transform_in_split | one_sequence_merge | query_in_split | one_wave | merge_pass | final26 | small_bench | exact_tail_prologue | prologue_tiles | two_wave_tail | one_sequence_l2 | phases | one_sequence_28 | split_major_grid | tma_spike | tma_rows | tma_phases | l2_compare | gqa8 | gqa | split_carveout | head_dims | value_band2_half | token_sums_rows | token_sums_rows_gqa8 | head_dim_grid | gpt_oss_moe | sinks | window_suite | bench_rounds | stacked | final46 | close3 | suite47) ;;
+tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce | exact_remainder | key_word_pairs | clocks | zero_padding_p | value_subnormals | value_subnormals_sustained | band_columns | value_scales_staged | counted_steps | transform_in_split | one_sequence_merge | query_in_split | one_wave | merge_pass | final26 | small_bench | exact_tail_prologue | prologue_tiles | two_wave_tail | one_sequence_l2 | phases | one_sequence_28 | split_major_grid | tma_spike | tma_rows | tma_phases | l2_compare | gqa8 | gqa | split_carveout | head_dims | value_band2_half | token_sums_rows | token_sums_rows_gqa8 | head_dim_grid | gpt_oss_moe | sinks | window_suite | bench_rounds | stacked | final46 | close3 | suite47 | one_sequence_d64) ;;
 grid | timeline | sustained)
     if [ ! -f "${2:-}" ]; then
         echo "$1 needs a JSON file of LaunchConfig dicts (e.g. benchmarks/configs/probe_one_block_step.json), got '${2:-}'" >&2
@@ -164,7 +166,7 @@ grid | timeline | sustained)
     fi
     ;;
 *)
-    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|reduce|remainder|small_reduce|exact_remainder|key_word_pairs|clocks|zero_padding_p|value_subnormals|value_subnormals_sustained|band_columns|value_scales_staged|counted_steps|transform_in_split|one_sequence_merge|query_in_split|one_wave|merge_pass|final26|small_bench|exact_tail_prologue|prologue_tiles|two_wave_tail|one_sequence_l2|phases|one_sequence_28|split_major_grid|tma_spike|tma_rows|tma_phases|l2_compare|gqa8|gqa|split_carveout|head_dims|value_band2_half|token_sums_rows|token_sums_rows_gqa8|head_dim_grid|gpt_oss_moe|sinks|window_suite|bench_rounds|stacked|final46|close3|suite47|grid FILE.json|timeline FILE.json|sustained FILE.json|stalls [tuned|keys_in_step]" >&2
+    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|reduce|remainder|small_reduce|exact_remainder|key_word_pairs|clocks|zero_padding_p|value_subnormals|value_subnormals_sustained|band_columns|value_scales_staged|counted_steps|transform_in_split|one_sequence_merge|query_in_split|one_wave|merge_pass|final26|small_bench|exact_tail_prologue|prologue_tiles|two_wave_tail|one_sequence_l2|phases|one_sequence_28|split_major_grid|tma_spike|tma_rows|tma_phases|l2_compare|gqa8|gqa|split_carveout|head_dims|value_band2_half|token_sums_rows|token_sums_rows_gqa8|head_dim_grid|gpt_oss_moe|sinks|window_suite|bench_rounds|stacked|final46|close3|suite47|one_sequence_d64|grid FILE.json|timeline FILE.json|sustained FILE.json|stalls [tuned|keys_in_step]" >&2
     exit 2
     ;;
 esac
@@ -585,6 +587,15 @@ suite47)
     # each test's result in $OUT/gpu_suite.xml
     run 80 python3 -P benchmarks/bench_attention.py --out "$OUT/d256" --codec default --head-dim 256
     run 500 python3 -P -m pytest -q -m gpu -p no:benchmark -n 8 --junitxml "$OUT/gpu_suite.xml"
+    ;;
+one_sequence_d64)
+    # forty-seventh session: gpt-oss's heads at one sequence ran 0.93x SDPA on the H200 with the
+    # large launches' config (split 15.3 us, reduce 4.6, prologue 2.8): split lengths, stages, the
+    # merge's warps and step shapes against it, two rounds; then the carveout tests mended after
+    # suite47 (a worker's full kept-variant cache)
+    run 240 python3 -P benchmarks/probe_attention.py grid --configs benchmarks/configs/probe_head_dim64_one_sequence.json \
+        --head-dim 64 --heads 64,8 --shapes "1,32768;1,8192" --out "$OUT/one_sequence_d64" | grep -v "^\["
+    attention_tests "carveout" 120
     ;;
 token_sums_rows_gqa8)
     # forty-second session: the group of 8's configs are the group of 4's (thirty-ninth session),
