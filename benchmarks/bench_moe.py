@@ -507,14 +507,12 @@ def prewarm_offline(cache_dir: str, shapes, tokens, sweep_tokens, foreign_triton
                 # The op's decode path (the grouped path above is timed beside it), and in the
                 # benchmark every direct-sweep candidate.
                 dims = tm.packed_dims(w_gate_up, w_down)
-                klass = tm.shape_class(hp, fp)
                 candidates = [None]
                 if layout == "tiles64":  # (a test case of the same T comes first and dedups the bench's)
-                    candidates += [
-                        c for cs in direct_candidates(tm.DIRECT_CONFIGS[klass]).values() for c in cs
-                    ]
+                    swept = direct_candidates(tm.direct_config(hp, fp))
+                    candidates += [c for cs in swept.values() for c in cs]
                 for candidate in dict.fromkeys(candidates):
-                    table = {**tm.DIRECT_CONFIGS, klass: candidate} if candidate else tm.DIRECT_CONFIGS
+                    table = {**tm.DIRECT_CONFIGS, (hp, fp): candidate} if candidate else tm.DIRECT_CONFIGS
                     with _patched(tm, "DIRECT_CONFIGS", table):
                         tm._direct_plan.cache_clear()
                         tm.tiled_moe_direct(x, ids, weights, w_gate_up, w_down, dims, *extra.values())
@@ -833,7 +831,18 @@ DIRECT_DOWN_CANDIDATES = (
     (16, 512, 4, 3, True),
     (32, 256, 4, 3, True),
 )
-DIRECT_UP_CANDIDATES = ((128, 128, 4, 3), (64, 256, 4, 3), (64, 128, 4, 4), (128, 64, 4, 4))
+DIRECT_UP_CANDIDATES = (
+    (128, 128, 4, 3),
+    (64, 256, 4, 3),
+    (64, 128, 4, 4),
+    (128, 64, 4, 4),
+    # narrow column blocks: more programs where few experts' F columns leave SMs idle (gpt-oss-20b at
+    # T = 1: 4 experts x 2880 / 64 = 180 programs, 1.4 waves of 132 SMs)
+    (32, 128, 4, 4),
+    (32, 64, 4, 4),
+    (32, 64, 2, 4),
+    (64, 64, 4, 4),
+)
 
 
 def direct_candidates(base: tm.DirectConfig) -> dict[str, list[tm.DirectConfig]]:
@@ -853,7 +862,7 @@ def sweep_direct(prob: Problem, tokens, log) -> dict:
     best of each (scored by the summed ratio to each T's best) and is timed once more.
     """
     dims = prob.dims["tiles64"]
-    klass = tm.shape_class(dims.hidden_pad, dims.ffn_pad)
+    key = (dims.hidden_pad, dims.ffn_pad)  # swept at this shape's own dims (tm.direct_config)
     ts = [t for t in tokens if t * prob.k <= tm.DIRECT_MAX_PAIRS]
     if not ts:
         return {}
@@ -863,17 +872,17 @@ def sweep_direct(prob: Problem, tokens, log) -> dict:
         return prob.op(x, ids, w)
 
     def time_config(cfg):
-        tm.DIRECT_CONFIGS[klass] = cfg
+        tm.DIRECT_CONFIGS[key] = cfg
         tm._direct_plan.cache_clear()
         rotation = cuda_graph_rotation if DEV == "cuda" else timed_rotation
         return [loop_ms(rotation(op, sets[t])) for t in ts]
 
-    original = tm.DIRECT_CONFIGS[klass]
+    original = tm.direct_config(*key).fitted(dims.ffn_pad, dims.hidden_pad)
     results, winners = {}, {}
     for kind, cands in direct_candidates(original).items():
+        # as they run: block sizes that do not divide the dims shrink (2880 takes 64-wide K tiles)
+        cands = list(dict.fromkeys(c.fitted(dims.ffn_pad, dims.hidden_pad) for c in cands))
         for cfg in cands:
-            if cfg.fitted(dims.ffn_pad, dims.hidden_pad) != cfg:
-                continue  # would run as another candidate
             try:
                 if cfg not in results:
                     results[cfg] = time_config(cfg)
@@ -904,13 +913,13 @@ def sweep_direct(prob: Problem, tokens, log) -> dict:
         msg = f"{type(exc).__name__}: {str(exc)[:200]}"
         log(f"  direct sweep {prob.name} chosen {chosen}: {msg}; keeping the table's")
         chosen = original
-    tm.DIRECT_CONFIGS[klass] = chosen
+    tm.DIRECT_CONFIGS[key] = chosen
     tm._direct_plan.cache_clear()
     for cfg, ms in sorted(results.items(), key=lambda kv: sum(kv[1])):
         log(f"  direct sweep {prob.name} T={ts}: {cfg} {[round(m * 1e3, 1) for m in ms]} us")
     log(f"  direct sweep {prob.name}: chose {chosen} (table had {original})")
     return dict(
-        shape_class=klass,
+        dims=list(key),
         T=ts,
         results={str(c): v for c, v in results.items()},
         chosen=str(chosen),
@@ -1234,7 +1243,7 @@ def main() -> int:
             sweep=sweeps,
             chosen={str(k): str(v) for k, v in chosen_all.items()},
             direct_sweep=direct_sweeps,
-            direct_configs={k: str(v) for k, v in tm.DIRECT_CONFIGS.items()},
+            direct_configs={str(k): str(v) for k, v in tm.DIRECT_CONFIGS.items()},
         )
         (out / "bench_moe.json").write_text(json.dumps(result, indent=1, default=str))
         text = markdown(all_rows, vllm is not None, args.layouts) if all_rows else ""
@@ -1295,8 +1304,8 @@ def main() -> int:
     print(decode_markdown(all_rows))
     if direct_sweeps:
         print("\nDIRECT_CONFIGS after the direct sweep:")
-        for klass, cfg in tm.DIRECT_CONFIGS.items():
-            print(f"    {klass!r}: {cfg},")
+        for key, cfg in tm.DIRECT_CONFIGS.items():
+            print(f"    {key!r}: {cfg},")
     if grouping_rows:
         print(grouping_markdown(grouping_rows))
     return 0

@@ -489,10 +489,17 @@ class DirectConfig:
 # down: one program per down_n hidden columns, so down_n sets the grid (H_PAD / down_n programs:
 # 256 at Mixtral's 4096 with 16, 128 at the fine-grained 2048 with 16); not yet swept on the GPU:
 # benchmarks/bench_moe.py times the candidates of DIRECT_DOWN_CANDIDATES and prints the winner.
-DIRECT_CONFIGS: dict[str, DirectConfig] = {
+# Keys: a shape class (shape_class), or the padded (hidden, ffn) dims of a shape swept on its own,
+# which direct_config prefers.
+DIRECT_CONFIGS: dict[str | tuple[int, int], DirectConfig] = {
     "large": DirectConfig(128, 128, 4, 3, 32, 256, 4, 3),  # swept at Mixtral T = 1 (bench_moe.py)
     "small": DirectConfig(128, 64, 4, 4, 32, 128, 4, 4),  # swept at the fine-grained T = 1
 }
+
+
+def direct_config(hidden_pad: int, ffn_pad: int) -> DirectConfig:
+    """The direct path's launch config: the entry swept at these padded dims, else their shape class's."""
+    return DIRECT_CONFIGS.get((hidden_pad, ffn_pad)) or DIRECT_CONFIGS[shape_class(hidden_pad, ffn_pad)]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1112,7 +1119,7 @@ def _direct_plan(
 ) -> _DirectPlan:
     """Launch constants of the direct path. The bias flags and the activation are constexprs of the
     kernels and so part of the plan's key (a bias call never reuses a bias-free compiled kernel)."""
-    cfg = DIRECT_CONFIGS[shape_class(dims.hidden_pad, dims.ffn_pad)].fitted(dims.ffn_pad, dims.hidden_pad)
+    cfg = direct_config(dims.hidden_pad, dims.ffn_pad).fitted(dims.ffn_pad, dims.hidden_pad)
     cfg = _two_stages_for_fp32(cfg, dtype)
     if dtype == torch.float32:  # and half-width K tiles: the direct configs' K tiles are the widest
         cfg = replace(cfg, up_k=max(SUBTILE, cfg.up_k // 2))

@@ -429,6 +429,24 @@ def direct_down_flat(flat: bool):
         tm._direct_plan.cache_clear()
 
 
+def test_direct_config_prefers_an_entry_swept_at_the_dims(monkeypatch):
+    # DIRECT_CONFIGS keyed by padded (hidden, ffn) dims (a shape swept on its own, e.g. gpt-oss-20b's
+    # 2880 x 2880) win over the shape class; other dims keep their class's entry, and the direct
+    # plan's grids follow the chosen entry
+    dims = tm.PackedDims(num_experts=8, ffn_pad=192, hidden_pad=128, layout="tiles64")
+    swept = tm.DirectConfig(64, 64, 4, 4, 64, 64, 4, 4)
+    assert tm.direct_config(128, 192) == tm.DIRECT_CONFIGS["small"] != swept
+    monkeypatch.setitem(tm.DIRECT_CONFIGS, (128, 192), swept)
+    tm._direct_plan.cache_clear()
+    try:
+        assert tm.direct_config(128, 192) == swept
+        assert tm.direct_config(192, 128) == tm.DIRECT_CONFIGS["small"]
+        plan = tm._direct_plan(2, 8, 128, dims, torch.bfloat16, True)
+        assert plan.up_grid == (2 * 192 // 64, 1, 1) and plan.down_grid == (128 // 64, 1, 1)
+    finally:
+        tm._direct_plan.cache_clear()
+
+
 @pytest.mark.parametrize(
     "num_tokens,top_k,num_experts",
     [
