@@ -147,7 +147,7 @@
 #                                                 # mended in the forty-sixth session)
 #   bash benchmarks/device_pending.sh one_sequence_d64   # gpt-oss's experts' direct path swept
 #                                                 # at T = 1 / 2; its heads at one sequence: a
-#                                                 # config grid; the carveout tests
+#                                                 # config grid
 #   bash benchmarks/device_pending.sh suite47     # head_dim 256's bench, then every GPU test on
 #                                                 # eight workers (junit XML under $OUT)
 #   bash benchmarks/device_pending.sh head_dim_grid    # Triton-kernel configs at head_dim 64
@@ -594,12 +594,11 @@ one_sequence_d64)
     # weight-read floor (the "small" class's config, 180 / 90 programs on 132 SMs): its candidates
     # swept at gpt-oss-20b's own dims, then the benchmark rows. gpt-oss's heads at one sequence ran
     # 0.93x SDPA on the H200 with the large launches' config (split 15.3 us, reduce 4.6, prologue
-    # 2.8): split lengths, stages, the merge's warps and step shapes against it, two rounds; then
-    # the carveout tests mended after suite47 (a worker's full kept-variant cache)
-    run 130 python3 -P benchmarks/bench_moe.py --out "$OUT/moe_direct" --shapes gpt-oss --tokens 1 2 --no-grouping
-    run 150 python3 -P benchmarks/probe_attention.py grid --configs benchmarks/configs/probe_head_dim64_one_sequence.json \
-        --head-dim 64 --heads 64,8 --shapes "1,32768;1,8192" --out "$OUT/one_sequence_d64" | grep -v "^\["
-    attention_tests "carveout" 70
+    # 2.8): split lengths, stages, the merge's warps and step shapes against it, one round (the
+    # session's device time was short)
+    run 120 python3 -P benchmarks/bench_moe.py --out "$OUT/moe_direct" --shapes gpt-oss --tokens 1 2 --no-grouping
+    run 100 python3 -P benchmarks/probe_attention.py grid --configs benchmarks/configs/probe_head_dim64_one_sequence.json \
+        --head-dim 64 --heads 64,8 --shapes "1,32768;1,8192" --out "$OUT/one_sequence_d64"
     ;;
 token_sums_rows_gqa8)
     # forty-second session: the group of 8's configs are the group of 4's (thirty-ninth session),
