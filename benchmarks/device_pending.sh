@@ -596,9 +596,9 @@ one_sequence_d64)
     # 0.93x SDPA on the H200 with the large launches' config (split 15.3 us, reduce 4.6, prologue
     # 2.8): split lengths, stages, the merge's warps and step shapes against it, one round (the
     # session's device time was short)
-    run 120 python3 -P benchmarks/bench_moe.py --out "$OUT/moe_direct" --shapes gpt-oss --tokens 1 2 --no-grouping
-    run 100 python3 -P benchmarks/probe_attention.py grid --configs benchmarks/configs/probe_head_dim64_one_sequence.json \
-        --head-dim 64 --heads 64,8 --shapes "1,32768;1,8192" --out "$OUT/one_sequence_d64"
+    run 90 python3 -P benchmarks/bench_moe.py --out "$OUT/moe_direct" --shapes gpt-oss --tokens 1 2 --no-grouping
+    run 60 python3 -P benchmarks/probe_attention.py grid --configs benchmarks/configs/probe_head_dim64_one_sequence.json \
+        --head-dim 64 --heads 64,8 --shapes "1,32768" --out "$OUT/one_sequence_d64"
     ;;
 token_sums_rows_gqa8)
     # forty-second session: the group of 8's configs are the group of 4's (thirty-ninth session),
