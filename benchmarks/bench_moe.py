@@ -26,10 +26,12 @@ torch.cuda.set_sync_debug_mode("error") to show whether it synchronises with the
 
 Decode (T <= DECODE_MAX_TOKENS): a second table times ours and vLLM by one method, loop_ms (a loop of
 back-to-back calls between two CUDA events), both as CUDA graph replays and as an eager host loop
-(host launch work included), plus ours through the grouped path and with Triton's ordinary launches
-where the direct decode path applies (what each saves). vLLM's token alignment stays outside its
-timed call in both modes (favouring vLLM by its alignment op). Before each shape, the direct path's
-launch configs (DIRECT_CONFIGS) are swept through the op (--no-direct-sweep keeps the table's).
+(host launch work included), plus ours through the grouped path, the direct path replayed from a
+graph (the op takes the grouped path in a capture, so "ours graph" is grouped at decode) and ours
+with Triton's ordinary launches where the direct decode path applies (what each saves). vLLM's token
+alignment stays outside its timed call in both modes (favouring vLLM by its alignment op). Before
+each shape, the direct path's launch configs are swept through the op at the shape's own padded
+dims (DIRECT_CONFIGS; --no-direct-sweep keeps the table's).
 
 --prewarm-offline DIR compiles, for an sm_90 target and with no GPU present, every kernel variant
 the GPU run will launch (tests/test_tiled_moe.py's GPU tests, the sweep, the benchmark) into the
