@@ -148,6 +148,8 @@
 #   bash benchmarks/device_pending.sh one_sequence_d64   # gpt-oss's experts' direct path swept
 #                                                 # at T = 1 / 2; its heads at one sequence: a
 #                                                 # config grid
+#   bash benchmarks/device_pending.sh next48      # the forty-seventh session's unrun GPU tests,
+#                                                 # bench_moe's decode rows, the head_dim-64 grid
 #   bash benchmarks/device_pending.sh suite47     # head_dim 256's bench, then every GPU test on
 #                                                 # eight workers (junit XML under $OUT)
 #   bash benchmarks/device_pending.sh head_dim_grid    # Triton-kernel configs at head_dim 64
@@ -159,7 +161,7 @@
 #                                                 # kernel's full carveout against the tuned config
 set -u
 case "${1:-}" in
-tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce | exact_remainder | key_word_pairs | clocks | zero_padding_p | value_subnormals | value_subnormals_sustained | band_columns | value_scales_staged | counted_steps | transform_in_split | one_sequence_merge | query_in_split | one_wave | merge_pass | final26 | small_bench | exact_tail_prologue | prologue_tiles | two_wave_tail | one_sequence_l2 | phases | one_sequence_28 | split_major_grid | tma_spike | tma_rows | tma_phases | l2_compare | gqa8 | gqa | split_carveout | head_dims | value_band2_half | token_sums_rows | token_sums_rows_gqa8 | head_dim_grid | gpt_oss_moe | sinks | window_suite | bench_rounds | stacked | final46 | close3 | suite47 | one_sequence_d64) ;;
+tests | attention | decode | inductor | overlap | profile | stalls | kvwarps | carveout | reduce | remainder | small_reduce | exact_remainder | key_word_pairs | clocks | zero_padding_p | value_subnormals | value_subnormals_sustained | band_columns | value_scales_staged | counted_steps | transform_in_split | one_sequence_merge | query_in_split | one_wave | merge_pass | final26 | small_bench | exact_tail_prologue | prologue_tiles | two_wave_tail | one_sequence_l2 | phases | one_sequence_28 | split_major_grid | tma_spike | tma_rows | tma_phases | l2_compare | gqa8 | gqa | split_carveout | head_dims | value_band2_half | token_sums_rows | token_sums_rows_gqa8 | head_dim_grid | gpt_oss_moe | sinks | window_suite | bench_rounds | stacked | final46 | close3 | suite47 | one_sequence_d64 | next48) ;;
 grid | timeline | sustained)
     if [ ! -f "${2:-}" ]; then
         echo "$1 needs a JSON file of LaunchConfig dicts (e.g. benchmarks/configs/probe_one_block_step.json), got '${2:-}'" >&2
@@ -167,7 +169,7 @@ grid | timeline | sustained)
     fi
     ;;
 *)
-    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|reduce|remainder|small_reduce|exact_remainder|key_word_pairs|clocks|zero_padding_p|value_subnormals|value_subnormals_sustained|band_columns|value_scales_staged|counted_steps|transform_in_split|one_sequence_merge|query_in_split|one_wave|merge_pass|final26|small_bench|exact_tail_prologue|prologue_tiles|two_wave_tail|one_sequence_l2|phases|one_sequence_28|split_major_grid|tma_spike|tma_rows|tma_phases|l2_compare|gqa8|gqa|split_carveout|head_dims|value_band2_half|token_sums_rows|token_sums_rows_gqa8|head_dim_grid|gpt_oss_moe|sinks|window_suite|bench_rounds|stacked|final46|close3|suite47|one_sequence_d64|grid FILE.json|timeline FILE.json|sustained FILE.json|stalls [tuned|keys_in_step]" >&2
+    echo "usage: bash benchmarks/device_pending.sh tests|attention|decode|inductor|overlap|profile|kvwarps|carveout|reduce|remainder|small_reduce|exact_remainder|key_word_pairs|clocks|zero_padding_p|value_subnormals|value_subnormals_sustained|band_columns|value_scales_staged|counted_steps|transform_in_split|one_sequence_merge|query_in_split|one_wave|merge_pass|final26|small_bench|exact_tail_prologue|prologue_tiles|two_wave_tail|one_sequence_l2|phases|one_sequence_28|split_major_grid|tma_spike|tma_rows|tma_phases|l2_compare|gqa8|gqa|split_carveout|head_dims|value_band2_half|token_sums_rows|token_sums_rows_gqa8|head_dim_grid|gpt_oss_moe|sinks|window_suite|bench_rounds|stacked|final46|close3|suite47|one_sequence_d64|next48|grid FILE.json|timeline FILE.json|sustained FILE.json|stalls [tuned|keys_in_step]" >&2
     exit 2
     ;;
 esac
@@ -588,6 +590,19 @@ suite47)
     # each test's result in $OUT/gpu_suite.xml
     run 80 python3 -P benchmarks/bench_attention.py --out "$OUT/d256" --codec default --head-dim 256
     run 500 python3 -P -m pytest -q -m gpu -p no:benchmark -n 8 --junitxml "$OUT/gpu_suite.xml"
+    ;;
+next48)
+    # what the forty-seventh session left unrun (about 7 minutes): the GPU tests written or mended
+    # after its device time ran out (the MoE op captured into a CUDA graph takes the grouped path;
+    # the carveout tests' kept-variant reset), then bench_moe's decode rows with the op's new
+    # choice in graphs ("ours graph": grouped; "ours direct graph" beside it) at the three shapes,
+    # then gpt-oss's heads at one sequence, two more rounds of its grid
+    run 150 python3 -P -m pytest -q -m gpu tests/test_tiled_moe_gpt_oss.py tests/test_tiled_moe.py -p no:benchmark
+    attention_tests "carveout" 90
+    run 200 python3 -P benchmarks/bench_moe.py --out "$OUT/moe_decode" --shapes mixtral fine gpt-oss --tokens 1 2 8 \
+        --no-grouping --no-direct-sweep
+    run 90 python3 -P benchmarks/probe_attention.py grid --configs benchmarks/configs/probe_head_dim64_one_sequence.json \
+        --head-dim 64 --heads 64,8 --shapes "1,32768;1,8192" --out "$OUT/one_sequence_d64"
     ;;
 one_sequence_d64)
     # forty-seventh session: gpt-oss's experts at T = 1 / 2 ran the direct path at 1.96x the
