@@ -26,12 +26,10 @@ torch.cuda.set_sync_debug_mode("error") to show whether it synchronises with the
 
 Decode (T <= DECODE_MAX_TOKENS): a second table times ours and vLLM by one method, loop_ms (a loop of
 back-to-back calls between two CUDA events), both as CUDA graph replays and as an eager host loop
-(host launch work included), plus ours through the grouped path, the direct path replayed from a
-graph (the op takes the grouped path in a capture, so "ours graph" is grouped at decode) and ours
-with Triton's ordinary launches where the direct decode path applies (what each saves). vLLM's token
-alignment stays outside its timed call in both modes (favouring vLLM by its alignment op). Before
-each shape, the direct path's launch configs are swept through the op at the shape's own padded
-dims (DIRECT_CONFIGS; --no-direct-sweep keeps the table's).
+(host launch work included), plus ours through the grouped path and with Triton's ordinary launches
+where the direct decode path applies (what each saves). vLLM's token alignment stays outside its
+timed call in both modes (favouring vLLM by its alignment op). Before each shape, the direct path's
+launch configs (DIRECT_CONFIGS) are swept through the op (--no-direct-sweep keeps the table's).
 
 --prewarm-offline DIR compiles, for an sm_90 target and with no GPU present, every kernel variant
 the GPU run will launch (tests/test_tiled_moe.py's GPU tests, the sweep, the benchmark) into the
@@ -789,20 +787,17 @@ def decode_timings(row, prob, t, sets, ours, vllm_fn, log):
     """Decode T: ours and vLLM each as CUDA graph replays and as an eager host loop, one method (loop_ms).
 
     Also ours through the grouped path (grouping launch + GEMMs + zero-fill + cast) where the direct
-    path applies, the direct path replayed from a graph (the op takes the grouped one in a capture),
-    and ours eager with Triton's ordinary launches (FAST_LAUNCH off): what each saves.
+    path applies, and ours eager with Triton's ordinary launches (FAST_LAUNCH off): what each saves.
     vLLM's token alignment is outside its timed call in both modes (its prepared tensors, as above).
     """
-    paths = {"ours": (ours, ())}  # the op's own choice (in a capture the grouped path: takes_direct_path)
+    paths = {"ours": (ours, ())}
     if t * prob.k <= tm.DIRECT_MAX_PAIRS:
-        paths["ours_direct"] = (ours, ((tm, "DIRECT_PATH_IN_CAPTURE", True),))
         paths["ours_grouped"] = (ours, ((tm, "DIRECT_MAX_PAIRS", 0),))
         paths["ours_jit_launch"] = (ours, ((tm, "FAST_LAUNCH", False),))
     if vllm_fn is not None and math.isfinite(row.get("vllm_ms", float("nan"))):
         paths["vllm"] = (vllm_fn, ())
     for name, (fn, patches) in paths.items():
-        # (uncaptured, ours is the direct path already; the JIT launches matter to it only)
-        modes = {"ours_jit_launch": ("eager",), "ours_direct": ("graph",)}.get(name, ("graph", "eager"))
+        modes = ("eager",) if name == "ours_jit_launch" else ("graph", "eager")
         for mode in modes:
             try:
                 with contextlib.ExitStack() as stack:
@@ -880,8 +875,7 @@ def sweep_direct(prob: Problem, tokens, log) -> dict:
         tm.DIRECT_CONFIGS[key] = cfg
         tm._direct_plan.cache_clear()
         rotation = cuda_graph_rotation if DEV == "cuda" else timed_rotation
-        with _patched(tm, "DIRECT_PATH_IN_CAPTURE", True):  # the op would take the grouped path
-            return [loop_ms(rotation(op, sets[t])) for t in ts]
+        return [loop_ms(rotation(op, sets[t])) for t in ts]
 
     original = tm.direct_config(*key).fitted(dims.ffn_pad, dims.hidden_pad)
     results, winners = {}, {}
@@ -1127,7 +1121,6 @@ DECODE_COLUMNS = (
     ("ours eager", "ours_eager_loop_ms"),
     ("vLLM graph", "vllm_graph_loop_ms"),
     ("vLLM eager", "vllm_eager_loop_ms"),
-    ("ours direct graph", "ours_direct_graph_loop_ms"),
     ("ours grouped graph", "ours_grouped_graph_loop_ms"),
     ("ours grouped eager", "ours_grouped_eager_loop_ms"),
     ("ours eager, Triton JIT launches", "ours_jit_launch_eager_loop_ms"),

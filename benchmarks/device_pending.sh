@@ -148,7 +148,7 @@
 #   bash benchmarks/device_pending.sh one_sequence_d64   # gpt-oss's experts' direct path swept
 #                                                 # at T = 1 / 2; its heads at one sequence: a
 #                                                 # config grid
-#   bash benchmarks/device_pending.sh next48      # the forty-seventh session's unrun GPU tests,
+#   bash benchmarks/device_pending.sh next48      # the forty-seventh session's mended GPU tests,
 #                                                 # bench_moe's decode rows, the head_dim-64 grid
 #   bash benchmarks/device_pending.sh suite47     # head_dim 256's bench, then every GPU test on
 #                                                 # eight workers (junit XML under $OUT)
@@ -592,11 +592,10 @@ suite47)
     run 500 python3 -P -m pytest -q -m gpu -p no:benchmark -n 8 --junitxml "$OUT/gpu_suite.xml"
     ;;
 next48)
-    # what the forty-seventh session left unrun (about 7 minutes): the GPU tests written or mended
-    # after its device time ran out (the MoE op captured into a CUDA graph takes the grouped path;
-    # the carveout tests' kept-variant reset), then bench_moe's decode rows with the op's new
-    # choice in graphs ("ours graph": grouped; "ours direct graph" beside it) at the three shapes,
-    # then gpt-oss's heads at one sequence, two more rounds of its grid
+    # what the forty-seventh session left unrun (about 7 minutes): the GPU tests mended after its
+    # device time ran out (the carveout tests' kept-variant reset) and the MoE ones, then
+    # bench_moe's decode rows (direct and grouped paths, graph and eager) at the three shapes and
+    # T = 1 / 2 / 8, then gpt-oss's heads at one sequence, two more rounds of its grid
     run 150 python3 -P -m pytest -q -m gpu tests/test_tiled_moe_gpt_oss.py tests/test_tiled_moe.py -p no:benchmark
     attention_tests "carveout" 90
     run 200 python3 -P benchmarks/bench_moe.py --out "$OUT/moe_decode" --shapes mixtral fine gpt-oss --tokens 1 2 8 \

@@ -461,23 +461,6 @@ def _fitted(config: MoEConfig, ffn_pad: int, hidden_pad: int) -> MoEConfig:
 # 0.236 ms. So the direct path is kept to 8 pairs.
 DIRECT_MAX_PAIRS = 8
 
-# The direct path saves host time, not kernel time. Replayed from a CUDA graph, where only the
-# kernels count, the grouped path was never slower at a decode size (bench_moe.py's graph loops):
-# H200 Mixtral T = 1 0.176 against 0.177 ms, the fine-grained T = 1 0.053 against 0.056, gpt-oss-20b
-# T = 1 0.064 against 0.081 (2026-11-30 / 2026-12-05); H100 gpt-oss-20b T = 1 / 2 0.083 / 0.136
-# against 0.095 / 0.165 (2026-12-05 17:24 UTC, after sweeping the direct path's configs at its dims:
-# 1% gained). Uncaptured, the direct path's two launches win by far (0.096 against 0.224 ms there).
-# So a call being captured into a CUDA graph takes the grouped path (while this is False).
-DIRECT_PATH_IN_CAPTURE = False
-
-
-def takes_direct_path(num_pairs: int, device: torch.device) -> bool:
-    """Whether a call with `num_pairs` routed pairs and no explicit config runs the direct path:
-    a decode size, and not while a CUDA graph captures the current stream (see above)."""
-    if not 0 < num_pairs <= DIRECT_MAX_PAIRS:
-        return False
-    return DIRECT_PATH_IN_CAPTURE or device.type != "cuda" or not torch.cuda.is_current_stream_capturing()
-
 
 @dataclass(frozen=True)
 class DirectConfig:
@@ -1300,8 +1283,7 @@ def tiled_moe_triton(
 
     No host synchronisation: grouping, both GEMMs and the combine are queued back to back.
     Pairs routed to an expert id outside [0, E) contribute nothing (never read out of bounds).
-    With no explicit config and T k <= DIRECT_MAX_PAIRS, the direct decode path (two launches),
-    except while a CUDA graph is being captured (takes_direct_path).
+    With no explicit config and T k <= DIRECT_MAX_PAIRS, the direct decode path (two launches).
     """
     if dims is None:
         dims = packed_dims(w_gate_up, w_down)
@@ -1309,7 +1291,7 @@ def tiled_moe_triton(
     top_k = topk_ids.shape[1]
     if num_tokens == 0:
         return hidden.new_zeros(0, hidden_size)
-    if config is None and takes_direct_path(num_tokens * top_k, hidden.device):
+    if config is None and num_tokens * top_k <= DIRECT_MAX_PAIRS:
         return tiled_moe_direct(
             hidden, topk_ids, topk_weights, w_gate_up, w_down, dims, b_gate_up, b_down, act
         )

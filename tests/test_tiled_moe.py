@@ -524,42 +524,6 @@ def test_op_takes_the_direct_path_at_decode(monkeypatch):
     assert rel_err(out_direct, out_grouped) < 1e-5
 
 
-def test_takes_direct_path_only_outside_a_graph_capture(monkeypatch):
-    # the direct path saves host time only: a CUDA call being captured into a graph takes the grouped
-    # path unless DIRECT_PATH_IN_CAPTURE; CPU calls (the interpreter) never capture
-    cuda, cpu = torch.device("cuda"), torch.device("cpu")
-    capturing = [False]
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
-    assert tm.takes_direct_path(1, cuda) and tm.takes_direct_path(tm.DIRECT_MAX_PAIRS, cuda)
-    assert not tm.takes_direct_path(0, cuda) and not tm.takes_direct_path(tm.DIRECT_MAX_PAIRS + 1, cuda)
-    capturing[0] = True
-    assert not tm.takes_direct_path(1, cuda)
-    assert tm.takes_direct_path(1, cpu)
-    monkeypatch.setattr(tm, "DIRECT_PATH_IN_CAPTURE", True)
-    assert tm.takes_direct_path(1, cuda) and not tm.takes_direct_path(tm.DIRECT_MAX_PAIRS + 1, cuda)
-
-
-def test_op_takes_the_grouped_path_in_a_graph_capture(monkeypatch):
-    # the op and tiled_moe_triton route through takes_direct_path: a capture (emulated: the CPU call
-    # answered as a CUDA one being captured) runs grouping + the grouped GEMMs, with the same result
-    x, ids, weights, packed = op_inputs(num_tokens=1, top_k=2, num_experts=8)
-    routes = []
-    real_direct = tm.tiled_moe_direct
-    monkeypatch.setattr(tm, "tiled_moe_direct", lambda *a: routes.append("direct") or real_direct(*a))
-    real_group = moe_align.group_by_expert
-    monkeypatch.setattr(tm, "group_by_expert", lambda *a: routes.append("grouped") or real_group(*a))
-    uncaptured = packed(x, ids, weights)
-    assert routes == ["direct"]
-    real_takes = tm.takes_direct_path
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
-    monkeypatch.setattr(tm, "takes_direct_path", lambda n, device: real_takes(n, torch.device("cuda")))
-    captured = packed(x, ids, weights)
-    assert routes == ["direct", "grouped"]
-    assert tm.tiled_moe_triton(x, ids, weights, packed.w_gate_up, packed.w_down).shape == x.shape
-    assert routes == ["direct", "grouped", "grouped"]
-    assert rel_err(captured, uncaptured) < 1e-5
-
-
 def test_op_direct_path_validates_ids():
     x, ids, weights, packed = op_inputs(num_tokens=1, top_k=2, num_experts=4)
     bad_ids = ids.clone()

@@ -25,9 +25,8 @@ off by default.
 Dispatch: CUDA tensors (and CPU tensors under TRITON_INTERPRET=1, as in the tests) run the Triton
 kernels in wmoe_compile.kernels.tiled_moe; other CPU tensors run the fp32 per-expert reference.
 At decode (T k <= DIRECT_MAX_PAIRS routed pairs) the op is two Triton launches and two torch.empty
-after its metadata checks (tiled_moe_direct); above, and while a CUDA graph is being captured (where
-host time does not count and the grouped kernels are the faster ones), grouping, two GEMM launches, a
-zero-fill and a cast (tiled_moe_triton).
+after its metadata checks (tiled_moe_direct); above, grouping, two GEMM launches, a zero-fill and a
+cast (tiled_moe_triton).
 """
 
 from __future__ import annotations
@@ -168,8 +167,7 @@ def tiled_moe(
             b_down = b_down.contiguous()
     if hidden.is_cuda or interpreting():
         num_tokens = hidden.shape[0]
-        # decode outside a CUDA-graph capture: two launches (in a capture the grouped kernels' time wins)
-        if _kernels.takes_direct_path(num_tokens * topk_ids.shape[1], hidden.device):
+        if 0 < num_tokens * topk_ids.shape[1] <= _kernels.DIRECT_MAX_PAIRS:  # decode: two launches
             if plain:
                 return _kernels.tiled_moe_direct(hidden, topk_ids, topk_weights, w_gate_up, w_down, dims)
             return _kernels.tiled_moe_direct(
