@@ -593,10 +593,12 @@ suite47)
     ;;
 next48)
     # what the forty-seventh session left unrun (about 7 minutes): the GPU tests mended after its
-    # device time ran out (the carveout tests' kept-variant reset) and the MoE ones, then
+    # device time ran out (the carveout tests' kept-variant reset), the MoE, overlap, window and
+    # lowering ones (cleanup_graph now drops eager attentions' unused dropouts), then
     # bench_moe's decode rows (direct and grouped paths, graph and eager) at the three shapes and
     # T = 1 / 2 / 8, then gpt-oss's heads at one sequence, two more rounds of its grid
-    run 150 python3 -P -m pytest -q -m gpu tests/test_tiled_moe_gpt_oss.py tests/test_tiled_moe.py -p no:benchmark
+    run 150 python3 -P -m pytest -q -m gpu tests/test_tiled_moe_gpt_oss.py tests/test_tiled_moe.py \
+        tests/test_overlap_cache_writes.py tests/test_window_attention.py tests/test_lowering_gpu.py -p no:benchmark
     attention_tests "carveout" 90
     run 200 python3 -P benchmarks/bench_moe.py --out "$OUT/moe_decode" --shapes mixtral fine gpt-oss --tokens 1 2 8 \
         --no-grouping --no-direct-sweep

@@ -6,6 +6,10 @@ Memory only goes down if they are deleted, so this pass
 
 - removes `_assert_tensor_metadata` nodes that check tensors nothing else reads any more (they
   are side-effecting, so dead-code elimination keeps them and, through them, the dead region);
+- removes unused inference dropouts (`aten.dropout(x, p, train=False)`, an identity): FX counts
+  random ops as impure, so the dropout HF's eager attentions apply to their weights kept a
+  swapped attention's whole dense path alive (gpt-oss: the key cache decompressed and the scores
+  computed every step for nothing, and its codes counted as read);
 - eliminates dead code (in-place cache writes and custom ops with mutable arguments are kept:
   FX treats them as impure);
 - deletes module parameters and buffers that were read before the pipeline ran and are not read
@@ -28,6 +32,7 @@ def run(ctx: PassContext) -> PassResult:
     before = len(graph.nodes)
     while True:
         removed = _drop_orphan_asserts(graph)
+        removed |= _drop_unused_eval_dropouts(graph)
         removed |= graph.eliminate_dead_code()
         if not removed:
             break
@@ -53,6 +58,17 @@ def _drop_orphan_asserts(graph: fx.Graph) -> bool:
         if node.op == "call_function" and node.target in _ASSERTS and not node.users:
             checked = node.args[0] if node.args else None
             if isinstance(checked, fx.Node) and all(u.target in _ASSERTS for u in checked.users):
+                graph.erase_node(node)
+                removed = True
+    return removed
+
+
+def _drop_unused_eval_dropouts(graph: fx.Graph) -> bool:
+    removed = False
+    for node in list(graph.nodes):
+        if node.op == "call_function" and node.target == torch.ops.aten.dropout.default and not node.users:
+            train = node.args[2] if len(node.args) > 2 else node.kwargs.get("train")
+            if train is False:  # an identity: nothing random happens, nothing reads it
                 graph.erase_node(node)
                 removed = True
     return removed
