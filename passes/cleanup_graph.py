@@ -8,8 +8,8 @@ Memory only goes down if they are deleted, so this pass
   are side-effecting, so dead-code elimination keeps them and, through them, the dead region);
 - removes unused inference dropouts (`aten.dropout(x, p, train=False)`, an identity): FX counts
   random ops as impure, so the dropout HF's eager attentions apply to their weights kept a
-  swapped attention's whole dense path alive (gpt-oss: the key cache decompressed and the scores
-  computed every step for nothing, and its codes counted as read);
+  swapped attention's whole dense path alive (in exported programs of eager-attention models,
+  gpt-oss's among them, the key cache decompressed and the scores computed every step for nothing);
 - eliminates dead code (in-place cache writes and custom ops with mutable arguments are kept:
   FX treats them as impure);
 - deletes module parameters and buffers that were read before the pipeline ran and are not read
